@@ -1,0 +1,63 @@
+// Tensor signatures: a 128-bit fingerprint of a tensor's bytes plus a digest of its dtype,
+// shape and strides, combined into one 16-byte digest that peers compare with C3.
+//
+// Construction (identical on CPU and CUDA, see src/signature/mix.h): the bytes are cut into
+// 16-byte blocks (the last one zero-padded). Block b is read as four little-endian 32-bit
+// words and mapped through a bijection keyed by b; the four 32-bit lanes of all mapped
+// blocks are summed modulo 2^32. Addition is order-independent, so any reduction order
+// (threads, CUDA blocks) gives the same sums. Because the per-block map is a bijection for
+// every key, changing any bytes inside one block always changes the sums; because it is
+// keyed by position, moving bytes between blocks changes them too (with overwhelming
+// probability). The sums and the byte count are finalised by further bijections.
+//
+// Not cryptographic: it detects corruption, it does not resist an adversary.
+// All functions are thread-safe. contentCuda blocks until the 16-byte result is on the host.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "lmr/common/tensor_view.h"
+
+namespace lmr::signature {
+
+struct Digest {
+  std::uint64_t lo = 0;
+  std::uint64_t hi = 0;
+
+  std::string bytes() const;  // 16 bytes, little-endian lo then hi
+  std::string hex() const;    // 32 lowercase hex digits of bytes()
+  static Digest fromBytes(std::string_view sixteen);  // throws InvalidArgument unless 16 bytes
+  bool operator==(const Digest&) const = default;
+};
+
+struct Signature {
+  Digest content;  // the bytes (and their count)
+  Digest meta;     // dtype, shape, strides, byte count
+  Digest digest;   // content combined with meta: what peers compare
+};
+
+// Fingerprint of `nbytes` bytes of host memory.
+Digest contentCpu(const void* data, std::size_t nbytes);
+
+// Fingerprint of `nbytes` bytes of memory on CUDA device `device`. Work is launched on
+// `stream` (a cudaStream_t; nullptr = legacy default stream) after whatever is already queued
+// there; the call waits for that stream and copies back 16 bytes. Throws Unsupported when
+// this build has no CUDA or no device is visible, IoError when a CUDA call fails.
+Digest contentCuda(const void* data, std::size_t nbytes, int device, void* stream);
+
+// True when this build has CUDA support and at least one device is visible.
+bool cudaAvailable() noexcept;
+
+Digest metaDigest(const TensorMeta& meta, std::size_t nbytes);
+
+// A bijection of `content` for every fixed `meta`.
+Digest combine(const Digest& content, const Digest& meta);
+
+// Signature of the tensor described by `view` (bytes must be in logical order).
+// `stream` is used only for CUDA views.
+Signature sign(const TensorView& view, void* stream = nullptr);
+
+}  // namespace lmr::signature

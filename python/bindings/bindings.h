@@ -1,0 +1,12 @@
+// Registration entry points of the _core module, one per area.
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+namespace lmr::python {
+
+void registerErrors(nanobind::module_& m);
+void registerConsensus(nanobind::module_& m);
+void registerSignature(nanobind::module_& m);
+
+}  // namespace lmr::python

@@ -1,0 +1,66 @@
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "bindings.h"
+#include "lmr/common/error.h"
+#include "lmr/signature/signature.h"
+
+namespace nb = nanobind;
+
+namespace lmr::python {
+namespace {
+
+using signature::Signature;
+
+nb::bytes toBytes(const signature::Digest& d) {
+  const std::string b = d.bytes();
+  return nb::bytes(b.data(), b.size());
+}
+
+// The bytes of a tensor, flattened to uint8 by the caller, on CPU or CUDA.
+using ByteArray = nb::ndarray<nb::ro, std::uint8_t, nb::ndim<1>, nb::c_contig>;
+
+}  // namespace
+
+void registerSignature(nb::module_& m) {
+  nb::class_<Signature>(m, "Signature")
+      .def_prop_ro("content", [](const Signature& s) { return toBytes(s.content); }, "16-byte fingerprint of the bytes.")
+      .def_prop_ro("meta", [](const Signature& s) { return toBytes(s.meta); }, "16-byte digest of dtype, shape, strides.")
+      .def_prop_ro("digest", [](const Signature& s) { return toBytes(s.digest); }, "16-byte value peers compare.")
+      .def("hex", [](const Signature& s) { return s.digest.hex(); })
+      .def("__eq__", [](const Signature& a, const Signature& b) { return a.digest == b.digest && a.content == b.content; })
+      .def("__hash__", [](const Signature& s) { return static_cast<std::int64_t>(s.digest.lo >> 1); })
+      .def("__repr__", [](const Signature& s) { return "Signature(" + s.digest.hex() + ")"; });
+
+  m.def(
+      "sign_bytes",
+      [](ByteArray bytes, const std::string& dtype, const std::vector<std::int64_t>& shape,
+         const std::vector<std::int64_t>& strides, std::uintptr_t stream) {
+        TensorView view;
+        view.data = bytes.data();
+        view.nbytes = bytes.size();
+        view.meta = TensorMeta{dtype, shape, strides};
+        const int device_type = bytes.device_type();
+        if (device_type == nb::device::cuda::value) {
+          view.device = DeviceType::kCuda;
+          view.device_index = bytes.device_id();
+        } else if (device_type != nb::device::cpu::value) {
+          throw Unsupported("signatures support CPU and CUDA tensors; got DLPack device type " +
+                            std::to_string(device_type));
+        }
+        nb::gil_scoped_release release;
+        return signature::sign(view, reinterpret_cast<void*>(stream));
+      },
+      nb::arg("bytes"), nb::arg("dtype"), nb::arg("shape"), nb::arg("strides"), nb::arg("stream") = 0,
+      "Signature of a tensor whose bytes (in logical order) are given as a flat uint8 array. "
+      "For CUDA arrays the kernel runs on `stream` (a cudaStream_t as int) and the call waits for it.");
+
+  m.def("cuda_available", &signature::cudaAvailable, "True when _core has CUDA kernels and a device is visible.");
+}
+
+}  // namespace lmr::python

@@ -1,0 +1,45 @@
+"""LM Resiliency: failure localization, checkpoint certification and fault injection for
+data-parallel LLM training. The engine is C++ (``lm_resiliency._core``); this package is the
+thin PyTorch-facing layer."""
+
+from lm_resiliency import _core
+from lm_resiliency.consensus import (
+    ExactResult,
+    Status,
+    TimingOptions,
+    TimingResult,
+    c3_exact,
+    c3_timing,
+    exact,
+    timing,
+)
+from lm_resiliency.errors import (
+    InvalidArgumentError,
+    LmrError,
+    LmrIOError,
+    LmrTimeoutError,
+    PeerFailureError,
+    UnsupportedError,
+)
+from lm_resiliency.signature import Signature, signature
+
+__version__ = _core.__version__
+
+__all__ = [
+    "ExactResult",
+    "InvalidArgumentError",
+    "LmrError",
+    "LmrIOError",
+    "LmrTimeoutError",
+    "PeerFailureError",
+    "Signature",
+    "Status",
+    "TimingOptions",
+    "TimingResult",
+    "UnsupportedError",
+    "c3_exact",
+    "c3_timing",
+    "exact",
+    "signature",
+    "timing",
+]

@@ -1,0 +1,86 @@
+"""Start a local torch.distributed world of N processes and collect what each rank returns.
+
+``spawn(fn, world_size, args=...)`` runs ``fn(*args)`` on every rank after
+``init_process_group`` (file rendezvous in a private temporary directory, so no port can
+collide). ``fn`` must be importable (a module-level function). A rank that raises, dies or
+outlives ``timeout`` fails the whole world with an error naming it; the other ranks are
+terminated.
+"""
+
+from __future__ import annotations
+
+import os
+import queue as queue_lib
+import shutil
+import tempfile
+import time
+import traceback
+from datetime import timedelta
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _worker(rank: int, world_size: int, store_path: str, backend: str, fn: Callable[..., Any],
+            args: Sequence[Any], env: dict[str, str], results: Any, timeout_s: float) -> None:
+    os.environ.update(env)
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+                       "LOCAL_WORLD_SIZE": str(world_size)})
+    try:
+        # One intra-op thread per rank unless told otherwise, as torchrun does: N ranks on a
+        # few cores otherwise oversubscribe them many times over.
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        dist.init_process_group(backend, init_method=f"file://{store_path}", rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=timeout_s))
+        try:
+            value = fn(*args)
+        finally:
+            dist.destroy_process_group()
+        results.put((rank, True, value))
+    except BaseException:  # noqa: BLE001 - reported to the parent with its traceback
+        results.put((rank, False, traceback.format_exc()))
+
+
+def spawn(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (), backend: str = "gloo",
+          timeout: float = 300.0, env: Optional[dict[str, str]] = None) -> list[Any]:
+    """Run ``fn(*args)`` on ``world_size`` ranks; return the values in rank order."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    workdir = tempfile.mkdtemp(prefix="lmr-world-")
+    store_path = os.path.join(workdir, "store")
+    procs = [ctx.Process(target=_worker, args=(rank, world_size, store_path, backend, fn, tuple(args),
+                                               dict(env or {}), results, timeout), daemon=True)
+             for rank in range(world_size)]
+    try:
+        for p in procs:
+            p.start()
+        values: dict[int, Any] = {}
+        deadline = time.monotonic() + timeout
+        while len(values) < world_size:
+            try:
+                rank, ok, value = results.get(timeout=1.0)
+            except queue_lib.Empty:
+                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in values]
+                if dead:
+                    raise RuntimeError(f"rank {dead[0]} exited with code {procs[dead[0]].exitcode} before reporting")
+                if time.monotonic() > deadline:
+                    missing = sorted(set(range(world_size)) - set(values))
+                    raise TimeoutError(f"ranks {missing} did not finish within {timeout:.0f} s")
+                continue
+            if not ok:
+                raise RuntimeError(f"rank {rank} failed:\n{value}")
+            values[rank] = value
+        for p in procs:
+            p.join(timeout=30)
+        return [values[r] for r in range(world_size)]
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(timeout=10)
+        shutil.rmtree(workdir, ignore_errors=True)

@@ -1,0 +1,111 @@
+#include "lmr/signature/signature.h"
+
+#include <cstring>
+
+#include "lanes.h"
+#include "lmr/common/error.h"
+
+namespace lmr::signature {
+namespace {
+
+using detail::Quad;
+
+Quad toQuad(const Digest& d) {
+  return Quad{static_cast<std::uint32_t>(d.lo), static_cast<std::uint32_t>(d.lo >> 32),
+              static_cast<std::uint32_t>(d.hi), static_cast<std::uint32_t>(d.hi >> 32)};
+}
+
+Digest toDigest(const Quad& q) {
+  return Digest{q.x0 | (std::uint64_t{q.x1} << 32), q.x2 | (std::uint64_t{q.x3} << 32)};
+}
+
+// Bijection of the sums for every byte count.
+Digest finalizeContent(Quad sums, std::uint64_t nbytes) {
+  sums.x0 ^= static_cast<std::uint32_t>(nbytes);
+  sums.x1 ^= static_cast<std::uint32_t>(nbytes >> 32);
+  sums = detail::mixBlock(sums, detail::kFinalContentA);
+  return toDigest(detail::mixBlock(sums, detail::kFinalContentB));
+}
+
+void appendU64(std::string& out, std::uint64_t v) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xFF));
+}
+
+}  // namespace
+
+std::string Digest::bytes() const {
+  std::string out;
+  appendU64(out, lo);
+  appendU64(out, hi);
+  return out;
+}
+
+std::string Digest::hex() const {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : bytes()) {
+    out.push_back(kHex[c >> 4]);
+    out.push_back(kHex[c & 15]);
+  }
+  return out;
+}
+
+Digest Digest::fromBytes(std::string_view sixteen) {
+  if (sixteen.size() != 16) {
+    throw InvalidArgument("a digest is 16 bytes, got " + std::to_string(sixteen.size()));
+  }
+  Digest d;
+  for (int i = 7; i >= 0; --i) d.lo = (d.lo << 8) | static_cast<unsigned char>(sixteen[i]);
+  for (int i = 15; i >= 8; --i) d.hi = (d.hi << 8) | static_cast<unsigned char>(sixteen[i]);
+  return d;
+}
+
+Digest contentCpu(const void* data, std::size_t nbytes) {
+  if (data == nullptr && nbytes != 0) throw InvalidArgument("contentCpu: null data with non-zero size");
+  const Quad sums = nbytes == 0 ? Quad{0, 0, 0, 0}
+                                : detail::laneSumsCpu(static_cast<const unsigned char*>(data), nbytes);
+  return finalizeContent(sums, nbytes);
+}
+
+Digest contentCuda(const void* data, std::size_t nbytes, int device, void* stream) {
+  if (data == nullptr && nbytes != 0) throw InvalidArgument("contentCuda: null data with non-zero size");
+  const Quad sums = nbytes == 0 ? Quad{0, 0, 0, 0} : detail::laneSumsCuda(data, nbytes, device, stream);
+  return finalizeContent(sums, nbytes);
+}
+
+bool cudaAvailable() noexcept { return detail::cudaDevicePresent(); }
+
+Digest metaDigest(const TensorMeta& meta, std::size_t nbytes) {
+  if (meta.dtype.empty()) throw InvalidArgument("tensor metadata has an empty dtype");
+  if (!meta.strides.empty() && meta.strides.size() != meta.shape.size()) {
+    throw InvalidArgument("tensor metadata has " + std::to_string(meta.shape.size()) + " dimensions but " +
+                          std::to_string(meta.strides.size()) + " strides");
+  }
+  // Canonical encoding: every field is length-prefixed, so no two metadata collide here.
+  std::string encoding = "lmr.meta.v1";
+  appendU64(encoding, meta.dtype.size());
+  encoding += meta.dtype;
+  appendU64(encoding, meta.shape.size());
+  for (std::int64_t d : meta.shape) appendU64(encoding, static_cast<std::uint64_t>(d));
+  appendU64(encoding, meta.strides.size());
+  for (std::int64_t s : meta.strides) appendU64(encoding, static_cast<std::uint64_t>(s));
+  appendU64(encoding, nbytes);
+  return contentCpu(encoding.data(), encoding.size());
+}
+
+Digest combine(const Digest& content, const Digest& meta) {
+  Quad q = toQuad(Digest{content.lo ^ meta.lo, content.hi ^ meta.hi});
+  q = detail::mixBlock(q, detail::kFinalCombineA);
+  return toDigest(detail::mixBlock(q, detail::kFinalCombineB));
+}
+
+Signature sign(const TensorView& view, void* stream) {
+  Signature s;
+  s.content = view.device == DeviceType::kCuda ? contentCuda(view.data, view.nbytes, view.device_index, stream)
+                                               : contentCpu(view.data, view.nbytes);
+  s.meta = metaDigest(view.meta, view.nbytes);
+  s.digest = combine(s.content, s.meta);
+  return s;
+}
+
+}  // namespace lmr::signature

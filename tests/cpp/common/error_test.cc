@@ -1,0 +1,46 @@
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "lmr/common/error.h"
+#include "lmr/common/log.h"
+
+namespace lmr {
+namespace {
+
+TEST(Error, CarriesKindMessageAndLocation) {
+  try {
+    throw InvalidArgument("bad field");
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_EQ(e.message(), "bad field");
+    EXPECT_NE(std::string(e.what()).find("error_test.cc:"), std::string::npos) << e.what();
+    EXPECT_GT(e.line(), 0u);
+  }
+}
+
+TEST(Error, ThrowErrorRaisesTheMatchingType) {
+  EXPECT_THROW(throwError(ErrorKind::kInvalidArgument, "x"), InvalidArgument);
+  EXPECT_THROW(throwError(ErrorKind::kIo, "x"), IoError);
+  EXPECT_THROW(throwError(ErrorKind::kTimeout, "x"), TimeoutError);
+  EXPECT_THROW(throwError(ErrorKind::kPeerFailure, "x"), PeerFailure);
+  EXPECT_THROW(throwError(ErrorKind::kUnsupported, "x"), Unsupported);
+}
+
+TEST(Error, KindNames) {
+  EXPECT_EQ(errorKindName(ErrorKind::kInvalidArgument), "InvalidArgument");
+  EXPECT_EQ(errorKindName(ErrorKind::kPeerFailure), "PeerFailure");
+}
+
+TEST(Log, ParsesLevels) {
+  log::Level level = log::Level::kError;
+  EXPECT_TRUE(log::parseLevel("DEBUG", &level));
+  EXPECT_EQ(level, log::Level::kDebug);
+  EXPECT_TRUE(log::parseLevel("warning", &level));
+  EXPECT_EQ(level, log::Level::kWarn);
+  EXPECT_FALSE(log::parseLevel("loud", &level));
+  EXPECT_EQ(level, log::Level::kWarn);
+}
+
+}  // namespace
+}  // namespace lmr

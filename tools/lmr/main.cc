@@ -1,0 +1,147 @@
+// lmr: the LM Resiliency command line.
+//   lmr version
+//   lmr c3 exact  [--ranks R0,R1,...] HEX...      exact consensus over hex evidence
+//   lmr c3 timing [--ranks ...] [--kappa K] [--scale-floor S] [--absolute S] [--relative F]
+//                 [--min-peers N] SECONDS...       robust timing consensus
+// Results are printed as JSON on stdout. Exit status: 0 Agree, 1 Attributed,
+// 3 Inconclusive; 2 for a usage error (message on stderr).
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "lmr/common/error.h"
+#include "lmr/consensus/consensus.h"
+#include "lmr/consensus/json.h"
+#include "lmr/signature/signature.h"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: lmr version\n"
+    "       lmr c3 exact  [--ranks R0,R1,...] HEX...\n"
+    "       lmr c3 timing [--ranks R0,R1,...] [--kappa K] [--scale-floor S] [--absolute S]\n"
+    "                     [--relative F] [--min-peers N] SECONDS...\n";
+
+double parseNumber(const std::string& text, const std::string& what) {
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size()) throw lmr::InvalidArgument(what + ": not a number: '" + text + "'");
+  return value;
+}
+
+std::int64_t parseInteger(const std::string& text, const std::string& what) {
+  char* end = nullptr;
+  const long long value = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || end != text.c_str() + text.size()) throw lmr::InvalidArgument(what + ": not an integer: '" + text + "'");
+  return value;
+}
+
+std::vector<std::int64_t> parseRanks(const std::string& text) {
+  std::vector<std::int64_t> ranks;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t comma = text.find(',', start);
+    const std::size_t end = comma == std::string::npos ? text.size() : comma;
+    ranks.push_back(parseInteger(text.substr(start, end - start), "--ranks"));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return ranks;
+}
+
+std::string parseHex(const std::string& text) {
+  if (text.size() % 2 != 0) throw lmr::InvalidArgument("evidence '" + text + "' has an odd number of hex digits");
+  std::string bytes;
+  for (std::size_t i = 0; i < text.size(); i += 2) {
+    const std::string pair = text.substr(i, 2);
+    char* end = nullptr;
+    const long v = std::strtol(pair.c_str(), &end, 16);
+    if (end != pair.c_str() + 2) throw lmr::InvalidArgument("evidence '" + text + "' is not hex");
+    bytes.push_back(static_cast<char>(v));
+  }
+  return bytes;
+}
+
+int exitCode(lmr::consensus::Status status) {
+  switch (status) {
+    case lmr::consensus::Status::kAgree: return 0;
+    case lmr::consensus::Status::kAttributed: return 1;
+    case lmr::consensus::Status::kInconclusive: return 3;
+  }
+  return 3;
+}
+
+int runC3(const std::vector<std::string>& args) {
+  if (args.empty() || (args[0] != "exact" && args[0] != "timing")) throw lmr::InvalidArgument("c3 needs 'exact' or 'timing'");
+  const bool exact = args[0] == "exact";
+  std::vector<std::int64_t> ranks;
+  lmr::consensus::TimingOptions options;
+  std::vector<std::string> values;
+  for (std::size_t i = 1; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto next = [&]() -> const std::string& {
+      if (i + 1 >= args.size()) throw lmr::InvalidArgument(a + " needs a value");
+      return args[++i];
+    };
+    if (a == "--ranks") ranks = parseRanks(next());
+    else if (!exact && a == "--kappa") options.kappa = parseNumber(next(), a);
+    else if (!exact && a == "--scale-floor") options.scale_floor = parseNumber(next(), a);
+    else if (!exact && a == "--absolute") options.absolute_threshold = parseNumber(next(), a);
+    else if (!exact && a == "--relative") options.relative_threshold = parseNumber(next(), a);
+    else if (!exact && a == "--min-peers") options.min_peers = static_cast<std::size_t>(parseInteger(next(), a));
+    else if (a.rfind("--", 0) == 0) throw lmr::InvalidArgument("unknown option " + a);
+    else values.push_back(a);
+  }
+  nlohmann::json out;
+  lmr::consensus::Status status;
+  if (exact) {
+    std::vector<std::string> evidence;
+    for (const std::string& v : values) evidence.push_back(parseHex(v));
+    auto result = lmr::consensus::exact(evidence, ranks);
+    out = lmr::consensus::toJson(result);
+    status = result.status;
+  } else {
+    std::vector<double> seconds;
+    for (const std::string& v : values) seconds.push_back(parseNumber(v, "timing"));
+    auto result = lmr::consensus::timing(seconds, options, ranks);
+    out = lmr::consensus::toJson(result);
+    status = result.status;
+  }
+  std::cout << out.dump(2) << '\n';
+  return exitCode(status);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  try {
+    if (args.empty() || args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
+      std::cout << kUsage;
+      return args.empty() ? 2 : 0;
+    }
+    if (args[0] == "version" || args[0] == "--version") {
+      std::cout << "lmr " << LMR_VERSION << " (CUDA kernels: "
+                << (lmr::signature::cudaAvailable() ? "yes, device visible" :
+#if defined(LMR_WITH_CUDA)
+                    "built, no device visible"
+#else
+                    "not built"
+#endif
+                    )
+                << ")\n";
+      return 0;
+    }
+    if (args[0] == "c3") return runC3(std::vector<std::string>(args.begin() + 1, args.end()));
+    throw lmr::InvalidArgument("unknown command '" + args[0] + "'");
+  } catch (const lmr::InvalidArgument& e) {
+    std::cerr << "lmr: error: " << e.message() << '\n' << kUsage;
+    return 2;
+  } catch (const lmr::Error& e) {
+    std::cerr << "lmr: " << lmr::errorKindName(e.kind()) << ": " << e.what() << '\n';
+    return 4;
+  }
+}
