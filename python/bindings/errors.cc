@@ -1,5 +1,7 @@
 // lmr::Error subclasses -> Python exceptions. Each class derives from LmrError and from the
 // built-in exception a Python caller would expect.
+#include <nanobind/stl/string.h>
+
 #include <string>
 
 #include "bindings.h"

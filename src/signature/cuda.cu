@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "lanes.h"
@@ -16,7 +17,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kUnroll = 4;
-constexpr int kCtasPerSm = 8;
 
 void check(cudaError_t status, const char* what) {
   if (status != cudaSuccess) {
@@ -82,11 +82,6 @@ __global__ void __launch_bounds__(kThreads) laneSumsBytes(const unsigned char* _
   reduceAndPublish(acc, out);
 }
 
-int gridFor(std::uint64_t work_items, int sm_count) {
-  const std::uint64_t wanted = (work_items + kThreads - 1) / kThreads;
-  return static_cast<int>(std::max<std::uint64_t>(1, std::min<std::uint64_t>(wanted, std::uint64_t(sm_count) * kCtasPerSm)));
-}
-
 // Restores the caller's current device on every exit path.
 class DeviceGuard {
  public:
@@ -102,42 +97,80 @@ class DeviceGuard {
   int previous_ = 0;
 };
 
+// Per host thread and device: the 16-byte device accumulator, its pinned host mirror and the
+// launch shape. A call waits for its stream before returning, so one thread never has two
+// uses in flight; keeping them avoids an allocation per call (stream-ordered allocations
+// are returned to the driver at every synchronisation, which cost about 0.1 ms a call).
+struct Scratch {
+  std::uint32_t* device_sums = nullptr;
+  Quad* host_sums = nullptr;
+  int aligned_grid = 0;  // one full wave of laneSumsAligned
+  int bytes_grid = 0;
+
+  Scratch() = default;
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  ~Scratch() {
+    // At process exit the runtime may already be gone; nothing useful to do with an error.
+    if (device_sums != nullptr) cudaFree(device_sums);
+    if (host_sums != nullptr) cudaFreeHost(host_sums);
+  }
+};
+
+Scratch& scratchFor(int device) {
+  thread_local std::map<int, Scratch> per_device;
+  Scratch& s = per_device[device];
+  if (s.device_sums == nullptr) {
+    int sm_count = 0;
+    int aligned_per_sm = 0;
+    int bytes_per_sm = 0;
+    check(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&aligned_per_sm, laneSumsAligned, kThreads, 0),
+          "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bytes_per_sm, laneSumsBytes, kThreads, 0),
+          "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    s.aligned_grid = std::max(1, sm_count * aligned_per_sm);
+    s.bytes_grid = std::max(1, sm_count * bytes_per_sm);
+    check(cudaMallocHost(reinterpret_cast<void**>(&s.host_sums), sizeof(Quad)), "cudaMallocHost");
+    check(cudaMalloc(reinterpret_cast<void**>(&s.device_sums), sizeof(Quad)), "cudaMalloc");
+  }
+  return s;
+}
+
+// Enough CTAs for the work, at most one full wave: every thread then loops the same number
+// of times and no second, partly empty wave trails behind.
+int gridFor(std::uint64_t work_items, int full_wave) {
+  const std::uint64_t wanted = (work_items + kThreads - 1) / kThreads;
+  return static_cast<int>(std::max<std::uint64_t>(1, std::min<std::uint64_t>(wanted, full_wave)));
+}
+
 }  // namespace
 
 Quad laneSumsCuda(const void* data, std::size_t nbytes, int device, void* stream_handle) {
   if (!cudaDevicePresent()) throw Unsupported("no CUDA device is visible to this process");
   DeviceGuard guard(device);
   cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
-  int sm_count = 0;
-  check(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  Scratch& scratch = scratchFor(device);
 
-  std::uint32_t* sums = nullptr;
-  check(cudaMallocAsync(reinterpret_cast<void**>(&sums), 4 * sizeof(std::uint32_t), stream), "cudaMallocAsync");
-  Quad host{0, 0, 0, 0};
-  cudaError_t status = cudaMemsetAsync(sums, 0, 4 * sizeof(std::uint32_t), stream);
-  if (status == cudaSuccess) {
-    const std::uint64_t full = nbytes / 16;
-    const bool aligned = reinterpret_cast<std::uintptr_t>(data) % 16 == 0;
-    if (aligned && full > 0) {
-      laneSumsAligned<<<gridFor(full / kUnroll + 1, sm_count), kThreads, 0, stream>>>(static_cast<const uint4*>(data),
-                                                                                   full, sums);
-      status = cudaGetLastError();
-    }
-    const std::uint64_t first = aligned ? full : 0;
-    const std::uint64_t count = (nbytes + 15) / 16 - first;
-    if (status == cudaSuccess && count > 0) {
-      laneSumsBytes<<<gridFor(count, sm_count), kThreads, 0, stream>>>(static_cast<const unsigned char*>(data), nbytes,
-                                                                       first, count, sums);
-      status = cudaGetLastError();
-    }
-    if (status == cudaSuccess) status = cudaMemcpyAsync(&host, sums, sizeof(host), cudaMemcpyDeviceToHost, stream);
+  check(cudaMemsetAsync(scratch.device_sums, 0, sizeof(Quad), stream), "cudaMemsetAsync");
+  const std::uint64_t full = nbytes / 16;
+  const bool aligned = reinterpret_cast<std::uintptr_t>(data) % 16 == 0;
+  if (aligned && full > 0) {
+    laneSumsAligned<<<gridFor(full / kUnroll + 1, scratch.aligned_grid), kThreads, 0, stream>>>(
+        static_cast<const uint4*>(data), full, scratch.device_sums);
+    check(cudaGetLastError(), "laneSumsAligned launch");
   }
-  const cudaError_t freed = cudaFreeAsync(sums, stream);
-  const cudaError_t synced = cudaStreamSynchronize(stream);
-  check(status, "signature kernel");
-  check(freed, "cudaFreeAsync");
-  check(synced, "cudaStreamSynchronize");
-  return host;
+  const std::uint64_t first = aligned ? full : 0;
+  const std::uint64_t count = (nbytes + 15) / 16 - first;
+  if (count > 0) {
+    laneSumsBytes<<<gridFor(count, scratch.bytes_grid), kThreads, 0, stream>>>(
+        static_cast<const unsigned char*>(data), nbytes, first, count, scratch.device_sums);
+    check(cudaGetLastError(), "laneSumsBytes launch");
+  }
+  check(cudaMemcpyAsync(scratch.host_sums, scratch.device_sums, sizeof(Quad), cudaMemcpyDeviceToHost, stream),
+        "cudaMemcpyAsync");
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  return *scratch.host_sums;
 }
 
 bool cudaDevicePresent() noexcept {

@@ -28,6 +28,8 @@ def _worker(rank: int, world_size: int, store_path: str, backend: str, fn: Calla
     os.environ.update(env)
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
                        "LOCAL_WORLD_SIZE": str(world_size)})
+    failure = None  # (traceback, time): the time is taken where it failed, before teardown
+    value = None
     try:
         # One intra-op thread per rank unless told otherwise, as torchrun does: N ranks on a
         # few cores otherwise oversubscribe them many times over.
@@ -36,11 +38,35 @@ def _worker(rank: int, world_size: int, store_path: str, backend: str, fn: Calla
                                 timeout=timedelta(seconds=timeout_s))
         try:
             value = fn(*args)
+        except BaseException:  # noqa: BLE001 - reported to the parent with its traceback
+            failure = (traceback.format_exc(), time.time())
         finally:
             dist.destroy_process_group()
-        results.put((rank, True, value))
-    except BaseException:  # noqa: BLE001 - reported to the parent with its traceback
-        results.put((rank, False, traceback.format_exc()))
+    except BaseException:  # noqa: BLE001
+        failure = failure or (traceback.format_exc(), time.time())
+    if failure is None:
+        results.put((rank, True, value, time.time()))
+    else:
+        results.put((rank, False, failure[0], failure[1]))
+
+
+def _first_failure(results: Any, rank: int, trace: str, when: float, grace_s: float = 3.0) -> str:
+    """One rank's failure usually makes its peers fail too (their collectives break). Wait
+    briefly for the others and report the rank that failed first: the likely cause."""
+    failures = [(when, rank, trace)]
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        try:
+            r, ok, value, t = results.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue_lib.Empty:
+            break
+        if not ok:
+            failures.append((t, r, value))
+    failures.sort()
+    first_time, first_rank, first_trace = failures[0]
+    others = ", ".join(str(r) for _, r, _ in failures[1:])
+    also = f" (then ranks {others} failed too)" if others else ""
+    return f"rank {first_rank} failed{also}:\n{first_trace}"
 
 
 def spawn(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (), backend: str = "gloo",
@@ -62,7 +88,7 @@ def spawn(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (), 
         deadline = time.monotonic() + timeout
         while len(values) < world_size:
             try:
-                rank, ok, value = results.get(timeout=1.0)
+                rank, ok, value, when = results.get(timeout=1.0)
             except queue_lib.Empty:
                 dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in values]
                 if dead:
@@ -72,7 +98,7 @@ def spawn(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (), 
                     raise TimeoutError(f"ranks {missing} did not finish within {timeout:.0f} s")
                 continue
             if not ok:
-                raise RuntimeError(f"rank {rank} failed:\n{value}")
+                raise RuntimeError(_first_failure(results, rank, value, when))
             values[rank] = value
         for p in procs:
             p.join(timeout=30)

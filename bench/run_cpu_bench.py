@@ -1,0 +1,45 @@
+"""Run the C++ benchmarks and print signature throughput next to memcpy of the same buffer.
+
+Usage: python bench/run_cpu_bench.py [--build-dir build]   (make bench runs it)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--build-dir", default="build")
+    p.add_argument("--repetitions", type=int, default=3)
+    ns = p.parse_args()
+    exe = os.path.join(ns.build_dir, "bench", "lmr_bench")
+    if not os.path.exists(exe):
+        print(f"{exe} not found: configure with -DLMR_BUILD_BENCHMARKS=ON (make bench does)", file=sys.stderr)
+        return 2
+    run = subprocess.run([exe, "--benchmark_format=json", f"--benchmark_repetitions={ns.repetitions}",
+                          "--benchmark_report_aggregates_only=true"], capture_output=True, text=True, check=True)
+    report = json.loads(run.stdout)
+    medians = {b["run_name"]: b for b in report["benchmarks"] if b.get("aggregate_name") == "median"}
+    ctx = report["context"]
+    print(f"host: {platform.node()} {ctx.get('num_cpus')} CPUs @ {ctx.get('mhz_per_cpu')} MHz, "
+          f"{ctx.get('library_build_type')} benchmark library, median of {ns.repetitions}")
+    print(f"{'bytes':>12} {'signature GB/s':>15} {'memcpy GB/s':>12} {'ratio':>6}")
+    sizes = sorted({int(name.split('/')[1]) for name in medians if name.startswith("BM_Signature/")})
+    for n in sizes:
+        sig = medians[f"BM_Signature/{n}"]["bytes_per_second"] / 1e9
+        cpy = medians[f"BM_Memcpy/{n}"]["bytes_per_second"] / 1e9
+        print(f"{n:>12} {sig:15.2f} {cpy:12.2f} {sig / cpy:6.2f}")
+    for name in sorted(n for n in medians if "Decision" in n):
+        b = medians[name]
+        print(f"{name:28s} {b['real_time']:10.1f} {b['time_unit']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

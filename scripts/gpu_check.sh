@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Build LM Resiliency with CUDA, then run the GPU tests and benchmarks, in one go.
+#
+# For a machine with an NVIDIA GPU, the CUDA toolkit, python3 with torch, nanobind,
+# scikit-build-core and pytest, and no package registry. C++ packages it lacks travel as
+# Debian packages in .device/debs and are unpacked under .device/root; fetch them with
+#   mkdir -p .device/debs && cd .device/debs && apt-get download \
+#     nlohmann-json3-dev libgtest-dev googletest libbenchmark-dev libbenchmark1debian
+# Logs and results go to $OUT (default ./gpu-results). Exit status 1 if any step failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-$PWD/gpu-results}
+mkdir -p "$out"
+prefix=$PWD/.device/root
+for deb in .device/debs/*.deb; do
+  [ -e "$deb" ] && dpkg -x "$deb" "$prefix"
+done
+export CMAKE_PREFIX_PATH=$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
+export LD_LIBRARY_PATH=$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export PYTHONUNBUFFERED=1
+arch=${LMR_CUDA_ARCH:-90}
+
+status=0
+run() {
+  local log=$1; shift
+  echo "== $*"
+  if ! "$@" 2>&1 | tee "$out/$log"; then echo "!! failed: $*"; status=1; fi
+}
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/device.txt"
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$out/device.txt"
+run build.log python3 -m pip install --no-build-isolation --no-deps -v . \
+  -Cbuild-dir=build-gpu -Ccmake.define.LMR_CUDA=ON -Ccmake.define.CMAKE_CUDA_ARCHITECTURES="$arch" \
+  -Ccmake.define.LMR_BUILD_TESTS=ON -Ccmake.define.LMR_BUILD_BENCHMARKS=ON
+run version.log lmr version
+run ctest.log ctest --test-dir build-gpu --output-on-failure
+run pytest.log python3 -m pytest -q -p no:cacheprovider tests/python/test_signature.py \
+  tests/python/test_signature_gpu.py tests/python/test_distributed.py -k "gpu or cuda or signature"
+run gpu_bench.txt python3 bench/gpu_signature.py --gib 1 --iters 20
+run cpu_bench.txt python3 bench/run_cpu_bench.py --build-dir build-gpu
+exit $status

@@ -1,0 +1,51 @@
+"""Real 4-rank torch.distributed worlds on CPU (gloo)."""
+
+import pytest
+
+import dist_workers
+from lm_resiliency.workloads import TrainConfig, spawn
+
+pytestmark = pytest.mark.distributed
+
+
+def check_c3(results):
+    for r in results:  # every rank reached the same decisions
+        assert {k: v for k, v in r.items() if k != "subgroup"} == results[0]
+    r = results[0]
+    assert r["clean"] == ("Agree", [], [0, 1, 2, 3])
+    assert r["one_altered"] == ("Attributed", [1], [0, 1, 2, 3])
+    assert r["two_altered"][0] == "Inconclusive"  # 2 of 4 agree: no strict majority
+    assert r["timing"] == ("Attributed", [3], [0, 1, 2, 3])
+    sub = [x["subgroup"] for x in results[1:]]
+    assert all(s == ("Attributed", [3], [1, 2, 3]) for s in sub)
+
+
+def test_c3_over_a_gloo_world():
+    check_c3(spawn(dist_workers.c3_checks, 4, args=("cpu",)))
+
+
+@pytest.mark.gpu
+def test_c3_over_gloo_with_cuda_tensors():
+    check_c3(spawn(dist_workers.c3_checks, 4, args=("cuda",)))
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp2", "hsdp"])
+def test_reference_workload_trains_and_replicas_agree(parallel):
+    cfg = TrainConfig(parallel=parallel, steps=25, dp_replicate=2)
+    results = spawn(dist_workers.train_and_compare, 4, args=(cfg,))
+    losses = results[0]["losses"]
+    assert len(losses) == 25
+    first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+    assert last < 0.6 * first, losses
+    for r in results:
+        assert r["losses"] == losses
+        assert r["status"] == "Agree"
+    if parallel == "hsdp":  # 2 x 2 mesh: replicate peers are ranks {0, 2} and {1, 3}
+        assert sorted(tuple(r["peers"]) for r in results) == [(0, 2), (0, 2), (1, 3), (1, 3)]
+    else:
+        assert results[0]["peers"] == [0, 1, 2, 3]
+
+
+def test_spawn_reports_the_failing_rank():
+    with pytest.raises(RuntimeError, match="rank 1 failed"):
+        spawn(dist_workers.fail_on_rank_one, 2)

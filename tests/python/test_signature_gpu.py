@@ -1,0 +1,46 @@
+"""CUDA signatures equal CPU signatures for the same bytes (run on the accelerator)."""
+
+import pytest
+import torch
+
+import lm_resiliency as lmr
+import torch_signature
+from test_signature import ALL_DTYPES, random_tensor
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+def test_cuda_equals_cpu_for_every_dtype(dtype):
+    for shape in [(1,), (7,), (3, 5), (129, 33)]:
+        t = random_tensor(shape, dtype, seed=sum(shape))
+        assert lmr.signature(t.cuda()) == lmr.signature(t), (dtype, shape)
+
+
+def test_cuda_equals_cpu_for_sizes_alignments_and_views():
+    g = torch.Generator().manual_seed(1)
+    big = torch.randint(0, 256, ((64 << 20) + 13,), dtype=torch.uint8, generator=g)
+    gpu = big.cuda()
+    for n in [0, 1, 15, 16, 17, 4096, 4097, 1 << 20, (64 << 20) + 13]:
+        for offset in [0, 1, 4, 8]:  # unaligned starts take the byte-wise kernel
+            if offset + n > big.numel():
+                continue
+            assert lmr.signature(gpu[offset:offset + n]).content == lmr.signature(big[offset:offset + n]).content
+    view = gpu[: 1 << 20].view(torch.float32).reshape(512, 512).t()
+    assert lmr.signature(view) == lmr.signature(view.cpu())
+    assert lmr.signature(gpu).content == torch_signature.content_digest(gpu)
+
+
+def test_runs_on_the_current_stream():
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        x = torch.full((1 << 24,), 3, dtype=torch.int32, device="cuda")
+        x.add_(1)  # still queued on `side` when signature() is called
+        s = lmr.signature(x)
+    assert s == lmr.signature(torch.full((1 << 24,), 4, dtype=torch.int32))
+
+
+def test_other_device_index_and_core_flag():
+    assert lmr._core.cuda_available()
+    t = torch.arange(100, dtype=torch.float32, device=f"cuda:{torch.cuda.device_count() - 1}")
+    assert lmr.signature(t) == lmr.signature(t.cpu())
