@@ -4,7 +4,7 @@ collective forms over a ``torch.distributed`` process group (:func:`c3_exact`,
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+from typing import Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -39,21 +39,35 @@ def _gather_device(group: Optional[dist.ProcessGroup]) -> torch.device:
     return torch.device("cpu")
 
 
+_INLINE_BYTES = 56  # evidence up to this size travels in one all-gather of 64-byte slots
+
+
+def _all_gather_tensor(t: torch.Tensor, group: Optional[dist.ProcessGroup]) -> list[torch.Tensor]:
+    slots = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(slots, t, group=group)
+    return [slot.cpu() for slot in slots]
+
+
 def _all_gather_bytes(mine: bytes, group: Optional[dist.ProcessGroup]) -> list[bytes]:
+    """Every rank's bytes, in group-rank order. One all-gather when all values are small
+    (digests); a second, sized to the longest value, only when one rank's is large."""
     device = _gather_device(group)
-    size = dist.get_world_size(group)
-    length = torch.tensor([len(mine)], dtype=torch.int64, device=device)
-    lengths = [torch.empty_like(length) for _ in range(size)]
-    dist.all_gather(lengths, length, group=group)
-    sizes = [int(t.item()) for t in lengths]
-    width = max(max(sizes), 1)
-    padded = torch.zeros(width, dtype=torch.uint8)
+    slot = torch.zeros(8 + _INLINE_BYTES, dtype=torch.uint8)
+    fits = len(mine) <= _INLINE_BYTES
+    slot[:8] = torch.tensor([len(mine) if fits else -1 - len(mine)], dtype=torch.int64).view(torch.uint8)
+    if fits and mine:
+        slot[8:8 + len(mine)] = torch.frombuffer(bytearray(mine), dtype=torch.uint8)
+    gathered = _all_gather_tensor(slot.to(device), group)
+    lengths = [int(g[:8].view(torch.int64).item()) for g in gathered]
+    if all(n >= 0 for n in lengths):
+        return [bytes(g[8:8 + n].tolist()) for g, n in zip(gathered, lengths)]
+    # Some rank's evidence is long: every rank sees that and joins a second round.
+    sizes = [n if n >= 0 else -1 - n for n in lengths]
+    padded = torch.zeros(max(sizes), dtype=torch.uint8)
     if mine:
         padded[: len(mine)] = torch.frombuffer(bytearray(mine), dtype=torch.uint8)
-    padded = padded.to(device)
-    slots = [torch.empty_like(padded) for _ in range(size)]
-    dist.all_gather(slots, padded, group=group)
-    return [bytes(slot[:n].cpu().tolist()) for slot, n in zip(slots, sizes)]
+    gathered = _all_gather_tensor(padded.to(device), group)
+    return [bytes(g[:n].tolist()) for g, n in zip(gathered, sizes)]
 
 
 def c3_exact(evidence: Union[bytes, "object"], group: Optional[dist.ProcessGroup] = None) -> ExactResult:
@@ -77,9 +91,6 @@ def c3_timing(
     options: Optional[TimingOptions] = None,
 ) -> TimingResult:
     """Collective robust timing C3 over ``group``: every rank passes its own duration."""
-    device = _gather_device(group)
-    mine = torch.tensor([float(seconds)], dtype=torch.float64, device=device)
-    slots = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(slots, mine, group=group)
-    values: Sequence[float] = [float(t.item()) for t in slots]
-    return timing(list(values), options if options is not None else TimingOptions(), group_ranks(group))
+    mine = torch.tensor([float(seconds)], dtype=torch.float64, device=_gather_device(group))
+    values = [float(t.item()) for t in _all_gather_tensor(mine, group)]
+    return timing(values, options if options is not None else TimingOptions(), group_ranks(group))

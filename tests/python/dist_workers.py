@@ -24,6 +24,9 @@ def c3_checks(device: str) -> dict:
     if rank in (1, 2, 3):
         evidence = b"same" if rank != 3 else b"different and longer"
         out["subgroup"] = lmr.c3_exact(evidence, group=sub)
+        # One rank's evidence exceeds the inline slot: a second round carries it whole.
+        long_evidence = b"x" * 100 if rank != 2 else b"x" * 99 + b"y"
+        out["subgroup_long"] = lmr.c3_exact(long_evidence, group=sub)
     out["timing"] = lmr.c3_timing(0.5 if rank == 3 else 0.1 + 0.001 * rank)
     return {k: (v.status.name, list(v.attributed_ranks), list(v.peer_ranks)) for k, v in out.items()}
 

@@ -10,14 +10,14 @@ pytestmark = pytest.mark.distributed
 
 def check_c3(results):
     for r in results:  # every rank reached the same decisions
-        assert {k: v for k, v in r.items() if k != "subgroup"} == results[0]
+        assert {k: v for k, v in r.items() if not k.startswith("subgroup")} == results[0]
     r = results[0]
     assert r["clean"] == ("Agree", [], [0, 1, 2, 3])
     assert r["one_altered"] == ("Attributed", [1], [0, 1, 2, 3])
     assert r["two_altered"][0] == "Inconclusive"  # 2 of 4 agree: no strict majority
     assert r["timing"] == ("Attributed", [3], [0, 1, 2, 3])
-    sub = [x["subgroup"] for x in results[1:]]
-    assert all(s == ("Attributed", [3], [1, 2, 3]) for s in sub)
+    assert all(x["subgroup"] == ("Attributed", [3], [1, 2, 3]) for x in results[1:])
+    assert all(x["subgroup_long"] == ("Attributed", [2], [1, 2, 3]) for x in results[1:])
 
 
 def test_c3_over_a_gloo_world():
