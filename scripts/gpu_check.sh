@@ -34,8 +34,13 @@ run build.log python3 -m pip install --no-build-isolation --no-deps -v . \
   -Ccmake.define.LMR_BUILD_TESTS=ON -Ccmake.define.LMR_BUILD_BENCHMARKS=ON
 run version.log lmr version
 run ctest.log ctest --test-dir build-gpu --output-on-failure
-run pytest.log python3 -m pytest -q -p no:cacheprovider tests/python/test_signature.py \
-  tests/python/test_signature_gpu.py tests/python/test_distributed.py -k "gpu or cuda or signature"
+run pytest.log python3 -m pytest -q -p no:cacheprovider -m "gpu or not distributed" tests/python
+for parallel in ddp fsdp2 hsdp; do  # several ranks share the GPU through gloo
+  run "workload_$parallel.log" python3 -m lm_resiliency.workloads --parallel "$parallel" --device cuda \
+    --backend gloo --world-size 4 --steps 10
+done
+run workload_nccl.log python3 -m lm_resiliency.workloads --parallel ddp --device cuda --backend nccl \
+  --world-size "$(nvidia-smi -L | wc -l)" --steps 10
 run gpu_bench.txt python3 bench/gpu_signature.py --gib 1 --iters 20
 run cpu_bench.txt python3 bench/run_cpu_bench.py --build-dir build-gpu
 exit $status

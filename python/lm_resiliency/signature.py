@@ -27,14 +27,24 @@ def signature(tensor: torch.Tensor) -> Signature:
 
     Every dtype is supported (floating, integer, bool, complex, fp8), on CPU and CUDA.
     Non-contiguous tensors are copied to contiguous order first (on the current stream for
-    CUDA). Sparse, quantized, meta and DTensor inputs raise :class:`InvalidArgumentError`;
-    other devices raise :class:`UnsupportedError`. For CUDA tensors the call waits for the
+    CUDA). Results of functional collectives (AsyncCollectiveTensor) are waited for first.
+    Sparse, quantized, meta, DTensor and other tensor-subclass inputs raise
+    :class:`InvalidArgumentError`; other devices raise :class:`UnsupportedError`. For CUDA tensors the call waits for the
     current stream and reads back only the 16-byte result.
     """
     if not isinstance(tensor, torch.Tensor):
         raise InvalidArgumentError(f"signature() needs a torch.Tensor, got {type(tensor).__name__}")
     if _is_dtensor(tensor):
         raise InvalidArgumentError("signature() got a DTensor; sign its local shard with tensor.to_local()")
+    if type(tensor) is not torch.Tensor and not isinstance(tensor, torch.nn.Parameter):
+        # Functional collectives return AsyncCollectiveTensor wrappers (DTensor.full_tensor()
+        # does): their bytes exist only once waited for. Other subclasses keep their data
+        # elsewhere than the wrapper, so their bytes cannot be read through DLPack.
+        trigger_wait = getattr(tensor, "trigger_wait", None)
+        if not callable(trigger_wait):
+            raise InvalidArgumentError(
+                f"signature() needs a plain torch.Tensor, got the tensor subclass {type(tensor).__name__}")
+        tensor = trigger_wait()
     if tensor.layout != torch.strided:
         raise InvalidArgumentError(f"signature() needs a dense tensor, got layout {tensor.layout}; use .to_dense()")
     if tensor.is_quantized:

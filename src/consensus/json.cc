@@ -2,18 +2,10 @@
 
 #include <string>
 
+#include "lmr/common/hex.h"
+
 namespace lmr::consensus {
 namespace {
-
-std::string toHex(const std::string& bytes) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : bytes) {
-    out.push_back(kHex[c >> 4]);
-    out.push_back(kHex[c & 15]);
-  }
-  return out;
-}
 
 template <typename Result>
 nlohmann::json common(const Result& r) {

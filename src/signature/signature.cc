@@ -4,6 +4,7 @@
 
 #include "lanes.h"
 #include "lmr/common/error.h"
+#include "lmr/common/hex.h"
 
 namespace lmr::signature {
 namespace {
@@ -40,15 +41,7 @@ std::string Digest::bytes() const {
   return out;
 }
 
-std::string Digest::hex() const {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : bytes()) {
-    out.push_back(kHex[c >> 4]);
-    out.push_back(kHex[c & 15]);
-  }
-  return out;
-}
+std::string Digest::hex() const { return toHex(bytes()); }
 
 Digest Digest::fromBytes(std::string_view sixteen) {
   if (sixteen.size() != 16) {

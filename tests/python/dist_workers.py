@@ -27,8 +27,27 @@ def c3_checks(device: str) -> dict:
         # One rank's evidence exceeds the inline slot: a second round carries it whole.
         long_evidence = b"x" * 100 if rank != 2 else b"x" * 99 + b"y"
         out["subgroup_long"] = lmr.c3_exact(long_evidence, group=sub)
+    # A functional collective's result is signed once its bytes have arrived. (On CUDA
+    # tensors over gloo, torch 2.11's functional all-gather itself crashes: CPU only.)
+    if device == "cpu":
+        import torch.distributed._functional_collectives as funcol
+        gathered = funcol.all_gather_tensor(t + rank, 0, list(range(dist.get_world_size())))
+        out["async_collective"] = lmr.c3_exact(lmr.signature(gathered.view(-1)))
     out["timing"] = lmr.c3_timing(0.5 if rank == 3 else 0.1 + 0.001 * rank)
     return {k: (v.status.name, list(v.attributed_ranks), list(v.peer_ranks)) for k, v in out.items()}
+
+
+def _full_tensor(local: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """The whole parameter from FSDP2's dim-0 shards (torch.chunk layout), gathered with a
+    plain all_gather: DTensor.full_tensor() goes through functional collectives, which
+    crash on CUDA tensors over gloo in torch 2.11."""
+    world = dist.get_world_size()
+    rows = -(-shape[0] // world)
+    padded = torch.zeros((rows, *shape[1:]), dtype=local.dtype, device=local.device)
+    padded[: local.shape[0]] = local
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded)
+    return torch.cat(parts)[: shape[0]]
 
 
 def train_and_compare(cfg: TrainConfig) -> dict:
@@ -47,7 +66,7 @@ def train_and_compare(cfg: TrainConfig) -> dict:
                 group = p.device_mesh.get_group("dp_replicate")
                 value = p.to_local()
             else:
-                value = p.full_tensor()
+                value = _full_tensor(p.to_local(), p.shape)
         else:
             value = p
         digest += lmr.signature(value.detach()).digest
@@ -59,3 +78,7 @@ def fail_on_rank_one() -> None:
     if dist.get_rank() == 1:
         raise ValueError("deliberate failure")
     dist.barrier()
+
+
+def return_unpicklable():
+    return lambda: None  # lambdas cannot be pickled back to the parent

@@ -16,12 +16,15 @@ def check_c3(results):
     assert r["one_altered"] == ("Attributed", [1], [0, 1, 2, 3])
     assert r["two_altered"][0] == "Inconclusive"  # 2 of 4 agree: no strict majority
     assert r["timing"] == ("Attributed", [3], [0, 1, 2, 3])
+    assert r.get("async_collective", ("Agree", [], [0, 1, 2, 3])) == ("Agree", [], [0, 1, 2, 3])
     assert all(x["subgroup"] == ("Attributed", [3], [1, 2, 3]) for x in results[1:])
     assert all(x["subgroup_long"] == ("Attributed", [2], [1, 2, 3]) for x in results[1:])
 
 
 def test_c3_over_a_gloo_world():
-    check_c3(spawn(dist_workers.c3_checks, 4, args=("cpu",)))
+    results = spawn(dist_workers.c3_checks, 4, args=("cpu",))
+    assert "async_collective" in results[0]
+    check_c3(results)
 
 
 @pytest.mark.gpu
@@ -46,6 +49,22 @@ def test_reference_workload_trains_and_replicas_agree(parallel):
         assert results[0]["peers"] == [0, 1, 2, 3]
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp2", "hsdp"])
+def test_reference_workload_trains_on_cuda(parallel):
+    # Four ranks share one GPU through gloo (NCCL would need a GPU per rank).
+    cfg = TrainConfig(parallel=parallel, steps=15, device="cuda")
+    results = spawn(dist_workers.train_and_compare, 4, args=(cfg,))
+    losses = results[0]["losses"]
+    assert sum(losses[-3:]) < 0.8 * sum(losses[:3]), losses
+    assert all(r["status"] == "Agree" for r in results)
+
+
 def test_spawn_reports_the_failing_rank():
     with pytest.raises(RuntimeError, match="rank 1 failed"):
         spawn(dist_workers.fail_on_rank_one, 2)
+
+
+def test_spawn_reports_a_rank_that_returns_nothing_usable():
+    with pytest.raises(RuntimeError, match="without a result"):
+        spawn(dist_workers.return_unpicklable, 2, timeout=60)

@@ -79,6 +79,11 @@ def test_bad_inputs_get_clear_errors():
         lmr.signature(torch.eye(3).to_sparse())
     with pytest.raises(lmr.InvalidArgumentError, match="torch.Tensor"):
         lmr.signature([1, 2, 3])
+    class Wrapped(torch.Tensor):
+        pass
+    with pytest.raises(lmr.InvalidArgumentError, match="subclass Wrapped"):
+        lmr.signature(torch.zeros(3).as_subclass(Wrapped))
+    assert lmr.signature(torch.nn.Parameter(torch.ones(3))) == lmr.signature(torch.ones(3))
     with pytest.raises(lmr.UnsupportedError, match="meta"):
         lmr.signature(torch.empty(3, device="meta"))
 

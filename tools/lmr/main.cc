@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "lmr/common/error.h"
+#include "lmr/common/hex.h"
 #include "lmr/consensus/consensus.h"
 #include "lmr/consensus/json.h"
 #include "lmr/signature/signature.h"
@@ -52,19 +53,6 @@ std::vector<std::int64_t> parseRanks(const std::string& text) {
   return ranks;
 }
 
-std::string parseHex(const std::string& text) {
-  if (text.size() % 2 != 0) throw lmr::InvalidArgument("evidence '" + text + "' has an odd number of hex digits");
-  std::string bytes;
-  for (std::size_t i = 0; i < text.size(); i += 2) {
-    const std::string pair = text.substr(i, 2);
-    char* end = nullptr;
-    const long v = std::strtol(pair.c_str(), &end, 16);
-    if (end != pair.c_str() + 2) throw lmr::InvalidArgument("evidence '" + text + "' is not hex");
-    bytes.push_back(static_cast<char>(v));
-  }
-  return bytes;
-}
-
 int exitCode(lmr::consensus::Status status) {
   switch (status) {
     case lmr::consensus::Status::kAgree: return 0;
@@ -99,7 +87,7 @@ int runC3(const std::vector<std::string>& args) {
   lmr::consensus::Status status;
   if (exact) {
     std::vector<std::string> evidence;
-    for (const std::string& v : values) evidence.push_back(parseHex(v));
+    for (const std::string& v : values) evidence.push_back(lmr::fromHex(v));
     auto result = lmr::consensus::exact(evidence, ranks);
     out = lmr::consensus::toJson(result);
     status = result.status;

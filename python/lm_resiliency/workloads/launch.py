@@ -90,9 +90,12 @@ def spawn(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (), 
             try:
                 rank, ok, value, when = results.get(timeout=1.0)
             except queue_lib.Empty:
-                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in values]
+                # A rank's report is in the queue before its process exits, so a rank that
+                # has exited and, after this wait, still not reported never will.
+                dead = [r for r, p in enumerate(procs) if p.exitcode is not None and r not in values]
                 if dead:
-                    raise RuntimeError(f"rank {dead[0]} exited with code {procs[dead[0]].exitcode} before reporting")
+                    raise RuntimeError(f"rank {dead[0]} exited with code {procs[dead[0]].exitcode} without a result "
+                                       "(killed, or its return value could not be pickled)")
                 if time.monotonic() > deadline:
                     missing = sorted(set(range(world_size)) - set(values))
                     raise TimeoutError(f"ranks {missing} did not finish within {timeout:.0f} s")

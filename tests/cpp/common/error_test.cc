@@ -3,6 +3,7 @@
 #include <string>
 
 #include "lmr/common/error.h"
+#include "lmr/common/hex.h"
 #include "lmr/common/log.h"
 
 namespace lmr {
@@ -40,6 +41,15 @@ TEST(Log, ParsesLevels) {
   EXPECT_EQ(level, log::Level::kWarn);
   EXPECT_FALSE(log::parseLevel("loud", &level));
   EXPECT_EQ(level, log::Level::kWarn);
+}
+
+TEST(Hex, RoundTripsAndRejectsBadText) {
+  const std::string bytes("\x00\x7f\x80\xff", 4);
+  EXPECT_EQ(toHex(bytes), "007f80ff");
+  EXPECT_EQ(fromHex("007F80ff"), bytes);
+  EXPECT_EQ(fromHex(""), "");
+  EXPECT_THROW(fromHex("abc"), InvalidArgument);
+  EXPECT_THROW(fromHex("zz"), InvalidArgument);
 }
 
 }  // namespace
