@@ -9,7 +9,7 @@ from typing import Optional, Union
 import torch
 import torch.distributed as dist
 
-from lm_resiliency._core import ExactResult, Status, TimingOptions, TimingResult, exact, timing
+from lm_resiliency._core import ExactResult, Signature, Status, TimingOptions, TimingResult, exact, timing
 from lm_resiliency.errors import InvalidArgumentError
 
 __all__ = [
@@ -70,14 +70,14 @@ def _all_gather_bytes(mine: bytes, group: Optional[dist.ProcessGroup]) -> list[b
     return [bytes(g[:n].tolist()) for g, n in zip(gathered, sizes)]
 
 
-def c3_exact(evidence: Union[bytes, "object"], group: Optional[dist.ProcessGroup] = None) -> ExactResult:
+def c3_exact(evidence: Union[bytes, Signature], group: Optional[dist.ProcessGroup] = None) -> ExactResult:
     """Collective exact C3 over ``group`` (default: the world).
 
     Every rank of the group must call it. ``evidence`` is this rank's bytes (typically the
     16-byte ``Signature.digest``; a :class:`~lm_resiliency.Signature` is accepted too). Every
     rank gets the same result; ``result.peer_ranks`` maps bitmap positions to global ranks.
     """
-    if hasattr(evidence, "digest"):
+    if isinstance(evidence, Signature):
         evidence = evidence.digest
     if not isinstance(evidence, (bytes, bytearray)):
         raise InvalidArgumentError(f"c3_exact evidence must be bytes or a Signature, got {type(evidence).__name__}")
