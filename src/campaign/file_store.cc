@@ -1,0 +1,149 @@
+// JsonFileStateStore: flock-serialised compare-and-swap with write-temp, fsync, rename,
+// fsync-directory durability.
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "lmr/campaign/journal.h"
+#include "lmr/common/error.h"
+
+namespace lmr::campaign {
+namespace {
+
+std::string errnoText(const std::string& what, const std::string& path) {
+  return what + " " + path + ": " + std::strerror(errno);
+}
+
+std::string directoryOf(const std::string& path) {
+  const std::size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+// Holds flock(2) on "<journal>.lock" for its lifetime.
+class FileLock {
+ public:
+  FileLock(const std::string& journal_path, int operation) : path_(journal_path + ".lock") {
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw IoError(errnoText("cannot open lock file", path_));
+    while (::flock(fd_, operation) != 0) {
+      if (errno != EINTR) {
+        const std::string message = errnoText("cannot lock", path_);
+        ::close(fd_);
+        throw IoError(message);
+      }
+    }
+  }
+  ~FileLock() {
+    ::flock(fd_, LOCK_UN);
+    ::close(fd_);
+  }
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+void writeAll(int fd, const std::string& text, const std::string& path) {
+  std::size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw IoError(errnoText("cannot write", path));
+    }
+    done += static_cast<std::size_t>(n);
+  }
+}
+
+void fsyncPath(const std::string& path, int flags) {
+  const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
+  if (fd < 0) throw IoError(errnoText("cannot open", path));
+  const int rc = ::fsync(fd);
+  const int saved = errno;
+  ::close(fd);
+  errno = saved;
+  if (rc != 0) throw IoError(errnoText("cannot fsync", path));
+}
+
+// Replaces `path` by `text` atomically and durably.
+void replaceFile(const std::string& path, const std::string& text) {
+  static std::atomic<unsigned> counter{0};
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) throw IoError(errnoText("cannot create", tmp));
+  try {
+    writeAll(fd, text, tmp);
+    if (::fsync(fd) != 0) throw IoError(errnoText("cannot fsync", tmp));
+    if (::close(fd) != 0) throw IoError(errnoText("cannot close", tmp));
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string message = errnoText("cannot rename " + tmp + " to", path);
+    ::unlink(tmp.c_str());
+    throw IoError(message);
+  }
+  fsyncPath(directoryOf(path), O_RDONLY | O_DIRECTORY);
+}
+
+}  // namespace
+
+JsonFileStateStore::JsonFileStateStore(std::string path) : path_(std::move(path)) {
+  if (path_.empty()) throw InvalidArgument("JsonFileStateStore needs a file path");
+  struct stat st {};
+  const std::string dir = directoryOf(path_);
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    throw IoError("the directory of the journal " + path_ + " does not exist");
+  }
+}
+
+std::optional<Journal> JsonFileStateStore::readUnlocked() const {
+  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return std::nullopt;
+    throw IoError(errnoText("cannot open", path_));
+  }
+  std::string text;
+  char buffer[65536];
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const std::string message = errnoText("cannot read", path_);
+      ::close(fd);
+      throw IoError(message);
+    }
+    if (n == 0) break;
+    text.append(buffer, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  return Journal::parse(text, path_);
+}
+
+std::optional<Journal> JsonFileStateStore::load() {
+  FileLock lock(path_, LOCK_SH);
+  return readUnlocked();
+}
+
+bool JsonFileStateStore::compareAndSwap(const std::optional<Journal>& expected, const Journal& updated) {
+  checkJournalSwap(expected, updated);
+  const std::string text = updated.dump() + "\n";
+  FileLock lock(path_, LOCK_EX);
+  if (readUnlocked() != expected) return false;
+  replaceFile(path_, text);
+  return true;
+}
+
+}  // namespace lmr::campaign
