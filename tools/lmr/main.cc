@@ -3,8 +3,10 @@
 //   lmr c3 exact  [--ranks R0,R1,...] HEX...      exact consensus over hex evidence
 //   lmr c3 timing [--ranks ...] [--kappa K] [--scale-floor S] [--absolute S] [--relative F]
 //                 [--min-peers N] SECONDS...       robust timing consensus
-// Results are printed as JSON on stdout. Exit status: 0 Agree, 1 Attributed,
-// 3 Inconclusive; 2 for a usage error (message on stderr).
+//   lmr campaign validate|show|compare ...         fault-injection campaigns (campaign_cmd.cc)
+// c3 prints JSON on stdout; exit status 0 Agree, 1 Attributed, 3 Inconclusive. campaign
+// validate/show exit 0; compare exits 0 only when every occurrence is localized, else 1.
+// Usage and input errors exit 2 with the message on stderr; other failures exit 4.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -12,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "commands.h"
 #include "lmr/common/error.h"
 #include "lmr/common/hex.h"
 #include "lmr/consensus/consensus.h"
@@ -25,6 +28,8 @@ constexpr const char* kUsage =
     "       lmr c3 exact  [--ranks R0,R1,...] HEX...\n"
     "       lmr c3 timing [--ranks R0,R1,...] [--kappa K] [--scale-floor S] [--absolute S]\n"
     "                     [--relative F] [--min-peers N] SECONDS...\n";
+
+std::string usage() { return std::string(kUsage) + lmr::cli::kCampaignUsage; }
 
 double parseNumber(const std::string& text, const std::string& what) {
   char* end = nullptr;
@@ -108,7 +113,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   try {
     if (args.empty() || args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
-      std::cout << kUsage;
+      std::cout << usage();
       return args.empty() ? 2 : 0;
     }
     if (args[0] == "version" || args[0] == "--version") {
@@ -124,9 +129,10 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (args[0] == "c3") return runC3(std::vector<std::string>(args.begin() + 1, args.end()));
+    if (args[0] == "campaign") return lmr::cli::runCampaign(std::vector<std::string>(args.begin() + 1, args.end()));
     throw lmr::InvalidArgument("unknown command '" + args[0] + "'");
   } catch (const lmr::InvalidArgument& e) {
-    std::cerr << "lmr: error: " << e.message() << '\n' << kUsage;
+    std::cerr << "lmr: error: " << e.message() << '\n';
     return 2;
   } catch (const lmr::Error& e) {
     std::cerr << "lmr: " << lmr::errorKindName(e.kind()) << ": " << e.what() << '\n';
