@@ -8,5 +8,6 @@ namespace lmr::python {
 void registerErrors(nanobind::module_& m);
 void registerConsensus(nanobind::module_& m);
 void registerSignature(nanobind::module_& m);
+void registerCampaign(nanobind::module_& m);
 
 }  // namespace lmr::python

@@ -6,4 +6,5 @@ NB_MODULE(_core, m) {
   lmr::python::registerErrors(m);
   lmr::python::registerConsensus(m);
   lmr::python::registerSignature(m);
+  lmr::python::registerCampaign(m);
 }

@@ -21,11 +21,31 @@ from lm_resiliency.errors import (
     PeerFailureError,
     UnsupportedError,
 )
+from lm_resiliency.fault_injection import (
+    CampaignReport,
+    CampaignStateStore,
+    FailureType,
+    FaultCampaign,
+    FaultInjectionRecord,
+    JsonCampaignStateStore,
+    LocalizationResult,
+    MemoryCampaignStateStore,
+    SafetyClass,
+)
 from lm_resiliency.signature import Signature, signature
 
 __version__ = _core.__version__
 
 __all__ = [
+    "CampaignReport",
+    "CampaignStateStore",
+    "FailureType",
+    "FaultCampaign",
+    "FaultInjectionRecord",
+    "JsonCampaignStateStore",
+    "LocalizationResult",
+    "MemoryCampaignStateStore",
+    "SafetyClass",
     "ExactResult",
     "InvalidArgumentError",
     "LmrError",
