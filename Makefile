@@ -18,12 +18,18 @@ PIP_BUILD_FLAGS := --no-build-isolation --no-deps -q \
 	-Ccmake.define.LMR_BUILD_BENCHMARKS=ON
 
 
-.PHONY: deps apt venv build demo test test-cpp test-python bench clean
+FUZZ_SECONDS ?= 120
+FUZZ_APT_PACKAGES := clang libclang-rt-14-dev
+
+.PHONY: deps apt apt-install venv build demo test test-cpp test-python bench fuzz clean
 
 deps: apt venv
 
 apt:
-	@missing=""; for p in $(APT_PACKAGES); do \
+	@$(MAKE) --no-print-directory apt-install PACKAGES="$(APT_PACKAGES)"
+
+apt-install:
+	@missing=""; for p in $(PACKAGES); do \
 	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
@@ -57,5 +63,17 @@ test: test-cpp test-python
 bench: build
 	$(PY) bench/run_cpu_bench.py --build-dir $(BUILD_DIR)
 
+# Fuzz the manifest, journal and artifact parsers with libFuzzer + ASan/UBSan (leaks
+# included) for FUZZ_SECONDS; new inputs land in build-fuzz/corpus.
+fuzz: apt
+	@$(MAKE) --no-print-directory apt-install PACKAGES="$(FUZZ_APT_PACKAGES)"
+	CC=clang CXX=clang++ cmake -S . -B build-fuzz -DLMR_CUDA=OFF -DLMR_BUILD_FUZZERS=ON \
+	  -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined,fuzzer-no-link -fno-sanitize-recover=undefined"
+	cmake --build build-fuzz --target manifest_fuzz -j $(JOBS)
+	mkdir -p build-fuzz/corpus
+	build-fuzz/fuzz/manifest_fuzz build-fuzz/corpus fuzz/corpus -max_total_time=$(FUZZ_SECONDS) -max_len=4096 \
+	  -dict=fuzz/json.dict
+
 clean:
-	rm -rf $(BUILD_DIR) dist *.egg-info
+	rm -rf $(BUILD_DIR) build-fuzz dist *.egg-info

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <limits>
 
 #include "lmr/common/error.h"
 #include "lmr/common/keyed_hash.h"
@@ -72,7 +73,13 @@ Schedule::Schedule(std::shared_ptr<const Campaign> campaign, std::int64_t origin
 
 void Schedule::seek(std::size_t incident, std::int64_t after_absolute) {
   const Trigger& t = campaign_->incidents()[incident].trigger;
-  if (auto next = t.firstAtOrAfter(after_absolute - origin_offset_ + 1)) heap_.emplace(*next + origin_offset_, incident);
+  const __int128 from = static_cast<__int128>(after_absolute) - origin_offset_ + 1;
+  if (from > std::numeric_limits<std::int64_t>::max()) return;
+  auto next = t.firstAtOrAfter(static_cast<std::int64_t>(std::max<__int128>(from, 1)));
+  if (!next) return;
+  const __int128 absolute = static_cast<__int128>(*next) + origin_offset_;
+  if (absolute > std::numeric_limits<std::int64_t>::max()) return;  // beyond any reachable iteration
+  heap_.emplace(static_cast<std::int64_t>(absolute), incident);
 }
 
 void Schedule::rewind(std::int64_t completed_iterations) {

@@ -23,8 +23,9 @@ std::optional<std::int64_t> Trigger::firstAtOrAfter(std::int64_t x) const {
   if (x <= start) return start;
   const std::int64_t last = lastCandidate();
   if (x > last) return std::nullopt;
-  const std::int64_t steps = (x - start + every - 1) / every;
-  return start + steps * every;
+  // In 128 bits: x - start + every - 1 can exceed int64 near the top of the range.
+  const __int128 steps = (static_cast<__int128>(x) - start + every - 1) / every;
+  return static_cast<std::int64_t>(start + steps * every);
 }
 
 bool Trigger::isCandidate(std::int64_t x) const {

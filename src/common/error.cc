@@ -5,26 +5,26 @@
 namespace lmr {
 namespace {
 
-std::string withLocation(std::string_view message, const std::source_location& where) {
+std::string withLocation(std::string_view message, const SourceLocation& where) {
   std::string text(message);
   std::string_view file = where.file_name();
   if (auto slash = file.find_last_of('/'); slash != std::string_view::npos) file.remove_prefix(slash + 1);
   text += " (";
   text += file;
   text += ':';
-  text += std::to_string(where.line());
+  text += std::to_string(where.line);
   text += ')';
   return text;
 }
 
 }  // namespace
 
-Error::Error(ErrorKind kind, std::string_view message, std::source_location where)
+Error::Error(ErrorKind kind, std::string_view message, SourceLocation where)
     : std::runtime_error(withLocation(message, where)),
       kind_(kind),
       message_(message),
       file_(where.file_name()),
-      line_(where.line()) {}
+      line_(where.line) {}
 
 std::string_view errorKindName(ErrorKind kind) noexcept {
   switch (kind) {
@@ -37,7 +37,7 @@ std::string_view errorKindName(ErrorKind kind) noexcept {
   return "Error";
 }
 
-void throwError(ErrorKind kind, std::string_view message, std::source_location where) {
+void throwError(ErrorKind kind, std::string_view message, SourceLocation where) {
   switch (kind) {
     case ErrorKind::kInvalidArgument: throw InvalidArgument(message, where);
     case ErrorKind::kIo: throw IoError(message, where);

@@ -21,6 +21,13 @@ namespace {
 typedef std::uint32_t V8 __attribute__((vector_size(32)));
 typedef std::int32_t M8 __attribute__((vector_size(32)));
 
+// Lanes 0-7 pick from `a`, 8-15 from `b` (GCC and Clang spell it differently).
+#if defined(__clang__)
+#define LMR_SHUFFLE(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define LMR_SHUFFLE(a, b, ...) __builtin_shuffle(a, b, M8{__VA_ARGS__})
+#endif
+
 Quad loadQuad(const unsigned char* p) {
   Quad q;
   std::memcpy(&q, p, sizeof(q));
@@ -47,9 +54,9 @@ LMR_CPU_CLONES Quad sumPairs(const unsigned char* p, std::uint64_t first, std::u
     x ^= x >> 15;
     // x1 += x0; x2 += x1; x3 += x2; x0 += x3, within each 16-byte half: an inclusive
     // prefix sum, then the total added back to lane 0.
-    x += __builtin_shuffle(x, zero, M8{8, 0, 1, 2, 8, 4, 5, 6});
-    x += __builtin_shuffle(x, zero, M8{8, 8, 0, 1, 8, 8, 4, 5});
-    x += __builtin_shuffle(x, zero, M8{3, 8, 8, 8, 7, 8, 8, 8});
+    x += LMR_SHUFFLE(x, zero, 8, 0, 1, 2, 8, 4, 5, 6);
+    x += LMR_SHUFFLE(x, zero, 8, 8, 0, 1, 8, 8, 4, 5);
+    x += LMR_SHUFFLE(x, zero, 3, 8, 8, 8, 7, 8, 8, 8);
     x ^= x >> 16;
     x *= kFmixA;
     x ^= x >> 13;
