@@ -178,6 +178,18 @@ void checkIncidentRules(const Incident& inc, const std::string& path) {
       }
       break;
     case LifetimeKind::kIterations:
+      // A bounded state fault is retired by subtracting its delta; a non-finite value has
+      // no delta to subtract.
+      for (std::size_t i = 0; i < inc.faults.size(); ++i) {
+        const Fault& f = inc.faults[i];
+        const Json* value = json::findMember(f.parameters, "value");
+        if (isStateSurface(f.target.surface) && isBuiltInEffect(f.type, f.target.surface) && value != nullptr &&
+            value->is_string()) {
+          fail(child(child(item(child(path, "faults"), i), "parameters"), "value"),
+               "a non-finite value on surface \"" + std::string(name(f.target.surface)) +
+                   "\" cannot be retired after a bounded lifetime: use \"until\" and recover the workload");
+        }
+      }
       if (t.probability > 0.0) {
         if (auto spacing = t.minSpacing(); spacing && *spacing < inc.lifetime.count) {
           fail(child(lifetime_path, "iterations"),
