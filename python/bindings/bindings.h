@@ -9,5 +9,6 @@ void registerErrors(nanobind::module_& m);
 void registerConsensus(nanobind::module_& m);
 void registerSignature(nanobind::module_& m);
 void registerCampaign(nanobind::module_& m);
+void registerInject(nanobind::module_& m);
 
 }  // namespace lmr::python

@@ -7,4 +7,5 @@ NB_MODULE(_core, m) {
   lmr::python::registerConsensus(m);
   lmr::python::registerSignature(m);
   lmr::python::registerCampaign(m);
+  lmr::python::registerInject(m);
 }
