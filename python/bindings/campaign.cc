@@ -125,6 +125,21 @@ void registerCampaign(nb::module_& m) {
           [](const Campaign& c, const std::function<std::string(std::size_t, std::size_t)>& key) { checkTargetOverlaps(c, key); },
           nb::arg("target_key"));
 
+  nb::class_<Schedule>(m, "Schedule")
+      .def("__init__",
+           [](Schedule* s, std::shared_ptr<Campaign> c, std::int64_t origin_offset, std::int64_t completed) {
+             new (s) Schedule(std::move(c), origin_offset, completed);
+           },
+           nb::arg("campaign"), nb::arg("origin_offset"), nb::arg("completed_iterations"))
+      .def("next_due", &Schedule::nextDue)
+      .def("due_at",
+           [](Schedule& s, std::int64_t iteration) {
+             std::vector<std::tuple<std::size_t, std::int64_t, std::int64_t, bool>> out;
+             for (const Candidate& c : s.dueAt(iteration)) out.emplace_back(c.incident, c.position, c.iteration, c.selected);
+             return out;
+           })
+      .def("rewind", &Schedule::rewind);
+
   bindStore<MemoryStateStore>(m, "MemoryStateStore").def(nb::init<>());
   bindStore<JsonFileStateStore>(m, "JsonFileStateStore")
       .def(nb::init<std::string>(), nb::arg("path"))

@@ -60,6 +60,19 @@ void registerInject(nb::module_& m) {
       nb::arg("stddev").none() = nb::none(),
       "Corrupts the selected elements of a host buffer in place; returns what retire() needs.");
   m.def(
+      "overwrite",
+      [](HostBytes bytes, const std::string& dtype, const std::vector<std::int64_t>& indices, HostBytes values) {
+        const Dtype d = parseDtype(dtype);
+        const std::int64_t numel = elementCount(bytes, d);
+        if (elementCount(values, d) != static_cast<std::int64_t>(indices.size())) {
+          throw InvalidArgument("overwrite: one value per index is needed");
+        }
+        nb::gil_scoped_release release;
+        return overwrite(bytes.data(), d, numel, indices, values.data());
+      },
+      nb::arg("bytes"), nb::arg("dtype"), nb::arg("indices"), nb::arg("values"),
+      "Writes `values` over the elements `indices` in place (stale or duplicated data).");
+  m.def(
       "retire",
       [](HostBytes bytes, const std::string& dtype, const Applied& applied) {
         const Dtype d = parseDtype(dtype);

@@ -22,22 +22,30 @@ from lm_resiliency.errors import (
     UnsupportedError,
 )
 from lm_resiliency.fault_injection import (
+    CallbackFaultExecutor,
     CampaignReport,
     CampaignStateStore,
     FailureType,
     FaultCampaign,
+    FaultExecutionResult,
     FaultInjectionRecord,
+    FaultInjectionSession,
     JsonCampaignStateStore,
     LocalizationResult,
     MemoryCampaignStateStore,
     SafetyClass,
+    enable_fault_injection,
 )
 from lm_resiliency.signature import Signature, signature
 
 __version__ = _core.__version__
 
 __all__ = [
+    "CallbackFaultExecutor",
     "CampaignReport",
+    "FaultExecutionResult",
+    "FaultInjectionSession",
+    "enable_fault_injection",
     "CampaignStateStore",
     "FailureType",
     "FaultCampaign",

@@ -145,6 +145,8 @@ SafetyClass requiredSafety(FailureType type, Surface surface) noexcept {
     case FailureType::kDelay:
     case FailureType::kException:
     case FailureType::kTimeout:
+    case FailureType::kHang:
+    case FailureType::kProcessTermination:
     case FailureType::kResourceExhaustion:
     case FailureType::kCheckpointCorruption:
     case FailureType::kCheckpointTruncation:
@@ -152,8 +154,6 @@ SafetyClass requiredSafety(FailureType type, Surface surface) noexcept {
     case FailureType::kIoError:
     case FailureType::kPayloadCorruption:
       return SafetyClass::kIsolatedDestructive;
-    case FailureType::kHang:
-    case FailureType::kProcessTermination:
     case FailureType::kResourceUnavailable:
     case FailureType::kCollectiveDesync:
     case FailureType::kMessageDrop:

@@ -215,6 +215,23 @@ Applied corrupt(void* data, Dtype dtype, std::int64_t numel, const Selection& se
   return out;
 }
 
+Applied overwrite(void* data, Dtype dtype, std::int64_t numel, const std::vector<std::int64_t>& indices, const void* values) {
+  if (data == nullptr || numel <= 0) throw InvalidArgument("overwrite: empty buffer");
+  for (std::int64_t i : indices)
+    if (i < 0 || i >= numel) throw InvalidArgument("overwrite: index " + std::to_string(i) + " outside the tensor");
+  Applied out;
+  out.indices = indices;
+  for (std::size_t k = 0; k < indices.size(); ++k) {
+    const std::uint64_t before = loadBits(data, dtype, indices[k]);
+    const std::uint64_t after = loadBits(values, dtype, static_cast<std::int64_t>(k));
+    storeBits(data, dtype, indices[k], after);
+    out.original.push_back(before);
+    out.injected.push_back(after);
+    out.changed += before != after ? 1 : 0;
+  }
+  return out;
+}
+
 std::int64_t retire(void* data, Dtype dtype, const Applied& applied) {
   // Check every delta first, so a refusal leaves the buffer untouched.
   std::vector<double> deltas(applied.indices.size());

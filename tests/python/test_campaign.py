@@ -85,6 +85,7 @@ def test_vocabularies_and_schedule():
     assert lmr.FailureType.PROCESS_TERMINATION.value == "process_termination"
     assert len(list(lmr.FailureType)) == 21
     assert required_safety(lmr.FailureType.NETWORK_PARTITION, "resource") == lmr.SafetyClass.CLUSTER_DESTRUCTIVE
+    assert required_safety(lmr.FailureType.PROCESS_TERMINATION, "process") == lmr.SafetyClass.ISOLATED_DESTRUCTIVE
     assert required_safety("tensor_corruption", "output") == lmr.SafetyClass.SAFE_IN_PROCESS
     c = lmr.FaultCampaign.from_json(SPEC_EXAMPLE)
     cands = list(c.candidates(1000))

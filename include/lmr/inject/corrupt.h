@@ -78,6 +78,10 @@ struct Applied {
 // the dtype. Thread-compatible: callers serialise access to `data`.
 Applied corrupt(void* data, Dtype dtype, std::int64_t numel, const Selection& selection, const Spec& spec);
 
+// Writes `values` (count = indices.size() elements of `dtype`, in index order) over the
+// elements `indices` of `data`: stale and duplicated state. Returns what retire() needs.
+Applied overwrite(void* data, Dtype dtype, std::int64_t numel, const std::vector<std::int64_t>& indices, const void* values);
+
 // Removes an applied corruption from a buffer training may have changed since: an element
 // still holding its injected bits gets its original bits back exactly; any other element
 // has the injected delta (injected - original, in float64) subtracted, so updates made

@@ -1,5 +1,5 @@
-"""The fault-injection evaluation kit: campaigns, restart journals, ground truth and
-scoring. (Enabling a campaign inside a training loop is a separate, later part.)"""
+"""The fault-injection evaluation kit: campaigns, restart journals, enabling a campaign in
+a live PyTorch job, executors, ground truth and scoring."""
 
 from lm_resiliency.fault_injection.campaign import (
     Candidate,
@@ -20,6 +20,15 @@ from lm_resiliency.fault_injection.ground_truth import (
     write_injection_artifact,
     write_localization_artifact,
 )
+from lm_resiliency.fault_injection.executors import (
+    CallbackFaultExecutor,
+    FaultExecutionResult,
+    FaultExecutor,
+    FaultRequest,
+    InjectedFault,
+    ProcessFaultExecutor,
+)
+from lm_resiliency.fault_injection.session import FaultInjectionSession, enable_fault_injection
 from lm_resiliency.fault_injection.state import (
     CampaignStateStore,
     JsonCampaignStateStore,
@@ -27,7 +36,15 @@ from lm_resiliency.fault_injection.state import (
 )
 
 __all__ = [
+    "CallbackFaultExecutor",
     "CampaignReport",
+    "FaultExecutionResult",
+    "FaultExecutor",
+    "FaultInjectionSession",
+    "FaultRequest",
+    "InjectedFault",
+    "ProcessFaultExecutor",
+    "enable_fault_injection",
     "CampaignStateStore",
     "Candidate",
     "FailureType",

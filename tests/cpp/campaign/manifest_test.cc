@@ -204,7 +204,8 @@ TEST(Manifest, ExecutorParametersAndMetadataAreFreeButFinite) {
   EXPECT_EQ(parseError(m.dump()), "");
   const Campaign c = Campaign::parse(m.dump());
   EXPECT_EQ(c.incidents()[0].faults[0].parameters["signal"], "SIGKILL");
-  EXPECT_EQ(requiredSafety(FailureType::kProcessTermination, Surface::kProcess), SafetyClass::kClusterDestructive);
+  EXPECT_EQ(requiredSafety(FailureType::kProcessTermination, Surface::kProcess), SafetyClass::kIsolatedDestructive);
+  EXPECT_EQ(requiredSafety(FailureType::kNetworkPartition, Surface::kResource), SafetyClass::kClusterDestructive);
 }
 
 TEST(Manifest, ValidBuiltInParameterCombinations) {

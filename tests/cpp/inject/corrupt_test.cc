@@ -173,6 +173,18 @@ TEST(Retire, ExactRestoreOrDeltaSubtraction) {
   }
 }
 
+TEST(Overwrite, WritesAndRetires) {
+  auto buf = randomBuffer(Dtype::kBFloat16, 50, 8);
+  const auto before = buf;
+  const auto snapshot = randomBuffer(Dtype::kBFloat16, 3, 9);
+  const std::vector<std::int64_t> idx = {4, 17, 49};
+  const Applied a = overwrite(buf.data(), Dtype::kBFloat16, 50, idx, snapshot.data());
+  for (std::size_t k = 0; k < idx.size(); ++k) EXPECT_EQ(loadBits(buf.data(), Dtype::kBFloat16, idx[k]), loadBits(snapshot.data(), Dtype::kBFloat16, k));
+  EXPECT_EQ(retire(buf.data(), Dtype::kBFloat16, a), 3);
+  EXPECT_EQ(buf, before);
+  EXPECT_THROW(overwrite(buf.data(), Dtype::kBFloat16, 50, {50}, snapshot.data()), InvalidArgument);
+}
+
 TEST(Retire, NonFiniteDeltaIsRefusedUntouched) {
   auto buf = randomBuffer(Dtype::kFloat32, 16, 2);
   Spec spec;

@@ -1,0 +1,474 @@
+"""The built-in local executor (safe_in_process): corruption, drop, reorder, duplicate and
+stale values on a module's inputs and outputs, on gradients, parameters and optimizer
+state, and delays on module calls. Element selection and the arithmetic on the selected
+elements run in C++ (lmr::inject) on host copies of the tensors; this module only places
+hooks and moves tensors.
+
+Every effect is an ``ActiveEffect``: the session activates it at its optimizer boundary,
+calls ``before_step`` at each step while it lives, and deactivates it at expiry.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any, Callable, Optional
+
+import torch
+
+from lm_resiliency import _core
+from lm_resiliency.fault_injection.executors import FaultRequest
+from lm_resiliency.fault_injection.targets import ResolvedTarget
+
+DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float64: "float64"}
+
+
+class Unsupported(Exception):
+    """A tensor the built-in effects cannot touch (sparse, empty, non-strided, integer)."""
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The rank-local part of a DTensor (FSDP2/HSDP shards), the tensor itself otherwise."""
+    return t.to_local() if hasattr(t, "device_mesh") and hasattr(t, "to_local") else t
+
+
+def _check(t: Any, needs_float: bool = True) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise Unsupported(f"not a tensor ({type(t).__name__})")
+    if t.layout != torch.strided:
+        raise Unsupported(f"{t.layout} tensors are not supported")
+    if t.numel() == 0:
+        raise Unsupported("empty tensor")
+    if needs_float and t.dtype not in DTYPES:
+        raise Unsupported(f"dtype {t.dtype} (supported: float16, bfloat16, float32, float64)")
+    return t
+
+
+def _rows(t: torch.Tensor) -> int:
+    return t.shape[0] if t.dim() >= 1 else 1
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.view(-1).view(torch.uint8)
+
+
+class _Replace(torch.autograd.Function):
+    """Returns `replacement` forward, passes the gradient to `original` unchanged."""
+
+    @staticmethod
+    def forward(ctx, original, replacement):  # type: ignore[override]
+        return replacement
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return grad, None
+
+
+def _value(raw: Any) -> Optional[float]:
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        return {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}[raw]
+    return float(raw)
+
+
+class Action:
+    """What the effect does to a tensor, from the manifest's type and parameters."""
+
+    def __init__(self, request: FaultRequest) -> None:
+        p = request.parameters
+        self.kind = str(request.failure_type)
+        self.seed = str(request.seed)
+        self.injection_id = request.injection_id
+        self.scope = p.get("scope", "single")
+        self.operation = p.get("operation", "set_value" if self.kind == "drop" else "sign_flip")
+        self.magnitude = p.get("magnitude", "medium")
+        self.value = 0.0 if self.kind == "drop" else _value(p.get("value"))
+        self.factor = p.get("factor")
+        self.std = p.get("std")
+
+    def indices(self, t: torch.Tensor) -> list[int]:
+        return _core.selection_indices(self.seed, self.injection_id, self.scope, t.numel(), _rows(t))
+
+    def corrupt_in_place(self, host: torch.Tensor) -> Any:
+        """`host` is a contiguous CPU tensor owned by the caller."""
+        return _core.corrupt(_bytes(host), DTYPES[host.dtype], _rows(host), self.seed, self.injection_id, self.scope,
+                             self.operation, self.magnitude, self.value, self.factor, self.std)
+
+
+class ActiveEffect:
+    """Base of every armed action, built-in or external."""
+
+    def __init__(self, request: FaultRequest, safety: str) -> None:
+        self.request = request
+        self.safety = safety
+        self.verified = False
+        self.evidence: dict[str, Any] = {}
+        self.error = ""
+        self.replaced = False  # its state was overwritten by a checkpoint load
+
+    def activate(self) -> None:
+        raise NotImplementedError
+
+    def before_step(self) -> None:
+        pass
+
+    def exhausted(self) -> bool:
+        """True once a matching_calls budget is used up."""
+        return False
+
+    def deactivate(self) -> Any:
+        """Ends the effect (removing hooks, restoring state); returns evidence or None."""
+        return None
+
+
+class _Budget:
+    """Counts matching calls: None means unlimited (iterations / until lifetimes)."""
+
+    def __init__(self, lifetime: dict) -> None:
+        self.left: Optional[int] = lifetime.get("matching_calls")
+        self.calls = 0
+
+    def take(self) -> bool:
+        if self.left is not None and self.left <= 0:
+            return False
+        self.calls += 1
+        if self.left is not None:
+            self.left -= 1
+        return True
+
+    def exhausted(self) -> bool:
+        return self.left is not None and self.left <= 0
+
+
+class History:
+    """The values an effect's selection held at earlier calls or boundaries (only the
+    selected elements), for stale_state and duplicate."""
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[int, int, torch.Tensor]] = []  # (iteration, numel, values)
+        self.invalid = ""
+
+    def record(self, iteration: int, t: torch.Tensor, indices: list[int]) -> None:
+        flat = local_tensor(t).detach().reshape(-1)
+        self.entries = self.entries[-1:] + [(iteration, flat.numel(), flat[indices].to("cpu", copy=True).contiguous())]
+
+    def previous(self, kind: str, iteration: int, numel: int) -> torch.Tensor:
+        if self.invalid:
+            raise Unsupported(f"history unavailable: {self.invalid}")
+        usable = [e for e in self.entries if kind == "duplicate" or e[0] < iteration]
+        if not usable:
+            raise Unsupported("no earlier value to replay (a stale or duplicate fault needs history from before "
+                              "its trigger iteration)")
+        seen_iteration, seen_numel, values = usable[-1]
+        if seen_numel != numel:
+            raise Unsupported(f"the tensor had {seen_numel} elements when observed, {numel} now")
+        return values
+
+
+class _TensorTransform:
+    """Applies an action to one tensor value, returning the new value."""
+
+    def __init__(self, action: Action, history: Optional[History], clock: Callable[[], int]) -> None:
+        self.action, self.history, self.clock = action, history, clock
+        self.changed = 0
+        self.selected = 0
+
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        a = self.action
+        _check(t, needs_float=a.kind != "reorder")
+        if a.kind == "reorder":
+            if _rows(t) < 2:
+                raise Unsupported("reorder needs a leading dimension of at least 2")
+            out = torch.roll(t.detach(), shifts=1, dims=0)
+            self.changed += int((out != t.detach()).any(dim=tuple(range(1, t.dim())) if t.dim() > 1 else 0).sum())
+            self.selected += _rows(t)
+            return out
+        host = t.detach().to("cpu", copy=True).contiguous()
+        if a.kind in ("stale_state", "duplicate"):
+            idx = a.indices(host)
+            values = self.history.previous(a.kind, self.clock(), host.numel())
+            self.history.record(self.clock(), t, idx)  # this call is the next one's history
+            applied = _core.overwrite(_bytes(host), DTYPES[host.dtype], idx, _bytes(values.to(host.dtype)))
+        else:
+            applied = a.corrupt_in_place(host)
+        self.changed += applied.changed
+        self.selected += applied.count
+        return host.to(t.device).view(t.shape)
+
+
+class ActivationEffect(ActiveEffect):
+    """Module inputs (first tensor argument) or outputs (first tensor of the result)."""
+
+    def __init__(self, request: FaultRequest, target: ResolvedTarget, clock: Callable[[], int],
+                 history: Optional[History]) -> None:
+        super().__init__(request, "safe_in_process")
+        self.target, self.budget = target, _Budget(dict(request.lifetime))
+        self.transform = _TensorTransform(Action(request), history, clock)
+        self.handle = None
+
+    def _apply(self, value: Any) -> Any:
+        if not self.budget.take():
+            return value
+        try:
+            if isinstance(value, (tuple, list)) and value and isinstance(value[0], torch.Tensor):
+                return type(value)([self._apply_tensor(value[0]), *value[1:]])
+            return self._apply_tensor(value)
+        except Unsupported as e:
+            self.error = f"unsupported {self.target.surface} of {self.target.module_path}: {e}"
+            return value
+
+    def _apply_tensor(self, t: torch.Tensor) -> torch.Tensor:
+        new = self.transform(t)
+        self.verified = self.verified or self.transform.changed > 0
+        self.evidence = {"calls": self.budget.calls, "changed": self.transform.changed,
+                         "selected": self.transform.selected, "module": self.target.module_path}
+        return _Replace.apply(t, new) if t.requires_grad else new
+
+    def activate(self) -> None:
+        m = self.target.module
+        if self.target.surface == "output":
+            self.handle = m.register_forward_hook(lambda _m, _i, out: self._apply(out))
+        else:
+            def pre(_m, args):
+                if not args:
+                    return None
+                return (self._apply(args[0]), *args[1:])
+            self.handle = m.register_forward_pre_hook(pre)
+        self.evidence = {"calls": 0, "changed": 0, "module": self.target.module_path}
+
+    def exhausted(self) -> bool:
+        return self.budget.exhausted()
+
+    def deactivate(self) -> Any:
+        if self.handle is not None:
+            self.handle.remove()
+            self.handle = None
+        if not self.verified and not self.error:
+            self.error = "no matching call changed any element" if self.budget.calls else "no matching call happened"
+        return None
+
+
+class GradientEffect(ActiveEffect):
+    """A parameter's gradient. Plain tensors: a tensor hook on each backward (before DDP's
+    all-reduce sees it). DTensors (FSDP2/HSDP): the rank-local gradient shard just before
+    the optimizer step, since FSDP assigns sharded gradients without autograd hooks."""
+
+    def __init__(self, request: FaultRequest, target: ResolvedTarget, clock: Callable[[], int],
+                 history: Optional[History]) -> None:
+        super().__init__(request, "safe_in_process")
+        self.target, self.budget = target, _Budget(dict(request.lifetime))
+        self.transform = _TensorTransform(Action(request), history, clock)
+        self.handle = None
+        self.sharded = hasattr(target.parameter, "device_mesh")
+
+    def _apply(self, grad: torch.Tensor) -> torch.Tensor:
+        if not self.budget.take():
+            return grad
+        try:
+            new = self.transform(grad)
+        except Unsupported as e:
+            self.error = f"unsupported gradient of {self.target.module_path}.{self.target.parameter_name}: {e}"
+            return grad
+        self.verified = self.verified or self.transform.changed > 0
+        self.evidence = {"calls": self.budget.calls, "changed": self.transform.changed, "selected": self.transform.selected}
+        return new
+
+    def activate(self) -> None:
+        if not self.sharded:
+            self.handle = self.target.parameter.register_hook(self._apply)
+
+    def before_step(self) -> None:
+        p = self.target.parameter
+        if self.sharded and p.grad is not None:
+            local = local_tensor(p.grad)
+            with torch.no_grad():
+                local.copy_(self._apply(local))
+
+    def exhausted(self) -> bool:
+        return self.budget.exhausted()
+
+    def deactivate(self) -> Any:
+        if self.handle is not None:
+            self.handle.remove()
+            self.handle = None
+        if not self.verified and not self.error:
+            self.error = "no gradient was corrupted (no backward reached the parameter)"
+        return None
+
+
+def optimizer_state_tensor(optimizer: torch.optim.Optimizer, parameter: torch.Tensor, key: Optional[str]) -> torch.Tensor:
+    state = optimizer.state.get(parameter)
+    if not state:
+        raise Unsupported("the optimizer has no state for this parameter yet (it appears after the first step)")
+    if key is not None:
+        if key not in state or not isinstance(state[key], torch.Tensor):
+            raise Unsupported(f"optimizer state has no tensor {key!r} (has: {', '.join(sorted(state))})")
+        return state[key]
+    for k in sorted(state):
+        v = state[k]
+        if isinstance(v, torch.Tensor) and v.is_floating_point() and v.shape == parameter.shape:
+            return v
+    raise Unsupported("optimizer state holds no tensor shaped like the parameter")
+
+
+class StateEffect(ActiveEffect):
+    """Weights, biases and optimizer state, mutated in place at activation and retired at
+    expiry by removing the injected delta (exact restore where nothing changed since)."""
+
+    def __init__(self, request: FaultRequest, target: ResolvedTarget, optimizer: torch.optim.Optimizer,
+                 history: Optional[History]) -> None:
+        super().__init__(request, "safe_in_process")
+        self.target, self.optimizer, self.history = target, optimizer, history
+        self.action = Action(request)
+        self.applied = None
+        self.tensor: Optional[torch.Tensor] = None
+
+    def _tensor(self) -> torch.Tensor:
+        p = self.target.parameter
+        if self.target.surface == "optimizer_state":
+            return optimizer_state_tensor(self.optimizer, p, self.target.state_key)
+        return p
+
+    def _edit(self, fn: Callable[[torch.Tensor], Any]) -> Any:
+        """Runs fn on a contiguous host tensor holding the local values, then writes back."""
+        local = local_tensor(self.tensor).detach()
+        if local.is_cuda:
+            torch.cuda.synchronize(local.device)  # no asynchronous reader of the old values
+        in_place = local.device.type == "cpu" and local.is_contiguous()
+        host = local if in_place else local.to("cpu", copy=True).contiguous()
+        result = fn(host)
+        if not in_place:
+            with torch.no_grad():
+                local.copy_(host.view(local.shape))
+        return result
+
+    def activate(self) -> None:
+        try:
+            self.tensor = _check(self._tensor())
+            if self.action.kind in ("stale_state", "duplicate"):
+                local = local_tensor(self.tensor)
+                values = self.history.previous("stale_state", 1 << 62, local.numel())
+                idx = self.action.indices(local)
+                self.applied = self._edit(lambda host: _core.overwrite(_bytes(host), DTYPES[host.dtype], idx,
+                                                                       _bytes(values.to(host.dtype))))
+            else:
+                self.applied = self._edit(self.action.corrupt_in_place)
+        except Unsupported as e:
+            self.error = f"{self.target.surface} of {self.target.module_path}.{self.target.parameter_name}: {e}"
+            return
+        self.verified = self.applied.changed > 0
+        if not self.verified:
+            self.error = "the mutation changed no element"
+        self.evidence = {"changed": self.applied.changed, "selected": self.applied.count,
+                         "tensor": f"{self.target.module_path}.{self.target.parameter_name}"
+                                   + (f"[{self.target.state_key}]" if self.target.state_key else "")}
+
+    def deactivate(self) -> Any:
+        if self.applied is None:
+            return None
+        if self.replaced:  # a checkpoint load replaced the values: keep what was loaded
+            self.applied = None
+            return {"retired": "replaced by a checkpoint load"}
+        exact = self._edit(lambda host: _core.retire(_bytes(host), DTYPES[host.dtype], self.applied))
+        count = self.applied.count
+        self.applied = None
+        return {"restored_exactly": exact, "delta_subtracted": count - exact}
+
+
+class DelayEffect(ActiveEffect):
+    """Delays each matching call of a module by `delay_ms`, interruptibly."""
+
+    def __init__(self, request: FaultRequest, target: ResolvedTarget, stop: threading.Event) -> None:
+        super().__init__(request, "safe_in_process")
+        self.target, self.budget, self.stop = target, _Budget(dict(request.lifetime)), stop
+        self.seconds = float(request.parameters["delay_ms"]) / 1000.0
+        self.handle = None
+        self.waited = 0.0
+
+    def _pre(self, _m: Any, _args: Any) -> None:
+        if not self.budget.take():
+            return None
+        import time
+
+        start = time.perf_counter()
+        self.stop.wait(self.seconds)
+        self.waited += time.perf_counter() - start
+        self.verified = True
+        self.evidence = {"calls": self.budget.calls, "waited_s": round(self.waited, 6), "module": self.target.module_path}
+        return None
+
+    def activate(self) -> None:
+        self.handle = self.target.module.register_forward_pre_hook(self._pre)
+
+    def exhausted(self) -> bool:
+        return self.budget.exhausted()
+
+    def deactivate(self) -> Any:
+        if self.handle is not None:
+            self.handle.remove()
+            self.handle = None
+        if not self.verified and not self.error:
+            self.error = "no matching call happened"
+        return None
+
+
+class HistoryObserver:
+    """Collects the values a stale or duplicate fault will replay, from one iteration before
+    its trigger: the selected elements of each call's input, output or gradient, or a
+    snapshot of the state at installation. The effect takes the history over when armed."""
+
+    def __init__(self, request: FaultRequest, target: ResolvedTarget, optimizer: torch.optim.Optimizer,
+                 clock: Callable[[], int]) -> None:
+        self.request, self.target, self.optimizer, self.clock = request, target, optimizer, clock
+        self.action = Action(request)
+        self.history = History()
+        self.handle = None
+
+    def _observe(self, t: Any) -> None:
+        if isinstance(t, (tuple, list)) and t:
+            t = t[0]
+        try:
+            _check(t)
+            self.history.record(self.clock(), t, self.action.indices(t))
+        except Unsupported as e:
+            self.history.invalid = str(e)  # an unusable observation poisons the window
+
+    def install(self) -> None:
+        surface, m = self.target.surface, self.target.module
+        if surface == "output":
+            self.handle = m.register_forward_hook(lambda _m, _i, out: self._observe(out))
+        elif surface == "input":
+            self.handle = m.register_forward_pre_hook(lambda _m, args: self._observe(args[0]) if args else None)
+        elif surface == "gradient" and not hasattr(self.target.parameter, "device_mesh"):
+            self.handle = self.target.parameter.register_hook(lambda g: self._observe(g))
+        elif surface in ("weight", "bias", "optimizer_state"):
+            try:
+                t = self.target.parameter if surface != "optimizer_state" else optimizer_state_tensor(
+                    self.optimizer, self.target.parameter, self.target.state_key)
+                self._observe(local_tensor(t))
+            except Unsupported as e:
+                self.history.invalid = str(e)
+
+    def before_step(self) -> None:
+        p = self.target.parameter
+        if self.target.surface == "gradient" and hasattr(p, "device_mesh") and p.grad is not None:
+            self._observe(local_tensor(p.grad))
+
+    def remove(self) -> None:
+        if self.handle is not None:
+            self.handle.remove()
+            self.handle = None
+
+
+def make_effect(request: FaultRequest, target: ResolvedTarget, optimizer: torch.optim.Optimizer,
+                clock: Callable[[], int], history: Optional[History], stop: threading.Event) -> ActiveEffect:
+    """The built-in effect for a (type, surface) that isBuiltInEffect accepts."""
+    kind, surface = str(request.failure_type), target.surface
+    if kind == "delay":
+        return DelayEffect(request, target, stop)
+    if surface in ("input", "output"):
+        return ActivationEffect(request, target, clock, history)
+    if surface == "gradient":
+        return GradientEffect(request, target, clock, history)
+    return StateEffect(request, target, optimizer, history)

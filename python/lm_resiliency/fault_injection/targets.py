@@ -1,0 +1,101 @@
+"""Resolving a fault's framework-neutral target to the objects it acts on, with every check
+that can fail made before training starts."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+import torch
+import torch.nn as nn
+
+from lm_resiliency.errors import InvalidArgumentError
+from lm_resiliency.frameworks import FrameworkAdapter
+
+_MODULE_SURFACES = {"input", "output", "weight", "bias", "gradient", "optimizer_state", "compute"}
+_PARAMETER_SURFACES = {"weight", "bias", "gradient", "optimizer_state"}
+
+
+@dataclasses.dataclass
+class ResolvedTarget:
+    surface: str
+    module_path: Optional[str] = None
+    module: Optional[nn.Module] = None
+    parameter_name: Optional[str] = None
+    parameter: Optional[nn.Parameter] = None
+    state_key: Optional[str] = None
+    key: str = ""  # identity of the touched object, for overlap and alias checks
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") and hasattr(t, "device_mesh") else t
+
+
+def storage_key(p: torch.Tensor) -> str:
+    """Equal for aliases of one parameter storage, whatever the selector spelling."""
+    local = _local(p.detach())
+    return f"{local.untyped_storage().data_ptr():x}+{local.storage_offset()}"
+
+
+def _strip(path: str, modules: dict[str, nn.Module]) -> str:
+    if path in modules:
+        return path
+    for prefix in ("module.", "_orig_mod.", "model."):
+        if path.startswith(prefix) and path[len(prefix):] in modules:
+            return path[len(prefix):]
+    raise InvalidArgumentError(f"module_path {path!r} is not in the model's named_modules()")
+
+
+def _is_within(descendant: nn.Module, ancestor: nn.Module) -> bool:
+    return any(m is descendant for m in ancestor.modules())
+
+
+def resolve(adapter: FrameworkAdapter, fault: dict[str, Any], where: str) -> ResolvedTarget:
+    """Resolve fault (a manifest fault dict) for this rank. `where` prefixes errors."""
+    target, parameters, surface = fault["target"], fault.get("parameters", {}), fault["target"]["surface"]
+    out = ResolvedTarget(surface=surface)
+    if surface not in _MODULE_SURFACES:
+        out.key = f"{surface}:{target.get('resource') or target.get('path') or target.get('operation') or ''}"
+        return out
+    try:
+        modules = adapter.named_modules()
+        logical = None
+        if "component" in target:
+            logical = adapter.resolve_component(target["component"], target.get("index"), target.get("metadata", {}))
+        if "module_path" in target:
+            path = _strip(target["module_path"], modules)
+            module = modules[path]
+            if logical is not None and not _is_within(module, logical[1]):
+                raise InvalidArgumentError(f"module_path {target['module_path']!r} is not {logical[0]!r} "
+                                           f"({target['component']} {target.get('index', '')}) or inside it")
+            out.module_path, out.module = path, module
+        else:
+            out.module_path, out.module = logical
+        if surface in _PARAMETER_SURFACES:
+            default = "bias" if surface == "bias" else "weight"
+            name = parameters.get("parameter", default)
+            owned = dict(out.module.named_parameters())
+            if name not in owned:
+                buffers = dict(out.module.named_buffers())
+                if name in buffers:
+                    raise InvalidArgumentError(f"{out.module_path}.{name} is a buffer, not a parameter")
+                raise InvalidArgumentError(f"module {out.module_path!r} has no parameter {name!r} "
+                                           f"(has: {', '.join(sorted(owned)[:6]) or 'none'})")
+            out.parameter_name, out.parameter = name, owned[name]
+            if surface == "gradient" and not out.parameter.requires_grad:
+                raise InvalidArgumentError(f"{out.module_path}.{name} does not require grad: no gradient to corrupt")
+            if surface == "optimizer_state":
+                if not any(out.parameter is p for g in adapter.optimizer.param_groups for p in g["params"]):
+                    raise InvalidArgumentError(f"{out.module_path}.{name} is not optimised by this optimizer")
+                out.state_key = parameters.get("state_key")
+        if surface in ("weight", "bias"):
+            out.key = f"param:{storage_key(out.parameter)}"
+        elif surface == "gradient":
+            out.key = f"grad:{storage_key(out.parameter)}"
+        elif surface == "optimizer_state":
+            out.key = f"optim:{storage_key(out.parameter)}:{out.state_key or '*'}"
+        else:
+            out.key = f"module:{out.module_path}:{surface}"
+        return out
+    except InvalidArgumentError as e:
+        raise InvalidArgumentError(f"{where}.target: {e}") from None
