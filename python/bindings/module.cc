@@ -3,6 +3,9 @@
 NB_MODULE(_core, m) {
   m.doc() = "LM Resiliency engine (liblmr) bindings";
   m.attr("__version__") = LMR_VERSION;
+  // Objects referenced from long-lived Python state (a session wrapping an optimizer) may
+  // still exist when the interpreter exits; that is not a leak worth a warning.
+  nanobind::set_leak_warnings(false);
   lmr::python::registerErrors(m);
   lmr::python::registerConsensus(m);
   lmr::python::registerSignature(m);

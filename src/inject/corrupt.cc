@@ -232,11 +232,21 @@ Applied overwrite(void* data, Dtype dtype, std::int64_t numel, const std::vector
   return out;
 }
 
+namespace {
+
+// Whether an element still holds what was injected: the same bits, or NaN where NaN was
+// injected (arithmetic on NaN need not keep its payload or sign).
+bool stillInjected(std::uint64_t now, std::uint64_t injected, Dtype dtype) {
+  return now == injected || (std::isnan(bitsToDouble(now, dtype)) && std::isnan(bitsToDouble(injected, dtype)));
+}
+
+}  // namespace
+
 std::int64_t retire(void* data, Dtype dtype, const Applied& applied) {
   // Check every delta first, so a refusal leaves the buffer untouched.
   std::vector<double> deltas(applied.indices.size());
   for (std::size_t k = 0; k < applied.indices.size(); ++k) {
-    if (loadBits(data, dtype, applied.indices[k]) == applied.injected[k]) continue;
+    if (stillInjected(loadBits(data, dtype, applied.indices[k]), applied.injected[k], dtype)) continue;
     deltas[k] = bitsToDouble(applied.injected[k], dtype) - bitsToDouble(applied.original[k], dtype);
     if (!std::isfinite(deltas[k])) {
       throw InvalidArgument("the injected change of element " + std::to_string(applied.indices[k]) +
@@ -247,7 +257,7 @@ std::int64_t retire(void* data, Dtype dtype, const Applied& applied) {
   for (std::size_t k = 0; k < applied.indices.size(); ++k) {
     const std::int64_t i = applied.indices[k];
     const std::uint64_t now = loadBits(data, dtype, i);
-    if (now == applied.injected[k]) {
+    if (stillInjected(now, applied.injected[k], dtype)) {
       storeBits(data, dtype, i, applied.original[k]);
       ++exact;
     } else {

@@ -40,34 +40,74 @@ def enable(model, opt, *incidents, **kw):
     return lmr.enable_fault_injection(model, opt, campaign=campaign(*incidents), **kw)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_output_operations_change_exactly_the_selection(dtype):
-    for params in OPS:
-        for scope in SCOPES:
-            torch.manual_seed(0)
-            model = Tiny(dtype)
-            opt = torch.optim.SGD(model.parameters(), lr=0.0)
-            before, after = Capture(model.layers[0]), None
-            s = enable(model, opt, incident("c", [1], "tensor_corruption",
-                                            {"component": "transformer_block", "index": 0, "surface": "output"},
-                                            {**params, "scope": scope}))
-            after = Capture(model.layers[1], "input")
-            train_tiny(model, opt, 1, dtype=dtype)
+def _original_and_corrupted(surface, dtype, params, scope):
+    """Runs one injection at iteration 1 on layers.0 and returns (value before, value after)
+    of the targeted tensor, as the model saw it."""
+    lifetime = None
+    if surface == "weight":  # non-finite state faults cannot be retired after a bounded lifetime
+        lifetime = {"until": "campaign_end"} if params.get("value") == "nan" else {"iterations": 1}
+
+    def run(with_fault):
+        torch.manual_seed(0)
+        model = Tiny(dtype)
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        seen = {}
+
+        def keep(key, value):  # hooks must return None, or they replace the value
+            seen.setdefault(key, value.detach().clone())
+
+        if surface == "input":
+            model.layers[0].register_forward_pre_hook(lambda m, a: keep("before", a[0]))
+        elif surface == "output":
+            model.layers[0].register_forward_hook(lambda m, i, o: keep("before", o))
+        elif surface == "gradient":
+            opt.register_step_pre_hook(lambda o, a, k: keep("grad", model.layers[0].weight.grad))
+        seen["weight"] = model.layers[0].weight.detach().clone()
+        s = None
+        if with_fault:
+            s = enable(model, opt, incident("c", [1], "tensor_corruption", {"module_path": "layers.0", "surface": surface},
+                                            {**params, "scope": scope}, lifetime))
+            seen["weight_armed"] = model.layers[0].weight.detach().clone()
+        if surface == "input":
+            model.layers[0].register_forward_pre_hook(lambda m, a: keep("after", a[0]))
+        else:
+            model.layers[1].register_forward_pre_hook(lambda m, a: keep("after", a[0]))
+        train_tiny(model, opt, 1, dtype=dtype)
+        if s is not None:
             s.close()
-            orig, got = before.values[0], after.values[0]
+            assert records(s)["c@1/f"]["status"] == "completed", (surface, params, scope, records(s))
+        return seen
+    faulty = run(True)
+    if surface == "weight":
+        return faulty["weight"], faulty["weight_armed"]
+    if surface == "gradient":
+        return run(False)["grad"], faulty["grad"]
+    return faulty["before"], faulty["after"]
+
+
+@pytest.mark.parametrize("surface", ["input", "output", "weight", "gradient"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_every_operation_changes_exactly_the_selection(surface, dtype):
+    scopes = SCOPES if surface == "output" else ["single", "10%", "100%"]
+    for params in OPS:
+        for scope in scopes:
+            orig, got = _original_and_corrupted(surface, dtype, params, scope)
             expected = selection(5, "c@1/f", scope, orig)
             changed = changed_indices(orig, got)
-            assert set(changed) <= set(expected), (params, scope)
-            assert changed, (params, scope)
+            assert changed and set(changed) <= set(expected), (surface, params, scope)
             flat_o, flat_g = orig.reshape(-1).double(), got.reshape(-1).double()
-            if params["operation"] == "sign_flip":
+            op = params["operation"]
+            if op == "sign_flip":
                 assert torch.equal(flat_g[expected], -flat_o[expected])
-            if params["operation"] == "set_value":
+            elif op == "set_value":
                 v = flat_g[expected]
-                assert (torch.isnan(v).all() if params["value"] == "nan" else (v == 3.0).all())
-            if params["operation"] == "scale":
-                assert torch.allclose(flat_g[expected], (flat_o[expected] * -2.0).to(dtype).double())
-            assert records(s)["c@1/f"]["status"] == "completed", (params, scope)
+                assert torch.isnan(v).all() if params["value"] == "nan" else (v == 3.0).all()
+            elif op == "scale":
+                assert torch.equal(flat_g[expected], (flat_o[expected] * -2.0).to(dtype).double())
+            elif op == "single_bitflip":
+                bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[orig.element_size()]
+                x = orig.reshape(-1).view(bits)[expected] ^ got.reshape(-1).view(bits)[expected]
+                assert (x == x[0]).all() and bin(int(x[0]) & ((1 << 64) - 1)).count("1") == 1
 
 
 @pytest.mark.parametrize("surface", ["weight", "bias"])

@@ -370,10 +370,15 @@ class StateEffect(ActiveEffect):
         if self.replaced:  # a checkpoint load replaced the values: keep what was loaded
             self.applied = None
             return {"retired": "replaced by a checkpoint load"}
-        exact = self._edit(lambda host: _core.retire(_bytes(host), DTYPES[host.dtype], self.applied))
-        count = self.applied.count
-        self.applied = None
-        return {"restored_exactly": exact, "delta_subtracted": count - exact}
+        applied, self.applied = self.applied, None
+        try:
+            exact = self._edit(lambda host: _core.retire(_bytes(host), DTYPES[host.dtype], applied))
+        except ValueError as e:
+            # Only permanent faults reach here (bounded non-finite ones are refused when the
+            # manifest is read): training has mixed the non-finite values into others, so
+            # only a checkpoint recovery can clean them. The injection itself happened.
+            return {"not_retired": applied.count, "reason": str(e).split(" (")[0] + "; recover from a checkpoint"}
+        return {"restored_exactly": exact, "delta_subtracted": applied.count - exact}
 
 
 class DelayEffect(ActiveEffect):

@@ -192,6 +192,12 @@ TEST(Retire, NonFiniteDeltaIsRefusedUntouched) {
   spec.value = INFINITY;
   const Applied a = corrupt(buf.data(), Dtype::kFloat32, 16, Selection(1, "x", Scope::kAll, 16, 1), spec);
   EXPECT_EQ(retire(buf.data(), Dtype::kFloat32, a), 16);  // unchanged since: exact restore works
+  // A NaN whose payload or sign arithmetic changed still counts as the injected NaN.
+  spec.value = std::nan("");
+  const Applied n = corrupt(buf.data(), Dtype::kFloat32, 16, Selection(1, "x", Scope::kSingle, 16, 1), spec);
+  detail::storeBits(buf.data(), Dtype::kFloat32, n.indices[0], 0xFFC00000u);  // -NaN
+  EXPECT_EQ(retire(buf.data(), Dtype::kFloat32, n), 1);
+  EXPECT_EQ(loadBits(buf.data(), Dtype::kFloat32, n.indices[0]), n.original[0]);
   const Applied b = corrupt(buf.data(), Dtype::kFloat32, 16, Selection(1, "x", Scope::kAll, 16, 1), spec);
   detail::storeBits(buf.data(), Dtype::kFloat32, 0, doubleToBits(5.0, Dtype::kFloat32));  // training overwrote one
   const auto held = buf;
