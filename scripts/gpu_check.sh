@@ -7,6 +7,7 @@
 #   mkdir -p .device/debs && cd .device/debs && apt-get download \
 #     nlohmann-json3-dev libgtest-dev googletest libbenchmark-dev libbenchmark1debian
 # Logs and results go to $OUT (default ./gpu-results). Exit status 1 if any step failed.
+# LMR_GPU_BENCH=0 skips the benchmarks.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-$PWD/gpu-results}
@@ -41,6 +42,8 @@ for parallel in ddp fsdp2 hsdp; do  # several ranks share the GPU through gloo
 done
 run workload_nccl.log python3 -m lm_resiliency.workloads --parallel ddp --device cuda --backend nccl \
   --world-size "$(nvidia-smi -L | wc -l)" --steps 10
-run gpu_bench.txt python3 bench/gpu_signature.py --gib 1 --iters 20
-run cpu_bench.txt python3 bench/run_cpu_bench.py --build-dir build-gpu
+if [ "${LMR_GPU_BENCH:-1}" != 0 ]; then  # LMR_GPU_BENCH=0: tests only
+  run gpu_bench.txt python3 bench/gpu_signature.py --gib 1 --iters 20
+  run cpu_bench.txt python3 bench/run_cpu_bench.py --build-dir build-gpu
+fi
 exit $status
