@@ -40,8 +40,11 @@ for parallel in ddp fsdp2 hsdp; do  # several ranks share the GPU through gloo
   run "workload_$parallel.log" python3 -m lm_resiliency.workloads --parallel "$parallel" --device cuda \
     --backend gloo --world-size 4 --steps 10
 done
-run workload_nccl.log python3 -m lm_resiliency.workloads --parallel ddp --device cuda --backend nccl \
-  --world-size "$(nvidia-smi -L | wc -l)" --steps 10
+gpus=$(nvidia-smi -L | wc -l)
+for parallel in ddp fsdp2; do  # NCCL: one rank per GPU
+  run "workload_nccl_$parallel.log" python3 -m lm_resiliency.workloads --parallel "$parallel" --device cuda \
+    --backend nccl --world-size "$gpus" --steps 10
+done
 if [ "${LMR_GPU_BENCH:-1}" != 0 ]; then  # LMR_GPU_BENCH=0: tests only
   run gpu_bench.txt python3 bench/gpu_signature.py --gib 1 --iters 20
   run cpu_bench.txt python3 bench/run_cpu_bench.py --build-dir build-gpu

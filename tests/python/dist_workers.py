@@ -82,3 +82,14 @@ def fail_on_rank_one() -> None:
 
 def return_unpicklable():
     return lambda: None  # lambdas cannot be pickled back to the parent
+
+
+def nccl_c3() -> dict:
+    """Two ranks, one GPU each, NCCL default group."""
+    torch.cuda.set_device(dist.get_rank())
+    t = torch.arange(1 << 20, dtype=torch.float32, device="cuda")
+    same = lmr.c3_exact(lmr.signature(t))
+    if dist.get_rank() == 1:
+        t[12345] += 1.0
+    differ = lmr.c3_exact(lmr.signature(t))
+    return {"same": same.status.name, "differ": differ.status.name, "ranks": list(same.peer_ranks)}

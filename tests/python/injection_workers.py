@@ -126,3 +126,21 @@ def rank_override_mismatch():
     except lmr.InvalidArgumentError as e:
         return str(e)
     return "enabled"
+
+
+def run_campaign_cuda_nccl(parallel, out_dir, steps=6):
+    """Two GPUs, NCCL: a campaign on each rank of the reference workload."""
+    cfg = TrainConfig(parallel=parallel, steps=steps, device="cuda", dp_replicate=2)
+    model, opt, data, device = build(cfg)
+    c = campaign(
+        incident("out", [2], "tensor_corruption", {"rank": 1, "component": "transformer_block", "index": 1, "surface": "output"},
+                 {"operation": "sign_flip", "scope": "row"}),
+        incident("w", [3], "tensor_corruption", {"rank": 0, "module_path": "layers.0.attention.wq", "surface": "weight"},
+                 {"operation": "scale", "factor": 3.0, "scope": "10%"}, {"iterations": 2}),
+        incident("g", [4], "tensor_corruption", {"rank": 1, "module_path": "output", "surface": "gradient"},
+                 {"operation": "noise", "std": 1.0, "scope": "1%"}))
+    session = lmr.enable_fault_injection(model, opt, campaign=c)
+    for step in range(steps):
+        train_step(model, opt, data, device, step)
+    session.close()
+    return {r.injection_id: r.to_dict()["status"] for r in session.records()}
