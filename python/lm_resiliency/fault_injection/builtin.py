@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from typing import Any, Callable, Optional
 
 import torch
@@ -197,15 +198,35 @@ class _TensorTransform:
         return host.to(t.device).view(t.shape)
 
 
-class ActivationEffect(ActiveEffect):
+class _HookedEffect(ActiveEffect):
+    """An effect living in a hook, with a budget of matching calls."""
+
+    idle_reason = "no matching call happened"  # the error when it never took effect
+
+    def __init__(self, request: FaultRequest, target: ResolvedTarget) -> None:
+        super().__init__(request, "safe_in_process")
+        self.target, self.budget = target, _Budget(dict(request.lifetime))
+        self.handle = None
+
+    def exhausted(self) -> bool:
+        return self.budget.exhausted()
+
+    def deactivate(self) -> Any:
+        if self.handle is not None:
+            self.handle.remove()
+            self.handle = None
+        if not self.verified and not self.error:
+            self.error = self.idle_reason
+        return None
+
+
+class ActivationEffect(_HookedEffect):
     """Module inputs (first tensor argument) or outputs (first tensor of the result)."""
 
     def __init__(self, request: FaultRequest, target: ResolvedTarget, clock: Callable[[], int],
                  history: Optional[History]) -> None:
-        super().__init__(request, "safe_in_process")
-        self.target, self.budget = target, _Budget(dict(request.lifetime))
+        super().__init__(request, target)
         self.transform = _TensorTransform(Action(request), history, clock)
-        self.handle = None
 
     def _apply(self, value: Any) -> Any:
         if not self.budget.take():
@@ -237,29 +258,23 @@ class ActivationEffect(ActiveEffect):
             self.handle = m.register_forward_pre_hook(pre)
         self.evidence = {"calls": 0, "changed": 0, "module": self.target.module_path}
 
-    def exhausted(self) -> bool:
-        return self.budget.exhausted()
-
     def deactivate(self) -> Any:
-        if self.handle is not None:
-            self.handle.remove()
-            self.handle = None
-        if not self.verified and not self.error:
-            self.error = "no matching call changed any element" if self.budget.calls else "no matching call happened"
-        return None
+        if self.budget.calls:
+            self.idle_reason = "no matching call changed any element"
+        return super().deactivate()
 
 
-class GradientEffect(ActiveEffect):
+class GradientEffect(_HookedEffect):
     """A parameter's gradient. Plain tensors: a tensor hook on each backward (before DDP's
     all-reduce sees it). DTensors (FSDP2/HSDP): the rank-local gradient shard just before
     the optimizer step, since FSDP assigns sharded gradients without autograd hooks."""
 
+    idle_reason = "no gradient was corrupted (no backward reached the parameter)"
+
     def __init__(self, request: FaultRequest, target: ResolvedTarget, clock: Callable[[], int],
                  history: Optional[History]) -> None:
-        super().__init__(request, "safe_in_process")
-        self.target, self.budget = target, _Budget(dict(request.lifetime))
+        super().__init__(request, target)
         self.transform = _TensorTransform(Action(request), history, clock)
-        self.handle = None
         self.sharded = hasattr(target.parameter, "device_mesh")
 
     def _apply(self, grad: torch.Tensor) -> torch.Tensor:
@@ -284,17 +299,6 @@ class GradientEffect(ActiveEffect):
             local = local_tensor(p.grad)
             with torch.no_grad():
                 local.copy_(self._apply(local))
-
-    def exhausted(self) -> bool:
-        return self.budget.exhausted()
-
-    def deactivate(self) -> Any:
-        if self.handle is not None:
-            self.handle.remove()
-            self.handle = None
-        if not self.verified and not self.error:
-            self.error = "no gradient was corrupted (no backward reached the parameter)"
-        return None
 
 
 def optimizer_state_tensor(optimizer: torch.optim.Optimizer, parameter: torch.Tensor, key: Optional[str]) -> torch.Tensor:
@@ -381,21 +385,18 @@ class StateEffect(ActiveEffect):
         return {"restored_exactly": exact, "delta_subtracted": applied.count - exact}
 
 
-class DelayEffect(ActiveEffect):
+class DelayEffect(_HookedEffect):
     """Delays each matching call of a module by `delay_ms`, interruptibly."""
 
     def __init__(self, request: FaultRequest, target: ResolvedTarget, stop: threading.Event) -> None:
-        super().__init__(request, "safe_in_process")
-        self.target, self.budget, self.stop = target, _Budget(dict(request.lifetime)), stop
+        super().__init__(request, target)
+        self.stop = stop
         self.seconds = float(request.parameters["delay_ms"]) / 1000.0
-        self.handle = None
         self.waited = 0.0
 
     def _pre(self, _m: Any, _args: Any) -> None:
         if not self.budget.take():
             return None
-        import time
-
         start = time.perf_counter()
         self.stop.wait(self.seconds)
         self.waited += time.perf_counter() - start
@@ -405,17 +406,6 @@ class DelayEffect(ActiveEffect):
 
     def activate(self) -> None:
         self.handle = self.target.module.register_forward_pre_hook(self._pre)
-
-    def exhausted(self) -> bool:
-        return self.budget.exhausted()
-
-    def deactivate(self) -> Any:
-        if self.handle is not None:
-            self.handle.remove()
-            self.handle = None
-        if not self.verified and not self.error:
-            self.error = "no matching call happened"
-        return None
 
 
 class HistoryObserver:
