@@ -2,7 +2,6 @@
 history, retirement, rejections, executors and the restart journal."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import torch.nn as nn
 
 import lm_resiliency as lmr
 from lm_resiliency.fault_injection import (CallbackFaultExecutor, FaultExecutionResult, InjectedFault,
-                                           JsonCampaignStateStore, ProcessFaultExecutor, RecordStatus)
+                                           JsonCampaignStateStore, ProcessFaultExecutor)
 from injection_util import (Capture, Tiny, campaign, changed_indices, decoder, incident, selection, tiny_batch,
                             train_decoder, train_tiny)
 

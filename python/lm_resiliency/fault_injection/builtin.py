@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from lm_resiliency import _core
+from lm_resiliency.fault_injection.effect import ActiveEffect
 from lm_resiliency.fault_injection.executors import FaultRequest
 from lm_resiliency.fault_injection.targets import ResolvedTarget
 
@@ -95,32 +96,6 @@ class Action:
         """`host` is a contiguous CPU tensor owned by the caller."""
         return _core.corrupt(_bytes(host), DTYPES[host.dtype], _rows(host), self.seed, self.injection_id, self.scope,
                              self.operation, self.magnitude, self.value, self.factor, self.std)
-
-
-class ActiveEffect:
-    """Base of every armed action, built-in or external."""
-
-    def __init__(self, request: FaultRequest, safety: str) -> None:
-        self.request = request
-        self.safety = safety
-        self.verified = False
-        self.evidence: dict[str, Any] = {}
-        self.error = ""
-        self.replaced = False  # its state was overwritten by a checkpoint load
-
-    def activate(self) -> None:
-        raise NotImplementedError
-
-    def before_step(self) -> None:
-        pass
-
-    def exhausted(self) -> bool:
-        """True once a matching_calls budget is used up."""
-        return False
-
-    def deactivate(self) -> Any:
-        """Ends the effect (removing hooks, restoring state); returns evidence or None."""
-        return None
 
 
 class _Budget:

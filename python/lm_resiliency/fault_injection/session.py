@@ -21,13 +21,8 @@ from lm_resiliency import _core
 from lm_resiliency.errors import InvalidArgumentError, PeerFailureError
 from lm_resiliency.fault_injection import builtin
 from lm_resiliency.fault_injection.campaign import FailureType, FaultCampaign, RecordStatus, SafetyClass
-from lm_resiliency.fault_injection.executors import (
-    SAFETY_ORDER,
-    FaultExecutionResult,
-    FaultExecutor,
-    FaultRequest,
-    _snapshot,
-)
+from lm_resiliency.fault_injection.effect import ActiveEffect, Armed, ExternalEffect, settle
+from lm_resiliency.fault_injection.executors import SAFETY_ORDER, FaultExecutor, FaultRequest
 from lm_resiliency.fault_injection.ground_truth import (
     CampaignReport,
     FaultInjectionRecord,
@@ -48,66 +43,6 @@ def _strict_int(value: Any, name: str, minimum: int = 0) -> int:
     if value < minimum:
         raise InvalidArgumentError(f"{name} must be >= {minimum}, got {value}")
     return value
-
-
-class _ExternalEffect(builtin.ActiveEffect):
-    """An action run by a configured executor, with the contract checks around it."""
-
-    def __init__(self, request: FaultRequest, executor: FaultExecutor, safety: str) -> None:
-        super().__init__(request, safety)
-        self.executor = executor
-        self.result: Optional[FaultExecutionResult] = None
-
-    def activate(self) -> None:
-        lifetime = dict(self.request.lifetime)
-        result = self.executor.activate(self.request)
-        if not isinstance(result, FaultExecutionResult):
-            raise InvalidArgumentError(f"executor {self.executor.name!r} returned {type(result).__name__}, "
-                                       "not FaultExecutionResult")
-        self.result = result
-        self.evidence = result.evidence if isinstance(result.evidence, dict) else {"evidence": result.evidence}
-        problem = ""
-        if result.active and self.executor.one_shot:
-            problem = "a one_shot executor returned an active effect"
-        elif result.active and "matching_calls" in lifetime:
-            problem = "a matching_calls lifetime needs the effect complete when activation returns (active=False)"
-        elif not result.active and ("until" in lifetime or lifetime.get("iterations", 1) > 1):
-            problem = "a persistent lifetime needs an active effect to deactivate later"
-        if problem:
-            self.error = problem
-            if result.active and not self.executor.one_shot:
-                self.deactivate()
-            return
-        self.verified = result.verified
-        if not result.verified:
-            self.error = "the executor could not verify the effect"
-            if result.active:
-                self.deactivate()
-
-    def exhausted(self) -> bool:
-        return self.result is not None and not self.result.active
-
-    def deactivate(self) -> Any:
-        if self.result is None or not self.result.active:
-            return None
-        result, self.result = self.result, None
-        return _snapshot(self.executor.deactivate(self.request, result), "deactivation evidence")
-
-
-class _Armed:
-    """An armed action with its record and lifetime bookkeeping."""
-
-    def __init__(self, effect: builtin.ActiveEffect, record: FaultInjectionRecord, lifetime: dict,
-                 armed_for: int) -> None:
-        self.effect, self.record, self.lifetime, self.armed_for = effect, record, lifetime, armed_for
-        self.until: Optional[str] = lifetime.get("until")
-        if "iterations" in lifetime:
-            self.last_iteration: Optional[int] = armed_for + lifetime["iterations"] - 1
-        elif lifetime.get("matching_calls") == 1:
-            self.last_iteration = armed_for
-        else:
-            self.last_iteration = None
-        self.replaced_early = False
 
 
 class FaultInjectionSession:
@@ -134,7 +69,7 @@ class FaultInjectionSession:
         self._targets: dict[tuple[int, int], ResolvedTarget] = {}
         self._executor_for: dict[tuple[int, int], Optional[FaultExecutor]] = {}
         self._observers: dict[tuple[int, int, int], builtin.HistoryObserver] = {}
-        self._armed: list[_Armed] = []
+        self._armed: list[Armed] = []
         self._records: dict[str, FaultInjectionRecord] = {}
         self._step_hooks: list[Callable[[], None]] = []
         self._journal: Optional[dict] = None
@@ -296,12 +231,12 @@ class FaultInjectionSession:
             lifetime=inc["lifetime"], iteration=iteration, attempt=attempt, rank=self.rank, seed=self.campaign.seed,
             on_next_step=self._step_hooks.append)
 
-    def _effect(self, incident: int, fault_index: int, request: FaultRequest, position: int) -> builtin.ActiveEffect:
+    def _effect(self, incident: int, fault_index: int, request: FaultRequest, position: int) -> ActiveEffect:
         executor = self._executor_for[(incident, fault_index)]
         fault = self._incidents[incident]["faults"][fault_index]
         safety = _core.required_safety(fault["type"], fault["target"]["surface"])
         if executor is not None:
-            return _ExternalEffect(request, executor, safety)
+            return ExternalEffect(request, executor, safety)
         observer = self._observers.pop((incident, fault_index, position), None)
         history = None
         if observer is not None:
@@ -337,14 +272,14 @@ class FaultInjectionSession:
             error = str(e)
         self._agree(not error, error, f"arming iteration {iteration}")
 
-        armed_now: list[_Armed] = []
+        armed_now: list[Armed] = []
         escaped: Optional[BaseException] = None
         for incident, f, position, attempt in plan:
             request = self._request(incident, f, position, iteration, attempt)
             record = FaultInjectionRecord.create(self.campaign, incident, f, position, iteration, True, attempt)
             self._records[record.injection_id] = record
             effect = self._effect(incident, f, request, position)
-            armed = _Armed(effect, record, dict(self._incidents[incident]["lifetime"]), iteration)
+            armed = Armed(effect, record, dict(self._incidents[incident]["lifetime"]), iteration)
             try:
                 effect.activate()
             except (InvalidArgumentError, builtin.Unsupported) as e:
@@ -375,7 +310,7 @@ class FaultInjectionSession:
             self._abort()
             raise escaped
         for armed in armed_now:  # effects that completed inline
-            if armed.effect.exhausted() and isinstance(armed.effect, _ExternalEffect):
+            if armed.effect.exhausted() and isinstance(armed.effect, ExternalEffect):
                 self._finish(armed, cancelled=False)
 
     def _executor_name(self, incident: int, fault_index: int) -> str:
@@ -388,35 +323,10 @@ class FaultInjectionSession:
             if armed.effect.exhausted() or window_over:
                 self._finish(armed, cancelled=False)
 
-    def _finish(self, armed: _Armed, cancelled: bool, failed_reason: str = "") -> None:
-        """Ends an armed action and settles its record. Never raises for one effect's
-        cleanup failure: the failure is recorded and cleanup goes on."""
+    def _finish(self, armed: Armed, cancelled: bool, failed_reason: str = "") -> None:
         if armed in self._armed:
             self._armed.remove(armed)
-        record, effect = armed.record, armed.effect
-        try:
-            evidence = effect.deactivate()
-            if evidence is not None:
-                record.set_deactivation(evidence)
-        except Exception as e:  # noqa: BLE001
-            failed_reason = failed_reason or f"deactivation failed: {type(e).__name__}: {e}"
-        if armed.replaced_early:
-            failed_reason = failed_reason or "its state was replaced by a checkpoint load before its lifetime ended"
-        status = record.status
-        if status == RecordStatus.ARMED:
-            record.transition(RecordStatus.FAILED)
-            return
-        if status != RecordStatus.ACTIVE:
-            return
-        if failed_reason or not effect.verified:
-            record.set_execution(record.to_dict()["executor"], False, armed.armed_for, effect.evidence,
-                                 failed_reason or effect.error or "not verified")
-            record.transition(RecordStatus.FAILED)
-        elif cancelled:
-            record.transition(RecordStatus.CANCELLED)
-        else:
-            record.set_execution(record.to_dict()["executor"], True, armed.armed_for, effect.evidence, "")
-            record.transition(RecordStatus.COMPLETED)
+        settle(armed, cancelled, failed_reason)
 
     def _mark_replaced(self, surfaces: tuple) -> None:
         with self._lock:
