@@ -513,3 +513,26 @@ def test_session_artifact_feeds_compare(tmp_path):
     from lm_resiliency.fault_injection import compare_artifacts, write_localization_artifact
     write_localization_artifact(tmp_path / "loc.json", results)
     assert compare_artifacts([tmp_path / "rank-0.json"], tmp_path / "loc.json").all_localized
+
+
+class IntOut(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(8, 8)])
+        self.out = nn.Identity()
+
+    def forward(self, x):
+        return self.out(self.layers[0](x).argmax(-1)), self.out(x[:0])  # an integer and an empty tensor
+
+
+def test_unsupported_tensors_are_recorded_not_raised():
+    model = IntOut()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    s = enable(model, opt, incident("int", [1], "tensor_corruption", {"module_path": "out", "surface": "output"},
+                                    {"operation": "sign_flip"}, {"iterations": 1}))
+    outs = model(torch.randn(3, 8))  # no exception from the hook
+    assert outs[0].dtype == torch.int64 and outs[1].numel() == 0
+    opt.step()
+    s.close()
+    d = records(s)["int@1/f"]
+    assert d["status"] == "failed" and "unsupported" in d["error"]
