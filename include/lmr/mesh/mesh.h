@@ -1,0 +1,53 @@
+// Logical mesh addresses and peer groups. A framework adapter describes its parallelism as
+// named dimensions (row-major over global ranks, as torch's DeviceMesh lays them out); this
+// decides which ranks are equivalent peers for consensus: ranks with equal coordinates on
+// every dimension except the replicated data dimensions. With no replicated dimension
+// (pure FSDP / ZeRO-3), the data-sharded dimensions form the peer groups and the evidence
+// must be materialized (gathered) before peers can compare it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lmr::mesh {
+
+enum class Role : std::uint8_t {
+  kReplicate,  // data-parallel replicas holding identical state (DDP, HSDP dp_replicate)
+  kShard,      // data-parallel shards (FSDP dp_shard)
+  kModel,      // TP / PP / CP / EP: peers must share this coordinate
+};
+
+struct Dim {
+  std::string name;
+  std::int64_t size = 1;
+  Role role = Role::kReplicate;
+};
+
+class Layout {
+ public:
+  // Throws InvalidArgument for empty or non-positive dimensions, duplicate names, or a
+  // product of sizes different from world_size.
+  Layout(std::vector<Dim> dims, std::int64_t world_size);
+
+  const std::vector<Dim>& dims() const { return dims_; }
+  std::int64_t worldSize() const { return world_; }
+  std::vector<std::int64_t> coordinates(std::int64_t rank) const;
+  std::int64_t rankOf(const std::vector<std::int64_t>& coordinates) const;
+
+  // Every peer group, each a sorted list of global ranks, in a fixed order (by smallest
+  // rank) so every process creates its communicators in the same order.
+  std::vector<std::vector<std::int64_t>> peerGroups() const;
+  // The group containing `rank`.
+  std::vector<std::int64_t> peerGroupOf(std::int64_t rank) const;
+  // True when peers hold different shards of the state (no replicated dimension): their
+  // parameters must be gathered into full tensors before comparison.
+  bool needsMaterialization() const;
+
+ private:
+  std::vector<Dim> dims_;
+  std::int64_t world_;
+  std::vector<bool> varying_;  // dims along which peers differ
+};
+
+}  // namespace lmr::mesh

@@ -1,0 +1,117 @@
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "lmr/common/error.h"
+#include "lmr/mesh/mesh.h"
+#include "lmr/replay/replay.h"
+
+namespace lmr {
+namespace {
+
+using mesh::Dim;
+using mesh::Layout;
+using mesh::Role;
+
+TEST(Mesh, DdpIsOneGroup) {
+  Layout l({{"dp", 4, Role::kReplicate}}, 4);
+  EXPECT_EQ(l.peerGroups(), (std::vector<std::vector<std::int64_t>>{{0, 1, 2, 3}}));
+  EXPECT_FALSE(l.needsMaterialization());
+}
+
+TEST(Mesh, HsdpGroupsShareTheShardCoordinate) {
+  // DeviceMesh (dp_replicate=2, dp_shard=4): rank = r * 4 + s.
+  Layout l({{"dp_replicate", 2, Role::kReplicate}, {"dp_shard", 4, Role::kShard}}, 8);
+  EXPECT_EQ(l.peerGroups(), (std::vector<std::vector<std::int64_t>>{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  EXPECT_EQ(l.peerGroupOf(6), (std::vector<std::int64_t>{2, 6}));
+  EXPECT_EQ(l.coordinates(6), (std::vector<std::int64_t>{1, 2}));
+  EXPECT_EQ(l.rankOf({1, 2}), 6);
+  EXPECT_FALSE(l.needsMaterialization());
+}
+
+TEST(Mesh, PureFsdpComparesShardPeersAfterMaterialization) {
+  Layout l({{"dp_shard", 4, Role::kShard}}, 4);
+  EXPECT_EQ(l.peerGroups(), (std::vector<std::vector<std::int64_t>>{{0, 1, 2, 3}}));
+  EXPECT_TRUE(l.needsMaterialization());
+}
+
+TEST(Mesh, ModelParallelCoordinatesSplitGroups) {
+  // dp=2 x tp=2: peers share the TP coordinate.
+  Layout l({{"dp", 2, Role::kReplicate}, {"tp", 2, Role::kModel}}, 4);
+  EXPECT_EQ(l.peerGroups(), (std::vector<std::vector<std::int64_t>>{{0, 2}, {1, 3}}));
+}
+
+TEST(Mesh, RejectsBadLayouts) {
+  EXPECT_THROW(Layout({{"dp", 3, Role::kReplicate}}, 4), InvalidArgument);
+  EXPECT_THROW(Layout({}, 1), InvalidArgument);
+  EXPECT_THROW(Layout({{"dp", 2, Role::kReplicate}, {"dp", 2, Role::kShard}}, 4), InvalidArgument);
+  EXPECT_THROW(Layout({{"dp", 0, Role::kReplicate}}, 0), InvalidArgument);
+}
+
+TEST(Replay, CadenceAndRotation) {
+  replay::Cadence c;  // check every 10 steps
+  const auto iv = replay::effectiveIntervals(c, 4);
+  EXPECT_EQ(iv.embedding, 10);
+  EXPECT_EQ(iv.hidden, 10);  // 4 layers x 10 <= 100
+  EXPECT_EQ(replay::effectiveIntervals(c, 32).hidden, 3);  // 32 layers: every 3 steps -> 96 steps
+  EXPECT_TRUE(replay::planAt(c, 7, 4, 2).empty());
+  const auto p = replay::planAt(c, 10, 4, 2);
+  EXPECT_EQ(p.recipeIds(), (std::vector<std::string>{"embedding", "hidden.0", "output", "optimizer.0"}));
+  EXPECT_EQ(replay::planAt(c, 20, 4, 2).recipeIds(), (std::vector<std::string>{"embedding", "hidden.1", "output", "optimizer.1"}));
+  // Every layer within 100 steps, whatever the depth.
+  for (std::int64_t layers : {1, 3, 4, 10, 32, 80, 100}) {
+    std::set<std::int64_t> seen;
+    for (std::int64_t step = 1; step <= 100; ++step)
+      if (auto h = replay::planAt(c, step, layers, 1).hidden_layer) seen.insert(*h);
+    EXPECT_EQ(static_cast<std::int64_t>(seen.size()), layers) << layers;
+  }
+  replay::Cadence manual;
+  manual.check_interval = 0;
+  EXPECT_TRUE(replay::planAt(manual, 10, 4, 1).empty());
+  replay::Cadence custom;
+  custom.output_interval = 0;
+  custom.optimizer_interval = 5;
+  EXPECT_EQ(replay::planAt(custom, 5, 4, 3).recipeIds(), (std::vector<std::string>{"optimizer.0"}));
+  EXPECT_EQ(replay::fullPlan(6, 4, 3).recipeIds(), (std::vector<std::string>{"embedding", "hidden.1", "output", "optimizer.2"}));
+  replay::Cadence bad;
+  bad.hidden_interval = -2;
+  EXPECT_THROW(replay::planAt(bad, 1, 4, 1), InvalidArgument);
+}
+
+TEST(Replay, ContractDigestIsFieldExact) {
+  const auto a = replay::contractDigest({"step=10", "hidden.1", "f32[2,16,64]"});
+  EXPECT_EQ(a.size(), 16u);
+  EXPECT_EQ(a, replay::contractDigest({"step=10", "hidden.1", "f32[2,16,64]"}));
+  EXPECT_NE(a, replay::contractDigest({"step=10", "hidden.1", "f32[2,16,63]"}));
+  EXPECT_NE(replay::contractDigest({"ab", "c"}), replay::contractDigest({"a", "bc"}));  // length-prefixed
+}
+
+TEST(Replay, StragglersNeedConfirmationRounds) {
+  replay::StragglerOptions o;
+  o.confirmation_rounds = 3;
+  o.temporal_window = 100;
+  replay::StragglerTracker t(o);
+  const std::vector<std::int64_t> ranks = {0, 1, 2, 3};
+  const std::vector<double> slow2 = {0.10, 0.10, 0.40, 0.10};
+  const std::vector<double> even = {0.10, 0.10, 0.10, 0.10};
+  EXPECT_FALSE(t.observe("hidden", 10, slow2, ranks).confirmed[2]);
+  EXPECT_FALSE(t.observe("hidden", 20, slow2, ranks).confirmed[2]);
+  EXPECT_FALSE(t.observe("hidden", 30, even, ranks).confirmed[2]);  // a healthy check resets the streak
+  EXPECT_FALSE(t.observe("hidden", 40, slow2, ranks).confirmed[2]);
+  EXPECT_FALSE(t.observe("hidden", 50, slow2, ranks).confirmed[2]);
+  const auto v = t.observe("hidden", 60, slow2, ranks);
+  EXPECT_TRUE(v.confirmed[2]);
+  EXPECT_EQ(v.check.status, consensus::Status::kAttributed);
+  EXPECT_FALSE(v.confirmed[0]);
+  // Rounds spread wider than the window do not confirm.
+  replay::StragglerTracker slow_rounds(o);
+  EXPECT_FALSE(slow_rounds.observe("output", 10, slow2, ranks).confirmed[2]);
+  EXPECT_FALSE(slow_rounds.observe("output", 80, slow2, ranks).confirmed[2]);
+  EXPECT_FALSE(slow_rounds.observe("output", 150, slow2, ranks).confirmed[2]);
+  // Two peers can never confirm anyone.
+  replay::StragglerTracker two(o);
+  for (int i = 1; i <= 5; ++i) EXPECT_FALSE(two.observe("x", i, {0.1, 0.9}, {0, 1}).confirmed[1]);
+}
+
+}  // namespace
+}  // namespace lmr
