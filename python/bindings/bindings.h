@@ -10,5 +10,6 @@ void registerConsensus(nanobind::module_& m);
 void registerSignature(nanobind::module_& m);
 void registerCampaign(nanobind::module_& m);
 void registerInject(nanobind::module_& m);
+void registerScout(nanobind::module_& m);
 
 }  // namespace lmr::python

@@ -11,4 +11,5 @@ NB_MODULE(_core, m) {
   lmr::python::registerSignature(m);
   lmr::python::registerCampaign(m);
   lmr::python::registerInject(m);
+  lmr::python::registerScout(m);
 }

@@ -45,14 +45,22 @@ std::int64_t Layout::rankOf(const std::vector<std::int64_t>& c) const {
   return rank;
 }
 
-std::vector<std::vector<std::int64_t>> Layout::peerGroups() const {
+std::vector<std::vector<std::int64_t>> Layout::peerGroups() const { return groupsVarying(varying_); }
+
+std::vector<std::vector<std::int64_t>> Layout::computeGroups() const {
+  std::vector<bool> data;
+  for (const Dim& d : dims_) data.push_back(d.role != Role::kModel);
+  return groupsVarying(data);
+}
+
+std::vector<std::vector<std::int64_t>> Layout::groupsVarying(const std::vector<bool>& varying) const {
   // Key each rank by its coordinates on the fixed (non-varying) dimensions.
   std::map<std::vector<std::int64_t>, std::vector<std::int64_t>> groups;
   for (std::int64_t r = 0; r < world_; ++r) {
     std::vector<std::int64_t> key;
     const auto c = coordinates(r);
     for (std::size_t i = 0; i < dims_.size(); ++i)
-      if (!varying_[i]) key.push_back(c[i]);
+      if (!varying[i]) key.push_back(c[i]);
     groups[key].push_back(r);
   }
   std::vector<std::vector<std::int64_t>> out;

@@ -40,6 +40,10 @@ class Layout {
   std::vector<std::vector<std::int64_t>> peerGroups() const;
   // The group containing `rank`.
   std::vector<std::int64_t> peerGroupOf(std::int64_t rank) const;
+  // Groups varying along every data-parallel dimension (replicated and sharded), model
+  // coordinates fixed: the ranks that compute identical results when they replay the same
+  // module on the same inputs with the same (materialized) parameters.
+  std::vector<std::vector<std::int64_t>> computeGroups() const;
   // True when peers hold different shards of the state (no replicated dimension): their
   // parameters must be gathered into full tensors before comparison.
   bool needsMaterialization() const;
@@ -47,7 +51,8 @@ class Layout {
  private:
   std::vector<Dim> dims_;
   std::int64_t world_;
-  std::vector<bool> varying_;  // dims along which peers differ
+  std::vector<std::vector<std::int64_t>> groupsVarying(const std::vector<bool>& varying) const;
+  std::vector<bool> varying_;  // dims along which state peers differ
 };
 
 }  // namespace lmr::mesh

@@ -109,6 +109,29 @@ class PyTorchAdapter:
             return f"{experts[0][0]}.{local}", experts[0][1][local]
         raise InvalidArgumentError(f"unknown component {component!r}; give module_path")
 
+    def replay_modules(self) -> tuple[tuple[str, nn.Module], dict[int, tuple[str, nn.Module]], tuple[str, nn.Module]]:
+        """(embedding, {global layer index: block}, output head) for dense replay."""
+        embedding = self.resolve_component("embedding", None, {})
+        _, blocks = self._layers()
+        output = self.resolve_component("output", None, {})
+        return embedding, {i: (self._path_of(b), b) for i, b in sorted(blocks.items())}, output
+
+    def mesh_dims(self, world_size: int) -> list[tuple[str, int, str]]:
+        """The data-parallel layout as (name, size, role) dims for lmr::mesh: a DTensor
+        parameter's DeviceMesh (Replicate placement: replicate, Shard: shard), else one
+        replicated dimension over the world (DDP, or a plain model in a DP job)."""
+        for p in self.model.parameters():
+            mesh = getattr(p, "device_mesh", None)
+            if mesh is None:
+                continue
+            names = mesh.mesh_dim_names or tuple(f"dim{i}" for i in range(mesh.ndim))
+            dims = []
+            for name, size, placement in zip(names, mesh.shape, p.placements):
+                role = "replicate" if placement.is_replicate() else "shard"
+                dims.append((name, int(size), role))
+            return dims
+        return [("dp", world_size, "replicate")]
+
     # --- optimizer boundary and checkpoint loads -------------------------------------
 
     def wrap_step(self, make_wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:

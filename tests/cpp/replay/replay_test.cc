@@ -27,6 +27,8 @@ TEST(Mesh, HsdpGroupsShareTheShardCoordinate) {
   EXPECT_EQ(l.coordinates(6), (std::vector<std::int64_t>{1, 2}));
   EXPECT_EQ(l.rankOf({1, 2}), 6);
   EXPECT_FALSE(l.needsMaterialization());
+  // Replayed compute is compared across every data-parallel rank.
+  EXPECT_EQ(l.computeGroups(), (std::vector<std::vector<std::int64_t>>{{0, 1, 2, 3, 4, 5, 6, 7}}));
 }
 
 TEST(Mesh, PureFsdpComparesShardPeersAfterMaterialization) {
@@ -39,6 +41,7 @@ TEST(Mesh, ModelParallelCoordinatesSplitGroups) {
   // dp=2 x tp=2: peers share the TP coordinate.
   Layout l({{"dp", 2, Role::kReplicate}, {"tp", 2, Role::kModel}}, 4);
   EXPECT_EQ(l.peerGroups(), (std::vector<std::vector<std::int64_t>>{{0, 2}, {1, 3}}));
+  EXPECT_EQ(l.computeGroups(), (std::vector<std::vector<std::int64_t>>{{0, 2}, {1, 3}}));
 }
 
 TEST(Mesh, RejectsBadLayouts) {

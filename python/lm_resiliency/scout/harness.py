@@ -1,0 +1,373 @@
+"""The SCOUT dense replay harness: at scheduled optimizer boundaries it replays the
+embedding, one hidden layer (rotating) and the output head on one peer's captured inputs,
+replays a rotating slice of the optimizer update, and lets equivalent peers vote on every
+fingerprint (exact C3) and on replay time (robust timing, confirmed over rounds).
+
+Attach it before enabling fault injection on the same optimizer, so a check at step k
+sees the effects active during iteration k.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+from lm_resiliency import _core
+from lm_resiliency.consensus import exact
+from lm_resiliency.errors import InvalidArgumentError
+from lm_resiliency.frameworks import select_adapter
+from lm_resiliency.scout import groups
+from lm_resiliency.scout.capture import Capture, tensors_of
+from lm_resiliency.scout.config import ReplayHarnessConfig
+from lm_resiliency.scout.replay import Timer, call_with_hooks, first_tensor, isolated, local, swapped_parameters
+from lm_resiliency.scout.result import ReplayResult, SurfaceResult
+from lm_resiliency.signature import signature
+
+
+# Surfaces compared among state peers (replicas holding the same state); every other
+# surface is replayed compute, compared among all compute peers.
+_STATE_SURFACES = {"params", "state"}
+
+
+def _digest(tensors: list[Optional[torch.Tensor]]) -> bytes:
+    return b"".join(b"-" * 16 if t is None else signature(t.detach()).digest for t in tensors)
+
+
+class ReplayHarness:
+    """Attach to a model and optimizer; it runs by itself at the optimizer boundary.
+    ``check()`` runs the full catalog now (manual mode, ``check_interval=0``)."""
+
+    def __init__(self, model: Any, optimizer: Any, config: Optional[ReplayHarnessConfig] = None,
+                 completed_iterations: int = 0) -> None:
+        self.config = config or ReplayHarnessConfig()
+        self._adapter = select_adapter(model, optimizer)
+        self._optimizer = optimizer
+        (self._emb_path, self._embedding), blocks, (self._out_path, self._output) = self._adapter.replay_modules()
+        self._blocks = blocks
+        self._layers = sorted(blocks)
+        self._params = [p for g in optimizer.param_groups for p in g["params"]]
+        self._slices = max(1, math.ceil(len(self._params) / self.config.optimizer_slice_size))
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        self._peers = groups.build(self._adapter.mesh_dims(world))
+        timing = _core.TimingOptions(kappa=float(self.config.straggler_kappa),
+                                     absolute_threshold=float(self.config.straggler_absolute_s),
+                                     relative_threshold=float(self.config.straggler_relative))
+        self._tracker = _core.StragglerTracker(timing, self.config.confirmation_rounds, self.config.temporal_window)
+        self._device = next(iter(model.parameters())).device
+        self._completed = completed_iterations
+        self._replaying = [False]
+        self._captures: dict[str, Capture] = {}
+        self._last_captures: dict[str, Capture] = {}
+        self._snapshot: Optional[list] = None
+        self.results: list[ReplayResult] = []
+        self.boundary_times: dict[int, float] = {completed_iterations: time.time()}
+        self._adapter.wrap_step(self._wrap)
+        self._arm(self._completed + 1)
+
+    # --- schedule ----------------------------------------------------------------------
+
+    def _plan(self, step: int) -> tuple:
+        if self.config.check_interval == 0:
+            return _core.replay_full_plan(step, len(self._layers), self._slices)
+        return _core.replay_plan(*self.config.cadence(), step, len(self._layers), self._slices)
+
+    def _modules_for(self, plan: tuple) -> dict[str, tuple[str, torch.nn.Module, Optional[int]]]:
+        embedding, hidden, output, _ = plan
+        out = {}
+        if embedding:
+            out["embedding"] = (self._emb_path, self._embedding, None)
+        if hidden is not None:
+            layer = self._layers[hidden]
+            path, module = self._blocks[layer]
+            out[f"hidden.{layer}"] = (path, module, layer)
+        if output:
+            out["output"] = (self._out_path, self._output, None)
+        return out
+
+    def _arm(self, step: int) -> None:
+        """Install the captures the check after `step` needs."""
+        for recipe, (path, module, _) in self._modules_for(self._plan(step)).items():
+            self._captures[recipe] = Capture(module, path, step, self._replaying)
+
+    def _slice_params(self, s: int) -> list[torch.nn.Parameter]:
+        size = self.config.optimizer_slice_size
+        return self._params[s * size:(s + 1) * size]
+
+    def _wrap(self, original: Any) -> Any:
+        def step(*args: Any, **kwargs: Any) -> Any:
+            iteration = self._completed + 1
+            plan = self._plan(iteration)
+            if plan[3] is not None:
+                self._snapshot = self._take_snapshot(plan[3])
+            result = original(*args, **kwargs)
+            self._completed = iteration
+            self.boundary_times[iteration] = time.time()
+            self._boundary(iteration, plan)
+            return result
+        return step
+
+    def _boundary(self, step: int, plan: tuple) -> None:
+        captures, self._captures = self._captures, {}
+        try:
+            if self.config.check_interval != 0 and any(x not in (False, None) for x in plan):
+                self._record(self._run(step, plan, captures, self._snapshot))
+        finally:
+            self._snapshot = None
+            for c in self._last_captures.values():
+                c.remove()
+            self._last_captures = captures if self.config.check_interval == 0 else {}
+            if self.config.check_interval != 0:
+                for c in captures.values():
+                    c.remove()
+            self._arm(step + 1)
+
+    def check(self) -> ReplayResult:
+        """Runs the full catalog now on the last iteration's captures (collective: every
+        rank calls it). The optimizer recipe needs a pre-update snapshot, which a manual
+        check does not have: it compares the optimizer state and parameters instead."""
+        step = self._completed
+        plan = _core.replay_full_plan(max(step, 1), len(self._layers), self._slices)
+        result = self._run(step, plan, self._last_captures, None)
+        self._record(result)
+        return result
+
+    def _record(self, result: ReplayResult) -> None:
+        self.results.append(result)
+        if self.config.on_result is not None:
+            self.config.on_result(result)
+
+    def close(self) -> None:
+        for c in list(self._captures.values()) + list(self._last_captures.values()):
+            c.remove()
+        self._captures, self._last_captures = {}, {}
+        self._adapter.restore()
+
+    # --- one check -----------------------------------------------------------------------
+
+    def _vote(self, payload: Any) -> list[Any]:
+        if self._peers.votes is None:
+            return [payload]
+        out: list[Any] = [None] * len(self._peers.ranks)
+        dist.all_gather_object(out, payload, group=self._peers.votes)
+        return out
+
+    def _world_min(self, value: int) -> int:
+        if self._peers.world_votes is None:
+            return value
+        t = torch.tensor([value], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self._peers.world_votes)
+        return int(t.item())
+
+    def _run(self, step: int, plan: tuple, captures: dict[str, Capture], snapshot: Optional[list]) -> ReplayResult:
+        result = ReplayResult(step=step, peer_ranks=list(self._peers.ranks), wall_time=time.time())
+        modules = self._modules_for(plan)
+        recipes = list(modules) + ([f"optimizer.{plan[3]}"] if plan[3] is not None else [])
+        # Readiness: peers compare a compact contract; a recipe runs only where every peer
+        # of every group is ready (materialization collectives cross groups).
+        contracts = {}
+        for recipe in recipes:
+            if recipe.startswith("optimizer"):
+                fields = [f"step={step}", recipe] + self._optimizer_meta(int(recipe.split(".")[1]), snapshot)
+            else:
+                path, module, _ = modules[recipe]
+                cap = captures.get(recipe)
+                fields = [f"step={step}", recipe, path, type(module).__name__,
+                          f"capture={cap.step if cap else 'none'}"] + (cap.meta() if cap else ["missing"])
+            contracts[recipe] = _core.contract_digest(fields)
+        gathered = self._vote(contracts)
+        # Agreeing on "missing" is still not ready: the contract says so on every peer.
+        ready = {r for r in recipes if exact([g[r] for g in gathered], self._peers.ranks).status.name == "Agree"
+                 and (r.startswith("optimizer") or (captures.get(r) is not None and captures[r].captured))}
+        ready = {r for r in recipes if self._world_min(int(r in ready)) == 1}
+        result.inconclusive_recipes = [r for r in recipes if r not in ready]
+        surfaces: dict[str, bytes] = {}
+        for recipe in recipes:
+            if recipe not in ready:
+                continue
+            if recipe.startswith("optimizer"):
+                self._optimizer_recipe(recipe, step, snapshot, surfaces, result)
+            else:
+                path, module, layer = modules[recipe]
+                self._module_recipe(recipe, module, captures[recipe], step, surfaces, result)
+                for kind in ("invocation", "params", "output", "input_grad", "param_grad"):
+                    if layer is not None:
+                        result.layer_of_source[f"{recipe}.{kind}"] = layer
+            result.checked_recipe_ids.append(recipe)
+        # One vote for every fingerprint and every replay time of this check.
+        votes = self._vote({"surfaces": surfaces, "seconds": result.compute_seconds})
+        sdc = [False] * len(self._peers.ranks)
+        state_positions = [self._peers.ranks.index(r) for r in self._peers.state_ranks]
+        for name in sorted(surfaces):
+            # State surfaces are compared among the peers holding the same state, replayed
+            # compute among every compute peer.
+            positions = state_positions if name.rsplit(".", 1)[-1] in _STATE_SURFACES else range(len(votes))
+            ranks = [self._peers.ranks[i] for i in positions]
+            r = exact([votes[i]["surfaces"].get(name, b"") for i in positions], ranks)
+            result.c3_results[name] = SurfaceResult(r.status.name, list(r.bitmap), [e.hex() for e in r.evidence])
+            if r.status.name == "Attributed":
+                for i, bad in zip(positions, r.bitmap):
+                    sdc[i] = sdc[i] or bad
+                result.sdc_sources.append(name)
+            elif r.status.name == "Inconclusive":
+                result.inconclusive_recipes.append(name)
+        result.sdc_bitmap = sdc
+        confirmed = [False] * len(self._peers.ranks)
+        candidates = [False] * len(self._peers.ranks)
+        for recipe in result.checked_recipe_ids:
+            seconds = [float(v["seconds"].get(recipe, 0.0)) for v in votes]
+            check, ok = self._tracker.observe(recipe, step, seconds, self._peers.ranks)
+            confirmed = [a or b for a, b in zip(confirmed, ok)]
+            candidates = [a or b for a, b in zip(candidates, check.bitmap)]
+        result.straggler_bitmap, result.straggler_candidates = confirmed, candidates
+        if any(sdc) or any(confirmed):
+            result.status = "Attributed"
+        elif result.inconclusive_recipes:
+            result.status = "Inconclusive"
+        return result
+
+    # --- module recipe ---------------------------------------------------------------
+
+    def _timed_collective(self, result: ReplayResult, name: str, recipe: str, seconds: float) -> None:
+        result.collective_timings.append({"name": name, "recipe": recipe, "seconds": seconds,
+                                          "group": list(self._peers.ranks)})
+
+    def _module_recipe(self, recipe: str, module: torch.nn.Module, cap: Capture, step: int,
+                       surfaces: dict[str, bytes], result: ReplayResult) -> None:
+        source = self._peers.ranks[step % len(self._peers.ranks)]
+        args, kwargs = cap.args, cap.kwargs
+        inputs = tensors_of((args, kwargs))
+        t = Timer()
+        with t(self._device):
+            if self._peers.data is not None:
+                for x in inputs:
+                    dist.broadcast(x, src=source, group=self._peers.data)
+        self._timed_collective(result, "broadcast_inputs", recipe, t.seconds)
+        seed = _core.replay_seed(recipe, step)
+        surfaces[f"{recipe}.invocation"] = _digest(inputs) + seed.to_bytes(8, "little")
+
+        # Parameters: the evidence each peer holds, and full tensors to run with.
+        gather = Timer()
+        full: dict[str, torch.Tensor] = {}
+        evidence: list[torch.Tensor] = []
+        for name, p in module.named_parameters():
+            if hasattr(p, "device_mesh"):
+                with gather(self._device):
+                    full[name] = p.full_tensor().detach().clone()
+                evidence.append(full[name] if self._peers.materialize else local(p).detach())
+            else:
+                full[name] = p.detach().clone()
+                evidence.append(full[name])
+        if gather.seconds:
+            self._timed_collective(result, "fsdp_parameter_all_gather", recipe, gather.seconds)
+        if self.config.compare_parameters:
+            surfaces[f"{recipe}.params"] = _digest(evidence)
+
+        compute = Timer()
+        self._replaying[0] = True
+        try:
+            with compute(self._device), isolated(seed, self.config.deterministic, self._device):
+                leaves = {n: v.requires_grad_(v.is_floating_point()) for n, v in full.items()}
+                def prepare(value: Any) -> Any:
+                    if isinstance(value, torch.Tensor):
+                        c = value.detach().clone()
+                        return c.requires_grad_(True) if c.is_floating_point() else c
+                    if isinstance(value, (tuple, list)):
+                        return type(value)(prepare(v) for v in value)
+                    if isinstance(value, dict):
+                        return {k: prepare(v) for k, v in value.items()}
+                    return value
+                r_args, r_kwargs = prepare(args), prepare(kwargs)
+                with swapped_parameters(module, leaves), torch.enable_grad():
+                    out = first_tensor(call_with_hooks(module, r_args, r_kwargs))
+                    grad_out = torch.randn(out.shape, dtype=out.dtype, device=out.device)
+                    if out.requires_grad:
+                        torch.autograd.backward(out, grad_out)
+                surfaces[f"{recipe}.output"] = _digest([out])
+                surfaces[f"{recipe}.input_grad"] = _digest([x.grad for x in tensors_of((r_args, r_kwargs))
+                                                            if x.is_floating_point()])
+                surfaces[f"{recipe}.param_grad"] = _digest([v.grad for v in leaves.values()])
+        finally:
+            self._replaying[0] = False
+        result.compute_seconds[recipe] = compute.seconds
+
+    # --- optimizer recipe --------------------------------------------------------------
+
+    def _take_snapshot(self, s: int) -> list:
+        snap = []
+        state = self._optimizer.state
+        group_of = {id(p): gi for gi, g in enumerate(self._optimizer.param_groups) for p in g["params"]}
+        for p in self._slice_params(s):
+            entries = {k: (local(v).detach().clone() if isinstance(v, torch.Tensor) else v)
+                       for k, v in state.get(p, {}).items()}
+            grad = None if p.grad is None else local(p.grad).detach().clone()
+            snap.append((p, group_of[id(p)], local(p).detach().clone(), grad, entries))
+        return snap
+
+    def _optimizer_meta(self, s: int, snapshot: Optional[list]) -> list[str]:
+        if snapshot is None:
+            return ["no-snapshot"] + [f"{local(p).dtype}{list(local(p).shape)}" for p in self._slice_params(s)]
+        fields = []
+        for _, gi, value, grad, entries in snapshot:
+            fields.append(f"g{gi}:{value.dtype}{list(value.shape)}:grad={grad is not None}:" + ",".join(
+                f"{k}={list(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__}" for k, v in sorted(entries.items())))
+        return fields
+
+    def _optimizer_recipe(self, recipe: str, step: int, snapshot: Optional[list], surfaces: dict[str, bytes],
+                          result: ReplayResult) -> None:
+        s = int(recipe.split(".")[1])
+        replicated = not self._peers.materialize  # pure FSDP shards have no peer copy to compare
+        if replicated:  # the live updated parameters, local shards for HSDP
+            surfaces[f"{recipe}.params"] = _digest([local(p).detach() for p in self._slice_params(s)])
+        if snapshot is None:
+            if replicated:
+                surfaces[f"{recipe}.state"] = _digest([local(v) for p in self._slice_params(s)
+                                                       for k, v in sorted(self._optimizer.state.get(p, {}).items())
+                                                       if isinstance(v, torch.Tensor)])
+            return
+        if replicated:
+            surfaces[f"{recipe}.state"] = _digest([v for _, _, value, _, entries in snapshot
+                                                   for v in [value] + [e for k, e in sorted(entries.items())
+                                                                       if isinstance(e, torch.Tensor)]])
+        if any(grad is None for _, _, _, grad, _ in snapshot):
+            return  # parameters without gradients were not updated: nothing to replay
+        # The source peer's pre-update values, gradients and state, then the same update on
+        # isolated copies everywhere.
+        source = self._peers.ranks[step % len(self._peers.ranks)]
+        t = Timer()
+        with t(self._device):
+            if self._peers.data is not None:
+                for _, _, value, grad, entries in snapshot:
+                    for x in [value, grad] + [e for k, e in sorted(entries.items()) if isinstance(e, torch.Tensor)]:
+                        dist.broadcast(x, src=source, group=self._peers.data)
+        self._timed_collective(result, "broadcast_optimizer_state", recipe, t.seconds)
+        compute = Timer()
+        with compute(self._device), isolated(_core.replay_seed(recipe, step), self.config.deterministic, self._device):
+            copies, groups_of = [], {}
+            for _, gi, value, grad, entries in snapshot:
+                c = torch.nn.Parameter(value.clone())
+                c.grad = grad.clone()
+                copies.append((c, gi, entries))
+                groups_of.setdefault(gi, []).append(c)
+            replay_opt = self._fresh_optimizer(groups_of)
+            for c, _, entries in copies:
+                replay_opt.state[c] = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in entries.items()}
+            replay_opt.step()
+        result.compute_seconds[recipe] = compute.seconds
+        surfaces[f"{recipe}.update"] = _digest([c for c, _, _ in copies])
+
+    def _fresh_optimizer(self, groups_of: dict[int, list]) -> torch.optim.Optimizer:
+        """An optimizer of the live one's class over the copies, with each live group's
+        hyper-parameters."""
+        live_groups = self._optimizer.param_groups
+        first = next(iter(groups_of))
+        opt = type(self._optimizer)(groups_of[first], lr=live_groups[first]["lr"])
+        opt.param_groups[0].update({k: v for k, v in live_groups[first].items() if k != "params"})
+        for gi, ps in groups_of.items():
+            if gi == first:
+                continue
+            opt.add_param_group({"params": ps, **{k: v for k, v in live_groups[gi].items() if k != "params"}})
+        return opt

@@ -1,0 +1,106 @@
+"""Running a module of the live model again, on copied parameters and a peer's inputs,
+through its own code path (user and fault-injection hooks included, the distributed
+wrappers' hooks excluded), without touching live gradients, optimizer state or RNG."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Iterator
+
+import torch
+import torch.nn as nn
+
+
+def is_framework_hook(hook: Any) -> bool:
+    """Hooks of torch.distributed (FSDP's unshard/reshard) must not run inside replay."""
+    fn = getattr(hook, "func", hook)  # functools.partial
+    fn = getattr(fn, "__func__", fn)  # bound method
+    owner = getattr(getattr(hook, "__self__", None), "__class__", None)
+    names = [getattr(fn, "__module__", "") or "", getattr(owner, "__module__", "") or ""]
+    return any(n.startswith("torch.distributed") for n in names)
+
+
+def call_with_hooks(module: nn.Module, args: tuple, kwargs: dict) -> Any:
+    """``module(*args, **kwargs)`` with the module's own forward hooks, minus framework hooks."""
+    for hid, hook in list(module._forward_pre_hooks.items()):
+        if is_framework_hook(hook):
+            continue
+        if hid in module._forward_pre_hooks_with_kwargs:
+            r = hook(module, args, kwargs)
+            if r is not None:
+                args, kwargs = r
+        else:
+            r = hook(module, args)
+            if r is not None:
+                args = r if isinstance(r, tuple) else (r,)
+    out = module.forward(*args, **kwargs)
+    for hid, hook in list(module._forward_hooks.items()):
+        if is_framework_hook(hook):
+            continue
+        r = hook(module, args, kwargs, out) if hid in module._forward_hooks_with_kwargs else hook(module, args, out)
+        if r is not None:
+            out = r
+    return out
+
+
+@contextlib.contextmanager
+def swapped_parameters(module: nn.Module, params: dict[str, torch.Tensor]) -> Iterator[None]:
+    """Temporarily replaces the module's parameters (names relative to it) by `params`."""
+    saved = []
+    try:
+        for name, tensor in params.items():
+            owner_path, _, leaf = name.rpartition(".")
+            owner = module.get_submodule(owner_path) if owner_path else module
+            saved.append((owner, leaf, owner._parameters[leaf]))
+            owner._parameters[leaf] = tensor
+        yield
+    finally:
+        for owner, leaf, old in reversed(saved):
+            owner._parameters[leaf] = old
+
+
+@contextlib.contextmanager
+def isolated(seed: int, deterministic: bool, device: torch.device) -> Iterator[None]:
+    """Replay's RNG (forked and seeded, the user's streams untouched) and determinism (the
+    user's setting restored)."""
+    devices = [device] if device.type == "cuda" else []
+    was_deterministic = torch.are_deterministic_algorithms_enabled()
+    was_warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        if deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        try:
+            yield
+        finally:
+            torch.use_deterministic_algorithms(was_deterministic, warn_only=was_warn_only)
+
+
+def first_tensor(value: Any) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (tuple, list)) and value and isinstance(value[0], torch.Tensor):
+        return value[0]
+    raise TypeError(f"replay needs a tensor output, got {type(value).__name__}")
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "device_mesh") and hasattr(t, "to_local") else t
+
+
+class Timer:
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    @contextlib.contextmanager
+    def __call__(self, device: torch.device) -> Iterator[None]:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            self.seconds += time.perf_counter() - start

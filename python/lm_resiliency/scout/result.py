@@ -1,0 +1,73 @@
+"""ReplayResult: what one replay check found, and its conversion to neutral localization
+evidence the fault-injection kit can score."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Optional
+
+
+@dataclasses.dataclass
+class SurfaceResult:
+    """C3 over one evidence surface (e.g. ``hidden.3.output``)."""
+
+    status: str  # Agree | Attributed | Inconclusive
+    bitmap: list[bool]
+    evidence: list[str]  # hex digests, by peer position
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class ReplayResult:
+    step: int  # the optimizer step the check followed
+    peer_ranks: list[int]  # peer position -> global rank
+    status: str = "Agree"  # Attributed when any surface attributed; Inconclusive blocks certification
+    sdc_bitmap: list[bool] = dataclasses.field(default_factory=list)
+    sdc_sources: list[str] = dataclasses.field(default_factory=list)
+    c3_results: dict[str, SurfaceResult] = dataclasses.field(default_factory=dict)
+    checked_recipe_ids: list[str] = dataclasses.field(default_factory=list)
+    inconclusive_recipes: list[str] = dataclasses.field(default_factory=list)
+    straggler_bitmap: list[bool] = dataclasses.field(default_factory=list)
+    straggler_candidates: list[bool] = dataclasses.field(default_factory=list)
+    compute_seconds: dict[str, float] = dataclasses.field(default_factory=dict)  # this rank, per recipe
+    collective_timings: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    layer_of_source: dict[str, int] = dataclasses.field(default_factory=dict)
+    wall_time: float = 0.0
+
+    @property
+    def sdc_ranks(self) -> list[int]:
+        return [r for r, bad in zip(self.peer_ranks, self.sdc_bitmap) if bad]
+
+    @property
+    def straggler_ranks(self) -> list[int]:
+        return [r for r, slow in zip(self.peer_ranks, self.straggler_bitmap) if slow]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["c3_results"] = {k: v.to_dict() for k, v in self.c3_results.items()}
+        return d
+
+    def to_json(self, indent: Optional[int] = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
+
+    def localization(self) -> list[dict[str, Any]]:
+        """Neutral evidence: one entry per attributed (kind, source family) with its ranks,
+        component and layer, ready to become LocalizationResults."""
+        out = []
+        by_family: dict[tuple[str, Optional[int]], list[str]] = {}
+        for source in self.sdc_sources:
+            family = source.split(".")[0]
+            component = {"embedding": "embedding", "hidden": "transformer_block", "output": "output"}.get(family)
+            by_family.setdefault((component or family, self.layer_of_source.get(source)), []).append(source)
+        ranks = self.sdc_ranks
+        for (component, layer), sources in sorted(by_family.items(), key=lambda kv: str(kv[0])):
+            entry = {"kind": "sdc", "ranks": ranks, "sources": sources, "layer_id": layer}
+            if component in ("embedding", "transformer_block", "output"):
+                entry["components"] = [component]
+            out.append(entry)
+        if any(self.straggler_bitmap):
+            out.append({"kind": "straggler", "ranks": self.straggler_ranks, "sources": list(self.compute_seconds)})
+        return out
