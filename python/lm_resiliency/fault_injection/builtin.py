@@ -22,6 +22,10 @@ from lm_resiliency.fault_injection.effect import ActiveEffect
 from lm_resiliency.fault_injection.executors import FaultRequest
 from lm_resiliency.fault_injection.targets import ResolvedTarget
 
+# Attribute a replay sets on the parameter copies it runs a module with, so effects that
+# follow parameters (gradient faults) act on replays as they act on training.
+REPLAY_COPY = "_lmr_replay_copy"
+
 DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float64: "float64"}
 
 
@@ -251,6 +255,13 @@ class GradientEffect(_HookedEffect):
         super().__init__(request, target)
         self.transform = _TensorTransform(Action(request), history, clock)
         self.sharded = hasattr(target.parameter, "device_mesh")
+        self.follow_handle = None
+
+    def deactivate(self) -> Any:
+        if self.follow_handle is not None:
+            self.follow_handle.remove()
+            self.follow_handle = None
+        return super().deactivate()
 
     def _apply(self, grad: torch.Tensor) -> torch.Tensor:
         if not self.budget.take():
@@ -267,6 +278,19 @@ class GradientEffect(_HookedEffect):
     def activate(self) -> None:
         if not self.sharded:
             self.handle = self.target.parameter.register_hook(self._apply)
+        # A replay that runs the owning module on copied parameters (SCOUT) must see the
+        # fault too: when the module is called with a replay copy of the parameter, hook
+        # that copy's gradient for this one call.
+        owner_path, _, leaf = (self.target.parameter_name or "").rpartition(".")
+        owner = self.target.module.get_submodule(owner_path) if owner_path else self.target.module
+        live = self.target.parameter
+
+        def follow(_module, _args):
+            current = owner._parameters.get(leaf)
+            if current is not None and current is not live and getattr(current, REPLAY_COPY, False):
+                current.register_hook(self._apply)
+
+        self.follow_handle = owner.register_forward_pre_hook(follow)
 
     def before_step(self) -> None:
         p = self.target.parameter

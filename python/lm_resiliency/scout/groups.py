@@ -21,7 +21,7 @@ from lm_resiliency import _core
 @dataclasses.dataclass
 class Peers:
     ranks: list[int]  # compute peers: global ranks in position order
-    state_ranks: list[int]  # this rank's state peers (a subset of `ranks`)
+    state_groups: list[list[int]]  # the state peer groups within `ranks`
     votes: Any  # gloo group over `ranks` for digests, timings and small objects
     data: Any  # group over `ranks` for tensor broadcasts (the default backend)
     world_votes: Any  # gloo group over the world, to agree before cross-group collectives
@@ -31,10 +31,10 @@ class Peers:
 def build(mesh_dims: list[tuple[str, int, str]]) -> Peers:
     """Creates the communicators. Collective: every rank calls it, in the same order."""
     if not (dist.is_available() and dist.is_initialized()):
-        return Peers([0], [0], None, None, None, False)
+        return Peers([0], [[0]], None, None, None, False)
     world, rank = dist.get_world_size(), dist.get_rank()
     compute = _core.mesh_compute_groups(mesh_dims, world)
-    state = next(g for g in _core.mesh_peer_groups(mesh_dims, world) if rank in g)
+    state = _core.mesh_peer_groups(mesh_dims, world)
     default_is_gloo = dist.get_backend() == "gloo"
     world_votes = dist.new_group(backend="gloo")
     mine = None
@@ -42,7 +42,7 @@ def build(mesh_dims: list[tuple[str, int, str]]) -> Peers:
         votes = dist.new_group(ranks, backend="gloo")
         data = votes if default_is_gloo else dist.new_group(ranks)
         if rank in ranks:
-            mine = Peers(list(ranks), list(state), votes, data, world_votes,
+            mine = Peers(list(ranks), [list(g) for g in state if set(g) <= set(ranks)], votes, data, world_votes,
                          _core.mesh_needs_materialization(mesh_dims, world))
     assert mine is not None
     return mine

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from lm_resiliency import _core
 from lm_resiliency.consensus import exact
-from lm_resiliency.errors import InvalidArgumentError
+from lm_resiliency.fault_injection.builtin import REPLAY_COPY
 from lm_resiliency.frameworks import select_adapter
 from lm_resiliency.scout import groups
 from lm_resiliency.scout.capture import Capture, tensors_of
@@ -200,19 +200,30 @@ class ReplayHarness:
         # One vote for every fingerprint and every replay time of this check.
         votes = self._vote({"surfaces": surfaces, "seconds": result.compute_seconds})
         sdc = [False] * len(self._peers.ranks)
-        state_positions = [self._peers.ranks.index(r) for r in self._peers.state_ranks]
+        n = len(self._peers.ranks)
         for name in sorted(surfaces):
-            # State surfaces are compared among the peers holding the same state, replayed
-            # compute among every compute peer.
-            positions = state_positions if name.rsplit(".", 1)[-1] in _STATE_SURFACES else range(len(votes))
-            ranks = [self._peers.ranks[i] for i in positions]
-            r = exact([votes[i]["surfaces"].get(name, b"") for i in positions], ranks)
-            result.c3_results[name] = SurfaceResult(r.status.name, list(r.bitmap), [e.hex() for e in r.evidence])
-            if r.status.name == "Attributed":
-                for i, bad in zip(positions, r.bitmap):
-                    sdc[i] = sdc[i] or bad
+            # State surfaces are compared within each group of peers holding the same
+            # state, replayed compute among all compute peers; every rank evaluates every
+            # group, so all reach the same result.
+            if name.rsplit(".", 1)[-1] in _STATE_SURFACES:
+                groups_of_positions = [[self._peers.ranks.index(r) for r in g] for g in self._peers.state_groups]
+            else:
+                groups_of_positions = [list(range(n))]
+            status, bitmap, evidence = "Agree", [False] * n, [""] * n
+            for positions in groups_of_positions:
+                r = exact([votes[i]["surfaces"].get(name, b"") for i in positions],
+                          [self._peers.ranks[i] for i in positions])
+                for i, bad, e in zip(positions, r.bitmap, r.evidence):
+                    bitmap[i], evidence[i] = bad, e.hex()
+                if r.status.name == "Attributed" or (r.status.name == "Inconclusive" and status == "Agree"):
+                    status = r.status.name
+            result.c3_results[name] = SurfaceResult(status, bitmap, evidence)
+            if any(bitmap):
+                sdc = [a or b for a, b in zip(sdc, bitmap)]
                 result.sdc_sources.append(name)
-            elif r.status.name == "Inconclusive":
+            if status == "Inconclusive" or (status == "Attributed" and any(
+                    exact([votes[i]["surfaces"].get(name, b"") for i in positions]).status.name == "Inconclusive"
+                    for positions in groups_of_positions)):
                 result.inconclusive_recipes.append(name)
         result.sdc_bitmap = sdc
         confirmed = [False] * len(self._peers.ranks)
@@ -265,12 +276,22 @@ class ReplayHarness:
             self._timed_collective(result, "fsdp_parameter_all_gather", recipe, gather.seconds)
         if self.config.compare_parameters:
             surfaces[f"{recipe}.params"] = _digest(evidence)
+        # Compute is replayed with the source's parameters too, so a peer whose state
+        # diverged (a separate, state-surface finding) does not mask a compute fault.
+        t = Timer()
+        with t(self._device):
+            if self._peers.data is not None:
+                for v in full.values():
+                    dist.broadcast(v, src=source, group=self._peers.data)
+        self._timed_collective(result, "broadcast_parameters", recipe, t.seconds)
 
         compute = Timer()
         self._replaying[0] = True
         try:
             with compute(self._device), isolated(seed, self.config.deterministic, self._device):
                 leaves = {n: v.requires_grad_(v.is_floating_point()) for n, v in full.items()}
+                for v in leaves.values():
+                    setattr(v, REPLAY_COPY, True)
                 def prepare(value: Any) -> Any:
                     if isinstance(value, torch.Tensor):
                         c = value.detach().clone()

@@ -1,0 +1,79 @@
+"""Per-rank bodies of the SCOUT replay tests (importable by spawned ranks)."""
+
+import torch.distributed as dist
+
+import lm_resiliency as lmr
+from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
+from lm_resiliency.workloads import TrainConfig, build, train_step
+from injection_util import campaign, incident
+
+BLOCK1 = {"component": "transformer_block", "index": 1}
+
+
+def compute_campaign():
+    window = {"iterations": 4}
+    return campaign(
+        incident("out", [3], "tensor_corruption", {"rank": 1, **BLOCK1, "surface": "output"},
+                 {"operation": "sign_flip", "scope": "row"}, window),
+        incident("grad", [9], "tensor_corruption", {"rank": 2, **BLOCK1, "surface": "gradient"},
+                 {"operation": "noise", "std": 1.0, "scope": "1%", "parameter": "feed_forward.w2.weight"}, window),
+        incident("emb", [15], "tensor_corruption", {"rank": 3, "component": "embedding", "surface": "output"},
+                 {"operation": "scale", "factor": 3.0, "scope": "row"}, window),
+        incident("head", [21], "tensor_corruption", {"rank": 0, "component": "output", "surface": "output"},
+                 {"operation": "single_bitflip", "magnitude": "large", "scope": "1%"}, window),
+    )
+
+
+BLOCK0 = {"component": "transformer_block", "index": 0}
+
+
+def weight_campaign():
+    return campaign(incident("weight", [3], "tensor_corruption", {"rank": 1, **BLOCK0, "surface": "weight"},
+                             {"operation": "scale", "factor": 4.0, "scope": "1%", "parameter": "attention.wq.weight"},
+                             {"until": "campaign_end"}))
+
+
+def adam_campaign():
+    return campaign(incident("adam", [4], "tensor_corruption", {"rank": 2, **BLOCK0, "surface": "optimizer_state"},
+                             {"operation": "scale", "factor": 50.0, "scope": "10%", "parameter": "feed_forward.w1.weight",
+                              "state_key": "exp_avg"}, {"until": "campaign_end"}))
+
+
+def two_campaign():
+    return campaign(incident("out", [2], "tensor_corruption", {"rank": 1, **BLOCK1, "surface": "output"},
+                             {"operation": "sign_flip", "scope": "row"}, {"iterations": 6}))
+
+
+def run(parallel, kind, steps, check_interval=1):
+    cfg = TrainConfig(parallel=parallel, steps=steps)
+    model, opt, data, device = build(cfg)
+    harness = ReplayHarness(model, opt, ReplayHarnessConfig(check_interval=check_interval))
+    c = {"compute": compute_campaign, "weight": weight_campaign, "adam": adam_campaign, "two": two_campaign}.get(kind)
+    session = lmr.enable_fault_injection(model, opt, campaign=c()) if c else None
+    for step in range(steps):
+        train_step(model, opt, data, device, step)
+    if session is not None:
+        session.close()
+    harness.close()
+    return {
+        "records": [r.to_dict() for r in session.records()] if session else [],
+        "results": [r.to_dict() for r in harness.results],
+        "boundary_times": harness.boundary_times,
+        "rank": dist.get_rank(),
+    }
+
+
+def straggler():
+    cfg = TrainConfig(parallel="ddp", steps=11)
+    model, opt, data, device = build(cfg)
+    harness = ReplayHarness(model, opt, ReplayHarnessConfig(check_interval=1, confirmation_rounds=3))
+    block0 = {"component": "transformer_block", "index": 0, "surface": "compute"}
+    session = lmr.enable_fault_injection(model, opt, campaign=campaign(
+        incident("slow", [2], "delay", {"rank": 2, **block0}, {"delay_ms": 60}, {"iterations": 6}),
+        incident("blip", [9], "delay", {"rank": 1, **block0}, {"delay_ms": 60}, {"iterations": 1})))
+    for step in range(11):
+        train_step(model, opt, data, device, step)
+    session.close()
+    harness.close()
+    return [(r.step, r.checked_recipe_ids, r.straggler_ranks, [p for p, c in zip(r.peer_ranks, r.straggler_candidates) if c])
+            for r in harness.results]
