@@ -1,123 +1,79 @@
-"""``make demo``: four CPU ranks train the reference decoder under DDP (gloo). From a chosen
-step on, one rank's copy of one hidden layer silently corrupts one element of its output
-(a flipped mantissa bit, as a faulty GPU would). After every optimizer step each rank
-replays that layer on the same probe input (broadcast from rank 0) and fingerprints the
-output; exact C3 over the four fingerprints names the rank that disagrees. The layer's
-parameters are compared too: DDP keeps them identical, so only the replay sees the fault.
+"""``make demo``: four CPU ranks (gloo) train the reference decoder under DDP with the SCOUT
+replay harness attached, while a fault-injection campaign (examples/campaigns/
+scout-demo.json by default) corrupts activations, a gradient, an embedding, the output
+head and a weight on different ranks, and slows one rank's block, with fault-free stretches
+in between. The harness replays a rotating set of modules after every optimizer step; a
+strict majority of peers names the odd rank. At the end the campaign is scored: every
+injected occurrence against what the harness reported.
 
-Exit status 0 when C3 agreed on every fault-free step and attributed exactly the faulty
-rank on every faulty step; 1 otherwise.
+Exit status 0 when every occurrence was localized and nothing was blamed outside them.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from dataclasses import dataclass
 
-import torch
 import torch.distributed as dist
 
-from lm_resiliency.consensus import c3_exact
-from lm_resiliency.signature import signature
+from lm_resiliency.fault_injection import FaultCampaign, FaultInjectionRecord, enable_fault_injection, evaluate
+from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig, localization_results
 from lm_resiliency.workloads.launch import spawn
 from lm_resiliency.workloads.train import TrainConfig, build, train_step
 
-
-@dataclass
-class DemoConfig:
-    world_size: int = 4
-    steps: int = 8
-    fault_step: int = 4
-    fault_rank: int = 2
-    layer: int = 1
-    element: int = 1234
-    bit: int = 20
+DEFAULT_CAMPAIGN = os.path.join(os.path.dirname(__file__), "campaigns", "scout-demo.json")
 
 
-@dataclass
-class StepRecord:
-    step: int
-    loss: float
-    replay_status: str
-    replay_ranks: list[int]
-    params_status: str
+def _progress(result) -> None:
+    if dist.get_rank() != 0:
+        return
+    if result.status == "Agree":
+        if result.step % 10 == 0:
+            print(f"  step {result.step:3d}  checks agree ({', '.join(result.checked_recipe_ids)})", flush=True)
+        return
+    blamed = []
+    if any(result.sdc_bitmap):
+        blamed.append(f"SDC on rank {result.sdc_ranks} via {', '.join(result.sdc_sources)}")
+    if any(result.straggler_bitmap):
+        blamed.append(f"straggler rank {result.straggler_ranks} (confirmed)")
+    print(f"  step {result.step:3d}  {result.status:<12} {'; '.join(blamed) or ', '.join(result.inconclusive_recipes)}",
+          flush=True)
 
 
-def _flip_bit(t: torch.Tensor, element: int, bit: int) -> torch.Tensor:
-    t = t.clone()
-    flat = t.view(-1).view(torch.int32)
-    flat[element % flat.numel()] ^= 1 << bit
-    return t
-
-
-def _params_digest(module: torch.nn.Module) -> bytes:
-    return b"".join(signature(p.detach()).digest for p in module.parameters())
-
-
-def rank_main(cfg: DemoConfig) -> list[StepRecord]:
-    train_cfg = TrainConfig(parallel="ddp", steps=cfg.steps)
-    model, optimizer, data, device = build(train_cfg)
-    decoder = model.module
-    layer = decoder.layers[cfg.layer]
-    current = {"step": -1}
-    if dist.get_rank() == cfg.fault_rank:
-        def corrupt(_module, _inputs, output):
-            if current["step"] >= cfg.fault_step:
-                return _flip_bit(output, cfg.element, cfg.bit)
-            return output
-        layer.register_forward_hook(corrupt)
-
-    records = []
-    for step in range(cfg.steps):
-        current["step"] = step
-        loss = train_step(model, optimizer, data, device, step)
-        dist.all_reduce(loss)
-        # Replay the hidden layer on one probe input shared by all ranks.
-        probe = torch.empty(2, train_cfg.seq_len, train_cfg.model.dim)
-        if dist.get_rank() == 0:
-            probe.normal_(generator=torch.Generator().manual_seed(1000 + step))
-        dist.broadcast(probe, src=0)
-        with torch.no_grad():
-            out = layer(probe, decoder.rope_cos, decoder.rope_sin)
-        replay = c3_exact(signature(out))
-        params = c3_exact(_params_digest(layer))
-        records.append(StepRecord(step, loss.item() / dist.get_world_size(), replay.status.name,
-                                  list(replay.attributed_ranks), params.status.name))
-    return records
+def rank_main(campaign_path: str, steps: int) -> dict:
+    cfg = TrainConfig(parallel="ddp", steps=steps)
+    model, optimizer, data, device = build(cfg)
+    harness = ReplayHarness(model, optimizer, ReplayHarnessConfig(check_interval=1, on_result=_progress))
+    faults = enable_fault_injection(model, optimizer, campaign=campaign_path)
+    for step in range(steps):
+        train_step(model, optimizer, data, device, step)
+    faults.close()
+    harness.close()
+    return {"records": [r.to_dict() for r in faults.records()],
+            "results": harness.results if dist.get_rank() == 0 else [],
+            "boundary_times": harness.boundary_times}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="lmr-demo", description=__doc__.splitlines()[0])
-    p.add_argument("--world-size", type=int, default=DemoConfig.world_size)
-    p.add_argument("--steps", type=int, default=DemoConfig.steps)
-    p.add_argument("--fault-step", type=int, default=DemoConfig.fault_step)
-    p.add_argument("--fault-rank", type=int, default=DemoConfig.fault_rank)
-    p.add_argument("--layer", type=int, default=DemoConfig.layer)
+    p.add_argument("--campaign", default=DEFAULT_CAMPAIGN)
+    p.add_argument("--steps", type=int, default=44)
     ns = p.parse_args(argv)
-    if ns.world_size < 3:
-        p.error("--world-size must be at least 3: two peers cannot outvote each other")
-    if not 0 <= ns.fault_rank < ns.world_size:
-        p.error(f"--fault-rank must be in [0, {ns.world_size})")
-    cfg = DemoConfig(world_size=ns.world_size, steps=ns.steps, fault_step=ns.fault_step,
-                     fault_rank=ns.fault_rank, layer=ns.layer)
-    print(f"Training the reference decoder: DDP, {cfg.world_size} CPU ranks (gloo), {cfg.steps} steps.")
-    print(f"Fault: rank {cfg.fault_rank} flips bit {cfg.bit} of one element of layers[{cfg.layer}]'s output "
-          f"from step {cfg.fault_step} on.\n")
-    records = spawn(rank_main, cfg.world_size, args=(cfg,))[0]
-    print(f"{'step':>4}  {'loss':>7}  {'replay of layers[' + str(cfg.layer) + ']':<28}  layer parameters")
-    ok = True
-    for r in records:
-        verdict = r.replay_status + (f": rank {', '.join(map(str, r.replay_ranks))}" if r.replay_ranks else "")
-        print(f"{r.step:>4}  {r.loss:7.4f}  {verdict:<28}  {r.params_status}")
-        expected = [cfg.fault_rank] if r.step >= cfg.fault_step else []
-        ok = ok and r.replay_ranks == expected and r.params_status == "Agree"
+    campaign = FaultCampaign.from_json(ns.campaign)
+    print(f"Campaign {campaign.name} ({campaign.identity[:19]}...): {len(campaign.incidents)} incidents")
+    print(f"Training the reference decoder: DDP, 4 CPU ranks (gloo), {ns.steps} steps, replay after every step.\n")
+    per_rank = spawn(rank_main, 4, args=(ns.campaign, ns.steps))
+    records = [FaultInjectionRecord.from_dict(r) for rank in per_rank for r in rank["records"]]
+    results = per_rank[0]["results"]
+    report = evaluate(campaign, records, localization_results(campaign, records, results, per_rank[0]["boundary_times"]))
     print()
-    if ok:
-        print(f"C3 named rank {cfg.fault_rank} on every faulty step and agreed on every clean step.")
-        return 0
-    print("C3 did not localize the fault as expected.")
-    return 1
+    print(report.table(), end="")
+    totals = report.totals
+    ok = totals["all_localized"] and totals["unmatched_results"] == 0
+    print("\nEvery injected occurrence was localized to its rank; nothing was blamed outside them." if ok
+          else "\nSome occurrences were not localized (see the reasons above).")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

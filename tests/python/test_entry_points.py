@@ -23,12 +23,11 @@ def test_lmr_cli_is_installed():
 
 
 @pytest.mark.distributed
-def test_demo_localizes_the_faulty_rank():
-    run = subprocess.run([sys.executable, "-m", "lm_resiliency.demo", "--steps", "5", "--fault-step", "3",
-                          "--fault-rank", "1"], capture_output=True, text=True, timeout=300)
+def test_demo_localizes_every_occurrence():
+    run = subprocess.run([sys.executable, "-m", "lm_resiliency.demo"], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "Attributed: rank 1" in run.stdout
-    assert "C3 named rank 1 on every faulty step" in run.stdout
+    assert "6 injected, 6 detected, 6 localized" in run.stdout
+    assert "straggler rank [2] (confirmed)" in run.stdout
 
 
 @pytest.mark.distributed

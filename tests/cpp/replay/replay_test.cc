@@ -52,7 +52,8 @@ TEST(Mesh, RejectsBadLayouts) {
 }
 
 TEST(Replay, CadenceAndRotation) {
-  replay::Cadence c;  // check every 10 steps
+  replay::Cadence c;
+  c.check_interval = 10;
   const auto iv = replay::effectiveIntervals(c, 4);
   EXPECT_EQ(iv.embedding, 10);
   EXPECT_EQ(iv.hidden, 10);  // 4 layers x 10 <= 100
@@ -61,12 +62,14 @@ TEST(Replay, CadenceAndRotation) {
   const auto p = replay::planAt(c, 10, 4, 2);
   EXPECT_EQ(p.recipeIds(), (std::vector<std::string>{"embedding", "hidden.0", "output", "optimizer.0"}));
   EXPECT_EQ(replay::planAt(c, 20, 4, 2).recipeIds(), (std::vector<std::string>{"embedding", "hidden.1", "output", "optimizer.1"}));
-  // Every layer within 100 steps, whatever the depth.
-  for (std::int64_t layers : {1, 3, 4, 10, 32, 80, 100}) {
-    std::set<std::int64_t> seen;
-    for (std::int64_t step = 1; step <= 100; ++step)
-      if (auto h = replay::planAt(c, step, layers, 1).hidden_layer) seen.insert(*h);
-    EXPECT_EQ(static_cast<std::int64_t>(seen.size()), layers) << layers;
+  // Every layer within 100 steps, whatever the depth, at the default cadence too.
+  for (const replay::Cadence& cadence : {c, replay::Cadence{}}) {
+    for (std::int64_t layers : {1, 3, 4, 10, 32, 80, 100}) {
+      std::set<std::int64_t> seen;
+      for (std::int64_t step = 1; step <= 100; ++step)
+        if (auto h = replay::planAt(cadence, step, layers, 1).hidden_layer) seen.insert(*h);
+      EXPECT_EQ(static_cast<std::int64_t>(seen.size()), layers) << layers;
+    }
   }
   replay::Cadence manual;
   manual.check_interval = 0;

@@ -1,0 +1,105 @@
+"""Step-time overhead of the SCOUT replay harness against no harness, across cadences, in
+one run: blocks of steps alternate between no harness and each cadence (attached for the
+block, detached after), and medians are compared.
+
+CPU (default): a 2-rank gloo world, one thread per rank. --device cuda: one rank on one GPU
+with a model sized by --dim/--layers/--seq/--batch (the harness then has no peers to vote
+with; this measures the replay work itself).
+
+Usage: python bench/scout_overhead.py [--rounds 5] [--steps 100] [--cadences 0,100,25,10,1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
+from lm_resiliency.workloads import Decoder, DecoderConfig, SyntheticTokens, spawn
+
+
+def timed(model, opt, data, steps, start, device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for step in range(start, start + steps):
+        x, y = data.batch(step, shard=dist.get_rank() if dist.is_initialized() else 0)
+        x, y = x.to(device), y.to(device)
+        F.cross_entropy(model(x).reshape(-1, model.module.cfg.vocab_size if hasattr(model, "module") else model.cfg.vocab_size),
+                        y.reshape(-1)).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / steps
+
+
+def body(args):
+    device = torch.device(args["device"])
+    torch.manual_seed(0)
+    cfg = DecoderConfig(vocab_size=args["vocab"], dim=args["dim"], n_layers=args["layers"], n_heads=args["heads"],
+                        ffn_hidden=args["dim"] * 8 // 3, max_seq_len=args["seq"])
+    model = Decoder(cfg).to(device)
+    if args["dtype"] == "bfloat16":
+        model = model.to(torch.bfloat16)
+    if dist.is_initialized():
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    data = SyntheticTokens(args["vocab"], args["seq"], args["batch"])
+    step = 0
+    timed(model, opt, data, 5, step, device)
+    step += 5
+    samples: dict[int, list[float]] = {c: [] for c in args["cadences"]}
+    checks: dict[int, int] = {c: 0 for c in args["cadences"]}
+    for _ in range(args["rounds"]):
+        for cadence in args["cadences"]:
+            harness = None
+            if cadence > 0:
+                harness = ReplayHarness(model, opt, ReplayHarnessConfig(check_interval=cadence), completed_iterations=step)
+            samples[cadence].append(timed(model, opt, data, args["steps"], step, device))
+            step += args["steps"]
+            if harness is not None:
+                checks[cadence] += len(harness.results)
+                assert all(r.status == "Agree" for r in harness.results), [r.to_json() for r in harness.results]
+                harness.close()
+    return {c: statistics.median(v) for c, v in samples.items()}, checks
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--cadences", default="0,100,25,10,1")
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--vocab", type=int, default=256)
+    p.add_argument("--dtype", default="float32")
+    ns = p.parse_args()
+    args = dict(vars(ns), cadences=[int(c) for c in ns.cadences.split(",")])
+    if ns.device == "cuda":
+        medians, checks = body(args)
+        where = f"1 rank on {torch.cuda.get_device_name()}"
+    else:
+        medians, checks = spawn(body, ns.ranks, args=(args,))[0]
+        where = f"{ns.ranks} CPU ranks (gloo, 1 thread each)"
+    base = medians[0]
+    print(f"reference decoder dim={ns.dim} layers={ns.layers} seq={ns.seq} batch={ns.batch} {ns.dtype}, {where}; "
+          f"median of {ns.rounds} interleaved blocks of {ns.steps} steps")
+    print(f"{'cadence':>8} {'ms/step':>9} {'overhead':>9} {'checks':>7}")
+    for c in args["cadences"]:
+        label = "off" if c == 0 else str(c)
+        print(f"{label:>8} {medians[c] * 1e3:9.3f} {100 * (medians[c] - base) / base:+8.2f}% {checks[c]:7d}")
+
+
+if __name__ == "__main__":
+    main()
