@@ -16,7 +16,7 @@ namespace lmr::replay {
 // Cadence of the recipe classes, in optimizer steps. A recipe interval of -1 inherits
 // check_interval; 0 disables that recipe; check_interval 0 means manual checks only.
 struct Cadence {
-  std::int64_t check_interval = 25;
+  std::int64_t check_interval = 100;
   std::int64_t embedding_interval = -1;
   std::int64_t hidden_interval = -1;  // -1: the base interval, shortened so that every layer is covered within 100 steps
   std::int64_t output_interval = -1;

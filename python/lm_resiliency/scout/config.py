@@ -15,7 +15,7 @@ class ReplayHarnessConfig:
     disables that recipe. The hidden recipe's default interval is shortened so that every
     layer is visited within 100 steps."""
 
-    check_interval: int = 25
+    check_interval: int = 100
     embedding_interval: int = -1
     hidden_interval: int = -1
     output_interval: int = -1

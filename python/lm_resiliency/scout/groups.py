@@ -45,4 +45,8 @@ def build(mesh_dims: list[tuple[str, int, str]]) -> Peers:
             mine = Peers(list(ranks), [list(g) for g in state if set(g) <= set(ranks)], votes, data, world_votes,
                          _core.mesh_needs_materialization(mesh_dims, world))
     assert mine is not None
+    # Connect now (gloo sets up its pairs on first use), so the first check does not pay it
+    # and broken communication shows at attach time.
+    for group in {id(g): g for g in (world_votes, mine.votes, mine.data)}.values():
+        dist.barrier(group=group)
     return mine

@@ -23,7 +23,8 @@ from lm_resiliency.frameworks import select_adapter
 from lm_resiliency.scout import groups
 from lm_resiliency.scout.capture import Capture, tensors_of
 from lm_resiliency.scout.config import ReplayHarnessConfig
-from lm_resiliency.scout.replay import Timer, call_with_hooks, first_tensor, isolated, local, swapped_parameters
+from lm_resiliency.scout.replay import (Timer, broadcast_flat, call_with_hooks, first_tensor, isolated, local,
+                                        swapped_parameters)
 from lm_resiliency.scout.result import ReplayResult, SurfaceResult
 from lm_resiliency.signature import signature
 
@@ -254,8 +255,7 @@ class ReplayHarness:
         t = Timer()
         with t(self._device):
             if self._peers.data is not None:
-                for x in inputs:
-                    dist.broadcast(x, src=source, group=self._peers.data)
+                broadcast_flat(inputs, source, self._peers.data)
         self._timed_collective(result, "broadcast_inputs", recipe, t.seconds)
         seed = _core.replay_seed(recipe, step)
         surfaces[f"{recipe}.invocation"] = _digest(inputs) + seed.to_bytes(8, "little")
@@ -281,8 +281,7 @@ class ReplayHarness:
         t = Timer()
         with t(self._device):
             if self._peers.data is not None:
-                for v in full.values():
-                    dist.broadcast(v, src=source, group=self._peers.data)
+                broadcast_flat(list(full.values()), source, self._peers.data)
         self._timed_collective(result, "broadcast_parameters", recipe, t.seconds)
 
         compute = Timer()
@@ -361,9 +360,9 @@ class ReplayHarness:
         t = Timer()
         with t(self._device):
             if self._peers.data is not None:
-                for _, _, value, grad, entries in snapshot:
-                    for x in [value, grad] + [e for k, e in sorted(entries.items()) if isinstance(e, torch.Tensor)]:
-                        dist.broadcast(x, src=source, group=self._peers.data)
+                broadcast_flat([x for _, _, value, grad, entries in snapshot
+                                for x in [value, grad] + [e for k, e in sorted(entries.items()) if isinstance(e, torch.Tensor)]],
+                               source, self._peers.data)
         self._timed_collective(result, "broadcast_optimizer_state", recipe, t.seconds)
         compute = Timer()
         with compute(self._device), isolated(_core.replay_seed(recipe, step), self.config.deterministic, self._device):

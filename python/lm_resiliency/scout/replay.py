@@ -85,6 +85,24 @@ def first_tensor(value: Any) -> torch.Tensor:
     raise TypeError(f"replay needs a tensor output, got {type(value).__name__}")
 
 
+def broadcast_flat(tensors: list, src: int, group: Any) -> None:
+    """Broadcasts `tensors` in place with one collective per dtype (few large messages
+    instead of many small ones)."""
+    import torch.distributed as dist
+
+    by_dtype: dict = {}
+    for t in tensors:
+        by_dtype.setdefault((t.dtype, t.device), []).append(t)
+    for (dtype, device), ts in by_dtype.items():
+        flat = torch.cat([t.reshape(-1) for t in ts]) if len(ts) > 1 else ts[0].reshape(-1).clone()
+        dist.broadcast(flat, src=src, group=group)
+        offset = 0
+        for t in ts:
+            n = t.numel()
+            t.copy_(flat[offset:offset + n].view(t.shape))
+            offset += n
+
+
 def local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "device_mesh") and hasattr(t, "to_local") else t
 
