@@ -1,0 +1,54 @@
+// Deciding what a stall is, from every daemon's view of its rank, gathered once visible
+// progress stopped. Pure and deterministic: every daemon computes the same report.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "lmr/oob/progress.h"
+
+namespace lmr::oob {
+
+// One rank as its daemon saw it at the stall.
+struct RankView {
+  std::int64_t rank = 0;
+  bool present = false;        // its daemon answered the gather
+  Snapshot snapshot;
+  std::int64_t stalled_ns = 0;  // time since the rank's last visible progress
+  std::int64_t dataloader_ns = 0;  // a next() in flight for this long (0: none)
+  std::int64_t checkpoint_ns = 0;  // checkpoint I/O in flight for this long (0: none)
+  std::string host;
+};
+
+struct DiagnosisOptions {
+  std::int64_t io_absolute_ns = 5'000'000'000;  // a DataLoader/checkpoint delay must exceed this...
+  double io_relative = 4.0;                      // ...and this many times the peers' median...
+  std::int64_t io_persistence_ns = 2'000'000'000;  // ...and have lasted at least this long
+};
+
+struct FaultReport {
+  std::string kind;   // collective_desync | process_stall | dataloader_stall | checkpoint_io_stall | group_stall | inconclusive_stall
+  std::string scope;  // "rank" or "peer_group"
+  std::vector<std::int64_t> ranks;       // attributed ranks (empty for peer_group)
+  std::vector<std::string> hosts;        // their hosts
+  std::vector<std::int64_t> missing_ranks;  // daemons that did not answer
+  nlohmann::json evidence;               // per-rank summaries the decision used
+};
+
+// Rules, in order:
+// 1. A strict minority with a DataLoader next() (then: checkpoint I/O) in flight past the
+//    absolute, relative and persistence thresholds: dataloader_stall / checkpoint_io_stall.
+// 2. A strict minority outside any collective while the rest wait in one: process_stall.
+// 3. Everyone in a collective, a strict minority at a different step or with a different
+//    fingerprint: collective_desync on that minority.
+// 4. Everyone at the same step in the same collective: group_stall, scope peer_group.
+// 5. Anything else (no strict majority): inconclusive_stall, scope peer_group.
+FaultReport diagnose(const std::vector<RankView>& views, const DiagnosisOptions& options = {});
+
+nlohmann::json toJson(const FaultReport& report);
+
+}  // namespace lmr::oob

@@ -1,0 +1,110 @@
+#include "lmr/oob/diagnose.h"
+
+#include <algorithm>
+#include <map>
+#include <string>
+
+#include "lmr/consensus/consensus.h"
+
+namespace lmr::oob {
+namespace {
+
+std::string key(const Snapshot& s) {
+  // Where a rank is: its step and the collective it waits in.
+  const CollectiveFingerprint& c = s.collective;
+  return std::to_string(s.step) + "|" + std::to_string(c.op) + "|" + std::to_string(c.reduce_or_root) + "|" +
+         std::to_string(c.group) + "|" + std::to_string(c.meta) + "|" + std::to_string(c.sequence);
+}
+
+std::int64_t median(std::vector<std::int64_t> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+FaultReport attributed(const std::string& kind, const std::vector<const RankView*>& present,
+                       const std::vector<bool>& bad) {
+  FaultReport r;
+  r.kind = kind;
+  r.scope = "rank";
+  for (std::size_t i = 0; i < present.size(); ++i) {
+    if (!bad[i]) continue;
+    r.ranks.push_back(present[i]->rank);
+    r.hosts.push_back(present[i]->host);
+  }
+  return r;
+}
+
+bool strictMinority(const std::vector<bool>& bad) {
+  const auto n = std::count(bad.begin(), bad.end(), true);
+  return n > 0 && 2 * static_cast<std::size_t>(n) < bad.size();
+}
+
+// I/O stalls: in flight past all three thresholds, against the peers' in-flight times.
+std::optional<FaultReport> ioStall(const std::vector<const RankView*>& p, const DiagnosisOptions& o, bool dataloader) {
+  std::vector<bool> bad(p.size(), false);
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    const std::int64_t mine = dataloader ? p[i]->dataloader_ns : p[i]->checkpoint_ns;
+    std::vector<std::int64_t> others;
+    for (std::size_t j = 0; j < p.size(); ++j)
+      if (j != i) others.push_back(dataloader ? p[j]->dataloader_ns : p[j]->checkpoint_ns);
+    const double reference = static_cast<double>(std::max<std::int64_t>(median(others), 1));
+    bad[i] = mine > o.io_absolute_ns && static_cast<double>(mine) > o.io_relative * reference && mine >= o.io_persistence_ns;
+  }
+  if (!strictMinority(bad)) return std::nullopt;
+  return attributed(dataloader ? "dataloader_stall" : "checkpoint_io_stall", p, bad);
+}
+
+}  // namespace
+
+FaultReport diagnose(const std::vector<RankView>& views, const DiagnosisOptions& options) {
+  std::vector<const RankView*> present;
+  std::vector<std::int64_t> missing;
+  for (const RankView& v : views) {
+    if (v.present) present.push_back(&v);
+    else missing.push_back(v.rank);
+  }
+  nlohmann::json evidence = nlohmann::json::array();
+  for (const RankView* v : present) {
+    evidence.push_back({{"rank", v->rank},
+                        {"host", v->host},
+                        {"step", v->snapshot.step},
+                        {"layer", v->snapshot.layer},
+                        {"in_collective", v->snapshot.in_collective},
+                        {"collective_sequence", v->snapshot.collective.sequence},
+                        {"collective_op", v->snapshot.collective.op},
+                        {"stalled_s", static_cast<double>(v->stalled_ns) / 1e9},
+                        {"dataloader_s", static_cast<double>(v->dataloader_ns) / 1e9},
+                        {"checkpoint_s", static_cast<double>(v->checkpoint_ns) / 1e9}});
+  }
+  auto finish = [&](FaultReport r) {
+    r.missing_ranks = missing;
+    r.evidence = evidence;
+    return r;
+  };
+  if (present.empty()) return finish(FaultReport{"inconclusive_stall", "peer_group", {}, {}, {}, {}});
+
+  if (auto r = ioStall(present, options, true)) return finish(*r);
+  if (auto r = ioStall(present, options, false)) return finish(*r);
+
+  std::vector<bool> outside(present.size());
+  for (std::size_t i = 0; i < present.size(); ++i) outside[i] = !present[i]->snapshot.in_collective;
+  if (strictMinority(outside)) return finish(attributed("process_stall", present, outside));
+
+  if (std::none_of(outside.begin(), outside.end(), [](bool b) { return b; })) {
+    std::vector<std::string> positions;
+    for (const RankView* v : present) positions.push_back(key(v->snapshot));
+    const auto c3 = consensus::exact(positions);
+    if (c3.status == consensus::Status::kAttributed) return finish(attributed("collective_desync", present, c3.bitmap));
+    if (c3.status == consensus::Status::kAgree) return finish(FaultReport{"group_stall", "peer_group", {}, {}, {}, {}});
+  }
+  return finish(FaultReport{"inconclusive_stall", "peer_group", {}, {}, {}, {}});
+}
+
+nlohmann::json toJson(const FaultReport& r) {
+  return nlohmann::json{{"kind", r.kind},          {"scope", r.scope}, {"ranks", r.ranks},
+                        {"hosts", r.hosts},        {"missing_ranks", r.missing_ranks},
+                        {"evidence", r.evidence}};
+}
+
+}  // namespace lmr::oob

@@ -1,0 +1,81 @@
+#include <gtest/gtest.h>
+
+#include "lmr/oob/diagnose.h"
+
+namespace lmr::oob {
+namespace {
+
+constexpr std::int64_t kS = 1'000'000'000;
+
+std::vector<RankView> waitingInAllReduce(int n, std::uint64_t seq = 7) {
+  std::vector<RankView> v(n);
+  for (int r = 0; r < n; ++r) {
+    v[r].rank = r;
+    v[r].present = true;
+    v[r].host = "node-" + std::to_string(r / 2);
+    v[r].snapshot.step = 12;
+    v[r].snapshot.in_collective = true;
+    v[r].snapshot.collective = {1, 0, 99, 5, seq};
+    v[r].stalled_ns = 31 * kS;
+  }
+  return v;
+}
+
+TEST(Diagnose, SkippedCollectiveIsADesyncOfTheMinority) {
+  auto v = waitingInAllReduce(4);
+  v[2].snapshot.collective.sequence = 8;  // rank 2 skipped one and waits in the next
+  const auto r = diagnose(v);
+  EXPECT_EQ(r.kind, "collective_desync");
+  EXPECT_EQ(r.ranks, (std::vector<std::int64_t>{2}));
+  EXPECT_EQ(r.hosts, (std::vector<std::string>{"node-1"}));
+  EXPECT_EQ(r.scope, "rank");
+}
+
+TEST(Diagnose, RankOutsideCollectivesIsAProcessStall) {
+  auto v = waitingInAllReduce(4);
+  v[1].snapshot.in_collective = false;  // stuck computing, or SIGSTOPped
+  EXPECT_EQ(diagnose(v).kind, "process_stall");
+  EXPECT_EQ(diagnose(v).ranks, (std::vector<std::int64_t>{1}));
+}
+
+TEST(Diagnose, IoStallsNeedAllThresholds) {
+  auto v = waitingInAllReduce(4);
+  v[3].snapshot.in_collective = false;
+  v[3].dataloader_ns = 30 * kS;
+  auto r = diagnose(v);
+  EXPECT_EQ(r.kind, "dataloader_stall");
+  EXPECT_EQ(r.ranks, (std::vector<std::int64_t>{3}));
+  v[3].dataloader_ns = 1 * kS;  // below the absolute threshold: a plain process stall
+  EXPECT_EQ(diagnose(v).kind, "process_stall");
+  auto w = waitingInAllReduce(4);
+  w[0].snapshot.in_collective = false;
+  w[0].checkpoint_ns = 40 * kS;
+  EXPECT_EQ(diagnose(w).kind, "checkpoint_io_stall");
+  EXPECT_EQ(diagnose(w).ranks, (std::vector<std::int64_t>{0}));
+  // Everyone slow in I/O together is not one rank's fault.
+  for (auto& x : w) x.checkpoint_ns = 40 * kS;
+  EXPECT_NE(diagnose(w).kind, "checkpoint_io_stall");
+}
+
+TEST(Diagnose, StallCommonToAllIsGroupScoped) {
+  const auto r = diagnose(waitingInAllReduce(4));
+  EXPECT_EQ(r.kind, "group_stall");
+  EXPECT_EQ(r.scope, "peer_group");
+  EXPECT_TRUE(r.ranks.empty());
+}
+
+TEST(Diagnose, NoMajorityIsInconclusiveAndMissingDaemonsAreNamed) {
+  auto v = waitingInAllReduce(4);
+  v[0].snapshot.collective.sequence = 8;
+  v[1].snapshot.collective.sequence = 9;
+  EXPECT_EQ(diagnose(v).kind, "inconclusive_stall");
+  auto m = waitingInAllReduce(4);
+  m[3].present = false;
+  const auto r = diagnose(m);
+  EXPECT_EQ(r.missing_ranks, (std::vector<std::int64_t>{3}));
+  EXPECT_EQ(r.kind, "group_stall");
+  EXPECT_EQ(toJson(r)["missing_ranks"][0], 3);
+}
+
+}  // namespace
+}  // namespace lmr::oob
