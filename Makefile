@@ -9,13 +9,14 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 BUILD_DIR := build
-APT_PACKAGES := libgtest-dev nlohmann-json3-dev libbenchmark-dev ccache
+APT_PACKAGES := libgtest-dev nlohmann-json3-dev libgloo-dev libbenchmark-dev ccache
 JOBS ?= $(shell nproc)
 # One persistent build tree serves pip, ctest and the benchmarks, so the sources compile once.
 PIP_BUILD_FLAGS := --no-build-isolation --no-deps -q \
 	-Cbuild-dir=$(BUILD_DIR) \
 	-Ccmake.define.LMR_BUILD_TESTS=ON \
-	-Ccmake.define.LMR_BUILD_BENCHMARKS=ON
+	-Ccmake.define.LMR_BUILD_BENCHMARKS=ON \
+	-Ccmake.define.LMR_OOB=ON
 
 
 FUZZ_SECONDS ?= 120

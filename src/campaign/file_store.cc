@@ -5,27 +5,20 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <string>
 
 #include "lmr/campaign/journal.h"
 #include "lmr/common/error.h"
+#include "lmr/common/files.h"
 
 namespace lmr::campaign {
 namespace {
 
-std::string errnoText(const std::string& what, const std::string& path) {
-  return what + " " + path + ": " + std::strerror(errno);
-}
-
-std::string directoryOf(const std::string& path) {
-  const std::size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
+using files::directoryOf;
+using files::errnoText;
+using files::replaceFile;
 
 // Holds flock(2) on "<journal>.lock" for its lifetime.
 class FileLock {
@@ -52,51 +45,6 @@ class FileLock {
   std::string path_;
   int fd_ = -1;
 };
-
-void writeAll(int fd, const std::string& text, const std::string& path) {
-  std::size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw IoError(errnoText("cannot write", path));
-    }
-    done += static_cast<std::size_t>(n);
-  }
-}
-
-void fsyncPath(const std::string& path, int flags) {
-  const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
-  if (fd < 0) throw IoError(errnoText("cannot open", path));
-  const int rc = ::fsync(fd);
-  const int saved = errno;
-  ::close(fd);
-  errno = saved;
-  if (rc != 0) throw IoError(errnoText("cannot fsync", path));
-}
-
-// Replaces `path` by `text` atomically and durably.
-void replaceFile(const std::string& path, const std::string& text) {
-  static std::atomic<unsigned> counter{0};
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) throw IoError(errnoText("cannot create", tmp));
-  try {
-    writeAll(fd, text, tmp);
-    if (::fsync(fd) != 0) throw IoError(errnoText("cannot fsync", tmp));
-    if (::close(fd) != 0) throw IoError(errnoText("cannot close", tmp));
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string message = errnoText("cannot rename " + tmp + " to", path);
-    ::unlink(tmp.c_str());
-    throw IoError(message);
-  }
-  fsyncPath(directoryOf(path), O_RDONLY | O_DIRECTORY);
-}
 
 }  // namespace
 

@@ -40,16 +40,25 @@ bool strictMinority(const std::vector<bool>& bad) {
   return n > 0 && 2 * static_cast<std::size_t>(n) < bad.size();
 }
 
-// I/O stalls: in flight past all three thresholds, against the peers' in-flight times.
+// A rank's typical duration of one kind of I/O call: the one in flight, else the last one.
+std::int64_t typical(const RankView& v, bool dataloader) {
+  const std::int64_t in_flight = dataloader ? v.dataloader_ns : v.checkpoint_ns;
+  if (in_flight > 0) return in_flight;
+  return dataloader ? v.snapshot.dataloader_last_ns : v.snapshot.checkpoint_last_ns;
+}
+
+// I/O stalls: in flight past the absolute, relative (peers' median) and persistence thresholds.
 std::optional<FaultReport> ioStall(const std::vector<const RankView*>& p, const DiagnosisOptions& o, bool dataloader) {
   std::vector<bool> bad(p.size(), false);
   for (std::size_t i = 0; i < p.size(); ++i) {
     const std::int64_t mine = dataloader ? p[i]->dataloader_ns : p[i]->checkpoint_ns;
+    const std::int64_t watched = dataloader ? p[i]->dataloader_observed_ns : p[i]->checkpoint_observed_ns;
     std::vector<std::int64_t> others;
     for (std::size_t j = 0; j < p.size(); ++j)
-      if (j != i) others.push_back(dataloader ? p[j]->dataloader_ns : p[j]->checkpoint_ns);
+      if (j != i) others.push_back(typical(*p[j], dataloader));
     const double reference = static_cast<double>(std::max<std::int64_t>(median(others), 1));
-    bad[i] = mine > o.io_absolute_ns && static_cast<double>(mine) > o.io_relative * reference && mine >= o.io_persistence_ns;
+    bad[i] = mine > o.io_absolute_ns && static_cast<double>(mine) > o.io_relative * reference &&
+             watched >= o.io_persistence_ns;
   }
   if (!strictMinority(bad)) return std::nullopt;
   return attributed(dataloader ? "dataloader_stall" : "checkpoint_io_stall", p, bad);
@@ -75,14 +84,17 @@ FaultReport diagnose(const std::vector<RankView>& views, const DiagnosisOptions&
                         {"collective_op", v->snapshot.collective.op},
                         {"stalled_s", static_cast<double>(v->stalled_ns) / 1e9},
                         {"dataloader_s", static_cast<double>(v->dataloader_ns) / 1e9},
-                        {"checkpoint_s", static_cast<double>(v->checkpoint_ns) / 1e9}});
+                        {"dataloader_last_s", static_cast<double>(v->snapshot.dataloader_last_ns) / 1e9},
+                        {"checkpoint_s", static_cast<double>(v->checkpoint_ns) / 1e9},
+                        {"checkpoint_last_s", static_cast<double>(v->snapshot.checkpoint_last_ns) / 1e9}});
   }
   auto finish = [&](FaultReport r) {
     r.missing_ranks = missing;
     r.evidence = evidence;
     return r;
   };
-  if (present.empty()) return finish(FaultReport{"inconclusive_stall", "peer_group", {}, {}, {}, {}});
+  // Attribution needs a strict majority of the whole group to have answered.
+  if (2 * present.size() <= views.size()) return finish(FaultReport{"inconclusive_stall", "peer_group", {}, {}, {}, {}});
 
   if (auto r = ioStall(present, options, true)) return finish(*r);
   if (auto r = ioStall(present, options, false)) return finish(*r);
@@ -96,6 +108,14 @@ FaultReport diagnose(const std::vector<RankView>& views, const DiagnosisOptions&
     for (const RankView* v : present) positions.push_back(key(v->snapshot));
     const auto c3 = consensus::exact(positions);
     if (c3.status == consensus::Status::kAttributed) return finish(attributed("collective_desync", present, c3.bitmap));
+    if (c3.status == consensus::Status::kAgree && !missing.empty()) {
+      // Everyone who answered waits at the same place: the ranks whose daemons did not
+      // answer are the ones holding the group.
+      FaultReport r{"unresponsive_rank", "rank", missing, {}, {}, {}};
+      for (const RankView& v : views)
+        if (!v.present) r.hosts.push_back(v.host);
+      return finish(r);
+    }
     if (c3.status == consensus::Status::kAgree) return finish(FaultReport{"group_stall", "peer_group", {}, {}, {}, {}});
   }
   return finish(FaultReport{"inconclusive_stall", "peer_group", {}, {}, {}, {}});

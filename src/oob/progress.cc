@@ -161,6 +161,7 @@ void ProgressWriter::stepCompleted(std::uint64_t step) noexcept {
   shared_->step.store(step, std::memory_order_relaxed);
   shared_->layer.store(-1, std::memory_order_relaxed);
   shared_->layer_calls.store(0, std::memory_order_relaxed);
+  shared_->in_collective.store(0, std::memory_order_relaxed);
   shared_->progress_ns.store(nowNs(), std::memory_order_relaxed);
   endWrite(shared_->progress.seq);
 }
@@ -169,6 +170,7 @@ void ProgressWriter::layerEntered(std::int64_t layer) noexcept {
   beginWrite(shared_->progress.seq);
   shared_->layer.store(layer, std::memory_order_relaxed);
   shared_->layer_calls.store(shared_->layer_calls.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  shared_->in_collective.store(0, std::memory_order_relaxed);
   shared_->progress_ns.store(nowNs(), std::memory_order_relaxed);
   endWrite(shared_->progress.seq);
 }

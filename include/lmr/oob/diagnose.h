@@ -19,19 +19,27 @@ struct RankView {
   bool present = false;        // its daemon answered the gather
   Snapshot snapshot;
   std::int64_t stalled_ns = 0;  // time since the rank's last visible progress
-  std::int64_t dataloader_ns = 0;  // a next() in flight for this long (0: none)
-  std::int64_t checkpoint_ns = 0;  // checkpoint I/O in flight for this long (0: none)
+  std::int64_t dataloader_ns = 0;           // a next() in flight for this long (0: none)
+  std::int64_t dataloader_observed_ns = 0;  // how long this daemon has watched that same next()
+  std::int64_t checkpoint_ns = 0;           // checkpoint I/O in flight for this long (0: none)
+  std::int64_t checkpoint_observed_ns = 0;  // how long this daemon has watched that same I/O
   std::string host;
 };
 
 struct DiagnosisOptions {
-  std::int64_t io_absolute_ns = 5'000'000'000;  // a DataLoader/checkpoint delay must exceed this...
-  double io_relative = 4.0;                      // ...and this many times the peers' median...
-  std::int64_t io_persistence_ns = 2'000'000'000;  // ...and have lasted at least this long
+  // A DataLoader next() or checkpoint I/O call is a stall when it has been in flight longer
+  // than io_absolute_ns, longer than io_relative times the peers' median duration of the same
+  // kind of call (their in-flight one, else their last completed one), and the daemon has
+  // itself watched that same call stay in flight for io_persistence_ns.
+  std::int64_t io_absolute_ns = 5'000'000'000;
+  double io_relative = 4.0;
+  std::int64_t io_persistence_ns = 2'000'000'000;
 };
 
 struct FaultReport {
-  std::string kind;   // collective_desync | process_stall | dataloader_stall | checkpoint_io_stall | group_stall | inconclusive_stall
+  // collective_desync | process_stall | dataloader_stall | checkpoint_io_stall |
+  // unresponsive_rank | group_stall | inconclusive_stall
+  std::string kind;
   std::string scope;  // "rank" or "peer_group"
   std::vector<std::int64_t> ranks;       // attributed ranks (empty for peer_group)
   std::vector<std::string> hosts;        // their hosts
@@ -39,13 +47,16 @@ struct FaultReport {
   nlohmann::json evidence;               // per-rank summaries the decision used
 };
 
-// Rules, in order:
+// `views` holds one entry per rank of the peer group, present or not. Rank attribution
+// needs a strict majority of the whole group present; otherwise inconclusive_stall. Rules,
+// in order, over the present ranks:
 // 1. A strict minority with a DataLoader next() (then: checkpoint I/O) in flight past the
 //    absolute, relative and persistence thresholds: dataloader_stall / checkpoint_io_stall.
 // 2. A strict minority outside any collective while the rest wait in one: process_stall.
 // 3. Everyone in a collective, a strict minority at a different step or with a different
 //    fingerprint: collective_desync on that minority.
-// 4. Everyone at the same step in the same collective: group_stall, scope peer_group.
+// 4. Everyone present at the same step in the same collective: unresponsive_rank on the
+//    missing ranks when some are missing, else group_stall (scope peer_group, no rank).
 // 5. Anything else (no strict majority): inconclusive_stall, scope peer_group.
 FaultReport diagnose(const std::vector<RankView>& views, const DiagnosisOptions& options = {});
 

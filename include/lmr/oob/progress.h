@@ -64,6 +64,10 @@ class ProgressWriter {
   ProgressWriter(const ProgressWriter&) = delete;
   ProgressWriter& operator=(const ProgressWriter&) = delete;
 
+  // Step, layer and collective events share one section: call them from one thread at a
+  // time (the autograd thread may publish while the caller blocks in backward()). A step
+  // or a layer entered also ends the current collective, for collectives whose completion
+  // is not visible (a DDP bucket finishes inside the reducer).
   void stepCompleted(std::uint64_t step) noexcept;
   void layerEntered(std::int64_t layer) noexcept;
   void collectiveEntered(const CollectiveFingerprint& fp) noexcept;

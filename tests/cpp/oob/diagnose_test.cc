@@ -42,18 +42,27 @@ TEST(Diagnose, IoStallsNeedAllThresholds) {
   auto v = waitingInAllReduce(4);
   v[3].snapshot.in_collective = false;
   v[3].dataloader_ns = 30 * kS;
+  v[3].dataloader_observed_ns = 29 * kS;
+  for (int r = 0; r < 3; ++r) v[r].snapshot.dataloader_last_ns = kS / 100;  // peers' next() takes 10 ms
   auto r = diagnose(v);
   EXPECT_EQ(r.kind, "dataloader_stall");
   EXPECT_EQ(r.ranks, (std::vector<std::int64_t>{3}));
+  v[3].dataloader_observed_ns = kS;  // the daemon has not watched it persist yet
+  EXPECT_EQ(diagnose(v).kind, "process_stall");
+  v[3].dataloader_observed_ns = 29 * kS;
+  for (int r = 0; r < 3; ++r) v[r].snapshot.dataloader_last_ns = 10 * kS;  // peers' loader is slow too
+  EXPECT_EQ(diagnose(v).kind, "process_stall");
+  for (int r = 0; r < 3; ++r) v[r].snapshot.dataloader_last_ns = kS / 100;
   v[3].dataloader_ns = 1 * kS;  // below the absolute threshold: a plain process stall
   EXPECT_EQ(diagnose(v).kind, "process_stall");
   auto w = waitingInAllReduce(4);
   w[0].snapshot.in_collective = false;
   w[0].checkpoint_ns = 40 * kS;
+  w[0].checkpoint_observed_ns = 40 * kS;
   EXPECT_EQ(diagnose(w).kind, "checkpoint_io_stall");
   EXPECT_EQ(diagnose(w).ranks, (std::vector<std::int64_t>{0}));
   // Everyone slow in I/O together is not one rank's fault.
-  for (auto& x : w) x.checkpoint_ns = 40 * kS;
+  for (auto& x : w) x.checkpoint_ns = x.checkpoint_observed_ns = 40 * kS;
   EXPECT_NE(diagnose(w).kind, "checkpoint_io_stall");
 }
 
@@ -73,8 +82,14 @@ TEST(Diagnose, NoMajorityIsInconclusiveAndMissingDaemonsAreNamed) {
   m[3].present = false;
   const auto r = diagnose(m);
   EXPECT_EQ(r.missing_ranks, (std::vector<std::int64_t>{3}));
-  EXPECT_EQ(r.kind, "group_stall");
+  EXPECT_EQ(r.kind, "unresponsive_rank");
+  EXPECT_EQ(r.ranks, (std::vector<std::int64_t>{3}));
+  EXPECT_EQ(r.hosts, (std::vector<std::string>{"node-1"}));
   EXPECT_EQ(toJson(r)["missing_ranks"][0], 3);
+  // Half the group is not a majority: nothing is attributed.
+  m[2].present = false;
+  EXPECT_EQ(diagnose(m).kind, "inconclusive_stall");
+  EXPECT_TRUE(diagnose(m).ranks.empty());
 }
 
 }  // namespace

@@ -1,0 +1,92 @@
+// Rendezvous stores for the lmr-oobd daemons: a small key-value interface with
+// create-if-absent, backed by a directory (FileStore) or a TCP server hosted by the rank-0
+// daemon (TcpStoreServer / TcpStore).
+//
+// The daemons use a store only at set-up and during a stall; a client holds no connection
+// between calls, so a healthy run makes no store traffic. All calls block for at most the
+// client's I/O timeout (or the deadline given); they throw IoError when the store cannot be
+// reached and TimeoutError when a key does not appear in time. Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+namespace lmr::oob {
+
+class Store {
+ public:
+  virtual ~Store() = default;
+  virtual void set(const std::string& key, const std::string& value) = 0;
+  virtual std::optional<std::string> tryGet(const std::string& key) = 0;
+  // Sets `key` only when absent; true when this call created it.
+  virtual bool claim(const std::string& key, const std::string& value) = 0;
+
+  // Waits until `key` exists (polling) or `deadline` passes (TimeoutError naming the key).
+  std::string get(const std::string& key, std::chrono::steady_clock::time_point deadline);
+  // Waits until every key exists or `deadline` passes; returns which keys exist.
+  std::vector<bool> waitAll(const std::vector<std::string>& keys, std::chrono::steady_clock::time_point deadline);
+};
+
+// One file per key in `directory` (created if needed); values written atomically.
+class FileStore : public Store {
+ public:
+  explicit FileStore(std::string directory);
+  void set(const std::string& key, const std::string& value) override;
+  std::optional<std::string> tryGet(const std::string& key) override;
+  bool claim(const std::string& key, const std::string& value) override;
+
+ private:
+  std::string path(const std::string& key) const;
+  std::string directory_;
+};
+
+struct TcpStoreOptions {
+  std::string host = "127.0.0.1";
+  int port = 0;
+  std::chrono::milliseconds io_timeout{2000};    // per request
+  std::chrono::milliseconds connect_timeout{0};  // keep retrying a refused connect this long
+};
+
+// The server: a listening socket and one thread that answers one request per connection.
+// port 0 picks a free port (see port()). Not copyable; the destructor stops the thread.
+class TcpStoreServer {
+ public:
+  explicit TcpStoreServer(int port, const std::string& bind_address = "0.0.0.0");
+  ~TcpStoreServer();
+  TcpStoreServer(const TcpStoreServer&) = delete;
+  TcpStoreServer& operator=(const TcpStoreServer&) = delete;
+
+  int port() const { return port_; }
+  std::uint64_t requests() const { return requests_.load(); }
+
+ private:
+  void serve();
+  void answer(int fd);
+  int listen_fd_ = -1;
+  int wake_[2] = {-1, -1};
+  int port_ = 0;
+  std::atomic<std::uint64_t> requests_{0};
+  std::unordered_map<std::string, std::string> data_;  // only the server thread touches it
+  std::thread thread_;
+};
+
+class TcpStore : public Store {
+ public:
+  explicit TcpStore(TcpStoreOptions options);
+  void set(const std::string& key, const std::string& value) override;
+  std::optional<std::string> tryGet(const std::string& key) override;
+  bool claim(const std::string& key, const std::string& value) override;
+
+ private:
+  // One request on a fresh connection: returns (status, value).
+  std::pair<bool, std::string> call(std::uint8_t op, const std::string& key, const std::string& value);
+  TcpStoreOptions options_;
+};
+
+}  // namespace lmr::oob

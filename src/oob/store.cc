@@ -1,0 +1,253 @@
+#include "lmr/oob/store.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "lmr/common/error.h"
+#include "lmr/common/files.h"
+#include "lmr/common/hex.h"
+
+namespace lmr::oob {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr std::uint8_t kSet = 1, kGet = 2, kClaim = 3;
+constexpr std::uint32_t kMaxKey = 4096, kMaxValue = 1 << 20;
+constexpr auto kPollPeriod = std::chrono::milliseconds(5);
+
+std::string sysError(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+// Reads or writes exactly n bytes; false on EOF, timeout or error.
+bool readExact(int fd, void* data, std::size_t n) {
+  auto* p = static_cast<char*>(data);
+  while (n > 0) {
+    const ssize_t r = ::recv(fd, p, n, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<std::size_t>(r);
+  }
+  return true;
+}
+
+bool writeExact(int fd, const void* data, std::size_t n) {
+  const auto* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t r = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<std::size_t>(r);
+  }
+  return true;
+}
+
+bool writeString(int fd, const std::string& s) {
+  const std::uint32_t n = htonl(static_cast<std::uint32_t>(s.size()));
+  return writeExact(fd, &n, 4) && writeExact(fd, s.data(), s.size());
+}
+
+bool readString(int fd, std::uint32_t limit, std::string* out) {
+  std::uint32_t n = 0;
+  if (!readExact(fd, &n, 4)) return false;
+  n = ntohl(n);
+  if (n > limit) return false;
+  out->resize(n);
+  return readExact(fd, out->data(), n);
+}
+
+void setTimeouts(int fd, std::chrono::milliseconds timeout) {
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(timeout.count() / 1000);
+  tv.tv_usec = static_cast<suseconds_t>((timeout.count() % 1000) * 1000);
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
+}  // namespace
+
+std::string Store::get(const std::string& key, Clock::time_point deadline) {
+  for (;;) {
+    if (auto v = tryGet(key)) return *v;
+    if (Clock::now() >= deadline) throw TimeoutError("rendezvous key \"" + key + "\" did not appear in time");
+    std::this_thread::sleep_for(kPollPeriod);
+  }
+}
+
+std::vector<bool> Store::waitAll(const std::vector<std::string>& keys, Clock::time_point deadline) {
+  std::vector<bool> have(keys.size(), false);
+  for (;;) {
+    bool all = true;
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      if (!have[i]) have[i] = tryGet(keys[i]).has_value();
+      all = all && have[i];
+    }
+    if (all || Clock::now() >= deadline) return have;
+    std::this_thread::sleep_for(kPollPeriod);
+  }
+}
+
+// ---- FileStore ----------------------------------------------------------------------------
+
+FileStore::FileStore(std::string directory) : directory_(std::move(directory)) {
+  files::makeDirectories(directory_);
+}
+
+std::string FileStore::path(const std::string& key) const {
+  // Keys may hold '/' and other characters a file name cannot: name files by the key's hex.
+  return directory_ + "/" + toHex(key);
+}
+
+void FileStore::set(const std::string& key, const std::string& value) { files::replaceFile(path(key), value); }
+
+std::optional<std::string> FileStore::tryGet(const std::string& key) { return files::readFile(path(key)); }
+
+bool FileStore::claim(const std::string& key, const std::string& value) { return files::createFile(path(key), value); }
+
+// ---- TcpStoreServer -----------------------------------------------------------------------
+
+TcpStoreServer::TcpStoreServer(int port, const std::string& bind_address) {
+  if (port < 0 || port > 65535) throw InvalidArgument("a TCP port is 0..65535, got " + std::to_string(port));
+  listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (listen_fd_ < 0) throw IoError(sysError("cannot create the rendezvous socket"));
+  const int one = 1;
+  ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  if (::inet_pton(AF_INET, bind_address.c_str(), &addr.sin_addr) != 1) {
+    ::close(listen_fd_);
+    throw InvalidArgument("the rendezvous bind address must be an IPv4 address, got \"" + bind_address + "\"");
+  }
+  if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(listen_fd_, 128) != 0) {
+    const std::string message = sysError("cannot listen on " + bind_address + ":" + std::to_string(port));
+    ::close(listen_fd_);
+    throw IoError(message);
+  }
+  socklen_t len = sizeof(addr);
+  ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+  port_ = ntohs(addr.sin_port);
+  if (::pipe2(wake_, O_CLOEXEC) != 0) {
+    ::close(listen_fd_);
+    throw IoError(sysError("cannot create a pipe"));
+  }
+  thread_ = std::thread([this] { serve(); });
+}
+
+TcpStoreServer::~TcpStoreServer() {
+  const char byte = 0;
+  [[maybe_unused]] const ssize_t n = ::write(wake_[1], &byte, 1);
+  if (thread_.joinable()) thread_.join();
+  ::close(listen_fd_);
+  ::close(wake_[0]);
+  ::close(wake_[1]);
+}
+
+void TcpStoreServer::serve() {
+  for (;;) {
+    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
+    if (::poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (fds[1].revents != 0) return;
+    if ((fds[0].revents & POLLIN) == 0) continue;
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    setTimeouts(fd, std::chrono::milliseconds(2000));
+    answer(fd);
+    ::close(fd);
+  }
+}
+
+void TcpStoreServer::answer(int fd) {
+  // One request per connection; a malformed or slow client just loses its connection.
+  std::uint8_t op = 0;
+  std::string key, value;
+  if (!readExact(fd, &op, 1) || !readString(fd, kMaxKey, &key) || !readString(fd, kMaxValue, &value)) return;
+  requests_.fetch_add(1);
+  std::uint8_t status = 0;
+  std::string reply;
+  if (op == kSet) {
+    data_[key] = value;
+    status = 1;
+  } else if (op == kGet) {
+    if (auto it = data_.find(key); it != data_.end()) {
+      status = 1;
+      reply = it->second;
+    }
+  } else if (op == kClaim) {
+    status = data_.emplace(key, value).second ? 1 : 0;
+  } else {
+    return;
+  }
+  if (writeExact(fd, &status, 1)) writeString(fd, reply);
+}
+
+// ---- TcpStore -----------------------------------------------------------------------------
+
+TcpStore::TcpStore(TcpStoreOptions options) : options_(std::move(options)) {
+  if (options_.port <= 0 || options_.port > 65535)
+    throw InvalidArgument("the rendezvous port must be 1..65535, got " + std::to_string(options_.port));
+  if (options_.host.empty()) throw InvalidArgument("the rendezvous host is empty");
+}
+
+std::pair<bool, std::string> TcpStore::call(std::uint8_t op, const std::string& key, const std::string& value) {
+  if (key.size() > kMaxKey || value.size() > kMaxValue) throw InvalidArgument("rendezvous key or value too large");
+  const std::string where = options_.host + ":" + std::to_string(options_.port);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (const int rc = ::getaddrinfo(options_.host.c_str(), std::to_string(options_.port).c_str(), &hints, &found);
+      rc != 0) {
+    throw IoError("cannot resolve the rendezvous host " + where + ": " + ::gai_strerror(rc));
+  }
+  const auto give_up = Clock::now() + options_.connect_timeout;
+  int fd = -1;
+  for (;;) {
+    for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
+      fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+      if (fd < 0) continue;
+      setTimeouts(fd, options_.io_timeout);
+      if (::connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+        ::close(fd);
+        fd = -1;
+      }
+    }
+    if (fd >= 0 || Clock::now() >= give_up) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::freeaddrinfo(found);
+  if (fd < 0) throw IoError(sysError("cannot reach the rendezvous store at " + where));
+  const int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  std::uint8_t status = 0;
+  std::string reply;
+  const bool ok = writeExact(fd, &op, 1) && writeString(fd, key) && writeString(fd, value) &&
+                  readExact(fd, &status, 1) && readString(fd, kMaxValue, &reply);
+  ::close(fd);
+  if (!ok) throw IoError("the rendezvous store at " + where + " did not answer");
+  return {status == 1, std::move(reply)};
+}
+
+void TcpStore::set(const std::string& key, const std::string& value) { call(kSet, key, value); }
+
+std::optional<std::string> TcpStore::tryGet(const std::string& key) {
+  auto [found, value] = call(kGet, key, {});
+  if (!found) return std::nullopt;
+  return value;
+}
+
+bool TcpStore::claim(const std::string& key, const std::string& value) { return call(kClaim, key, value).first; }
+
+}  // namespace lmr::oob

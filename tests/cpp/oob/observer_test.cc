@@ -1,0 +1,189 @@
+// Daemons as threads: each thread owns a progress record and an Observer; they share a
+// store, as lmr-oobd processes do.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "lmr/common/error.h"
+#include "lmr/common/files.h"
+#include "lmr/oob/progress.h"
+#include "lmr/oob/store.h"
+#include "observer.h"
+
+namespace lmr::oobd {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct Group {
+  explicit Group(int n, const std::string& tag, bool tcp = false) {
+    dir = (std::filesystem::temp_directory_path() / ("lmr-observer-" + tag + "-" + std::to_string(::getpid())))
+              .string();
+    std::filesystem::remove_all(dir);
+    if (tcp) {
+      server = std::make_unique<oob::TcpStoreServer>(0, "127.0.0.1");
+      oob::TcpStoreOptions o;
+      o.port = server->port();
+      store = std::make_unique<oob::TcpStore>(o);
+    } else {
+      store = std::make_unique<oob::FileStore>(dir + "/rendezvous");
+    }
+    for (int r = 0; r < n; ++r) {
+      const std::string name = oob::segmentName(tag, 0, ::getpid(), "world", r);
+      writers.push_back(std::make_unique<oob::ProgressWriter>(name, std::string(16, 'w')));
+      ObserverOptions o;
+      o.run_id = tag;
+      o.group_ranks.resize(static_cast<std::size_t>(n));
+      for (int i = 0; i < n; ++i) o.group_ranks[static_cast<std::size_t>(i)] = 10 + i;  // global ranks
+      o.index = r;
+      o.host = "host-" + std::to_string(r);
+      o.threshold = 300ms;
+      o.join = 500ms;
+      o.gather = 2000ms;
+      o.state_dir = dir;
+      o.diagnosis.io_absolute_ns = 200'000'000;
+      o.diagnosis.io_persistence_ns = 100'000'000;
+      observers.push_back(std::make_unique<Observer>(o, *store, name));
+    }
+  }
+  ~Group() { std::filesystem::remove_all(dir); }
+
+  // Runs the given daemons' poll loops until each wrote a report (or 10 s passed).
+  std::vector<std::optional<std::string>> run(const std::vector<int>& daemons) {
+    std::vector<std::optional<std::string>> out(observers.size());
+    std::vector<std::thread> threads;
+    for (int d : daemons) {
+      threads.emplace_back([&, d] {
+        const auto end = std::chrono::steady_clock::now() + 10s;
+        while (!out[static_cast<std::size_t>(d)] && std::chrono::steady_clock::now() < end) {
+          out[static_cast<std::size_t>(d)] = observers[static_cast<std::size_t>(d)]->poll();
+          std::this_thread::sleep_for(20ms);
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    return out;
+  }
+
+  void setUpAll() {
+    std::vector<std::thread> threads;
+    for (auto& o : observers) threads.emplace_back([&] { o->setUp(std::chrono::steady_clock::now() + 5s); });
+    for (auto& t : threads) t.join();
+  }
+
+  std::string dir;
+  std::unique_ptr<oob::TcpStoreServer> server;
+  std::unique_ptr<oob::Store> store;
+  std::vector<std::unique_ptr<oob::ProgressWriter>> writers;
+  std::vector<std::unique_ptr<Observer>> observers;
+};
+
+nlohmann::json load(const std::optional<std::string>& path) {
+  EXPECT_TRUE(path.has_value());
+  return nlohmann::json::parse(files::readFile(*path).value());
+}
+
+void everyoneWaitsInAllReduce(Group& g, std::uint64_t sequence = 7) {
+  for (auto& w : g.writers) {
+    w->stepCompleted(12);
+    w->collectiveEntered({1, 0, 99, 5, sequence});
+  }
+}
+
+TEST(Observer, SkippedCollectiveIsReportedByEveryDaemon) {
+  Group g(4, "desync");
+  g.setUpAll();
+  everyoneWaitsInAllReduce(g);
+  g.writers[2]->collectiveEntered({1, 0, 99, 6, 8});  // rank 12 skipped one
+  const auto paths = g.run({0, 1, 2, 3});
+  for (const auto& p : paths) {
+    const auto r = load(p);
+    EXPECT_EQ(r["kind"], "collective_desync");
+    EXPECT_EQ(r["ranks"], nlohmann::json::array({12}));
+    EXPECT_EQ(r["hosts"], nlohmann::json::array({"host-2"}));
+    EXPECT_EQ(r["scope"], "rank");
+    EXPECT_EQ(r["round"], 1);
+    EXPECT_EQ(r["step"], 12);
+    EXPECT_GE(r["detection_latency_s"].get<double>(), 0.3);
+  }
+  // One report per stall: without progress, polling again writes nothing new.
+  for (auto& o : g.observers) EXPECT_FALSE(o->poll());
+}
+
+TEST(Observer, ProcessStallOverTcpRendezvous) {
+  Group g(4, "process", /*tcp=*/true);
+  g.setUpAll();
+  everyoneWaitsInAllReduce(g);
+  g.writers[1]->stepCompleted(12);  // rank 11 stopped outside any collective
+  const auto paths = g.run({0, 1, 2, 3});
+  const auto r = load(paths[0]);
+  EXPECT_EQ(r["kind"], "process_stall");
+  EXPECT_EQ(r["ranks"], nlohmann::json::array({11}));
+  EXPECT_GT(g.server->requests(), 0u);
+}
+
+TEST(Observer, DataLoaderStallNeedsAllThresholds) {
+  Group g(4, "loader");
+  g.setUpAll();
+  for (auto& w : g.writers) {  // everyone's loader answers quickly...
+    w->dataloaderBegin();
+    w->dataloaderEnd();
+  }
+  everyoneWaitsInAllReduce(g);
+  g.writers[3]->stepCompleted(12);
+  g.writers[3]->dataloaderBegin();  // ...except rank 13's, which hangs
+  const auto r = load(g.run({0, 1, 2, 3})[0]);
+  EXPECT_EQ(r["kind"], "dataloader_stall");
+  EXPECT_EQ(r["ranks"], nlohmann::json::array({13}));
+}
+
+TEST(Observer, MissingDaemonIsNamedNotWaitedOn) {
+  Group g(4, "missing");
+  g.setUpAll();
+  everyoneWaitsInAllReduce(g);
+  const auto start = std::chrono::steady_clock::now();
+  const auto paths = g.run({0, 1, 2});  // the daemon of rank 13 never answers
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 4s);
+  const auto r = load(paths[1]);
+  EXPECT_EQ(r["kind"], "unresponsive_rank");
+  EXPECT_EQ(r["missing_ranks"], nlohmann::json::array({13}));
+  EXPECT_EQ(r["hosts"], nlohmann::json::array({"host-3"}));
+  // It turns up late: it adopts the round's report instead of starting a lone round.
+  const auto late = g.run({3});
+  EXPECT_EQ(load(late[3])["report_id"], r["report_id"]);
+}
+
+TEST(Observer, HealthyProgressStartsNoRound) {
+  Group g(2, "healthy", /*tcp=*/true);
+  g.setUpAll();
+  const auto before = g.server->requests();
+  for (int i = 0; i < 30; ++i) {
+    for (auto& w : g.writers) w->layerEntered(i % 4);
+    for (auto& o : g.observers) EXPECT_FALSE(o->poll());
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_EQ(g.server->requests(), before);  // no store traffic at all
+}
+
+TEST(Observer, SetUpNamesTheDaemonThatNeverRegistered) {
+  Group g(3, "setup");
+  std::thread a([&] { EXPECT_THROW(g.observers[0]->setUp(std::chrono::steady_clock::now() + 300ms), TimeoutError); });
+  try {
+    g.observers[1]->setUp(std::chrono::steady_clock::now() + 300ms);
+    ADD_FAILURE() << "set-up should time out";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 12"), std::string::npos) << e.what();
+  }
+  a.join();
+}
+
+}  // namespace
+}  // namespace lmr::oobd

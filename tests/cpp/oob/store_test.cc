@@ -1,0 +1,85 @@
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <thread>
+#include <vector>
+
+#include "lmr/common/error.h"
+#include "lmr/oob/store.h"
+
+namespace lmr::oob {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string tempDir(const char* tag) {
+  const auto p = std::filesystem::temp_directory_path() /
+                 ("lmr-store-" + std::string(tag) + "-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(p);
+  return p.string();
+}
+
+void exercise(Store& s) {
+  EXPECT_FALSE(s.tryGet("a/b"));
+  s.set("a/b", std::string("x\0y", 3));
+  EXPECT_EQ(*s.tryGet("a/b"), std::string("x\0y", 3));
+  EXPECT_TRUE(s.claim("lead", "1"));
+  EXPECT_FALSE(s.claim("lead", "2"));
+  EXPECT_EQ(*s.tryGet("lead"), "1");
+  const auto soon = Clock::now() + std::chrono::milliseconds(50);
+  EXPECT_THROW(s.get("never", soon), TimeoutError);
+  EXPECT_EQ(s.waitAll({"a/b", "never"}, soon), (std::vector<bool>{true, false}));
+}
+
+TEST(Store, FileStoreSetGetClaim) {
+  FileStore s(tempDir("file"));
+  exercise(s);
+}
+
+TEST(Store, TcpStoreSetGetClaim) {
+  TcpStoreServer server(0, "127.0.0.1");
+  TcpStoreOptions o;
+  o.port = server.port();
+  TcpStore s(o);
+  exercise(s);
+  EXPECT_GT(server.requests(), 5u);
+}
+
+// Claims from many threads: exactly one wins, on both stores.
+TEST(Store, ExactlyOneClaimWins) {
+  TcpStoreServer server(0, "127.0.0.1");
+  TcpStoreOptions o;
+  o.port = server.port();
+  TcpStore tcp(o);
+  FileStore file(tempDir("claim"));
+  for (Store* s : {static_cast<Store*>(&tcp), static_cast<Store*>(&file)}) {
+    std::atomic<int> wins{0};
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 8; ++i) threads.emplace_back([&, i] { wins += s->claim("k", std::to_string(i)) ? 1 : 0; });
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(wins.load(), 1);
+  }
+}
+
+TEST(Store, UnreachableAndBadArgumentsAreClearErrors) {
+  int port = 0;
+  {
+    TcpStoreServer server(0, "127.0.0.1");
+    port = server.port();
+  }
+  TcpStoreOptions o;
+  o.port = port;
+  TcpStore gone(o);
+  EXPECT_THROW(gone.set("k", "v"), IoError);
+  o.port = 0;
+  EXPECT_THROW(TcpStore{o}, InvalidArgument);
+  EXPECT_THROW(TcpStoreServer(70000), InvalidArgument);
+  EXPECT_THROW(TcpStoreServer(0, "not-an-address"), InvalidArgument);
+  TcpStoreServer first(0, "127.0.0.1");
+  EXPECT_THROW(TcpStoreServer(first.port(), "127.0.0.1"), IoError);  // port taken
+}
+
+}  // namespace
+}  // namespace lmr::oob
