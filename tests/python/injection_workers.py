@@ -128,6 +128,23 @@ def rank_override_mismatch():
     return "enabled"
 
 
+def destructive_action_on_one_rank():
+    """A process-level action (isolated_destructive) on rank 1 only: the post-activation
+    consensus must be skipped by every rank alike, not only by rank 1."""
+    cfg = TrainConfig(parallel="ddp", steps=5)
+    model, opt, data, device = build(cfg)
+    executor = lmr.CallbackFaultExecutor(
+        "pretend-hang", ["hang"], "isolated_destructive",
+        lambda request: lmr.FaultExecutionResult(verified=True, active=False, evidence={"pretend": True}),
+        one_shot=True, completes_inline=True)
+    session = lmr.enable_fault_injection(model, opt, executors=[executor], campaign=campaign(
+        incident("h", [3], "hang", {"rank": 1, "surface": "process"}, {})))
+    for step in range(5):
+        train_step(model, opt, data, device, step)
+    session.close()
+    return {r.injection_id: r.to_dict()["status"] for r in session.records()}
+
+
 def run_campaign_cuda_nccl(parallel, out_dir, steps=6):
     """Two GPUs, NCCL: a campaign on each rank of the reference workload."""
     cfg = TrainConfig(parallel=parallel, steps=steps, device="cuda", dp_replicate=2)

@@ -70,3 +70,10 @@ def test_preparation_failures_stop_every_rank(kind, message):
 def test_rank_override_must_match():
     for text in spawn(injection_workers.rank_override_mismatch, 2):
         assert "leave rank unset" in text
+
+
+def test_destructive_action_on_one_rank_keeps_ranks_in_step():
+    # Before the fix, rank 1 skipped the activation consensus its peers waited in.
+    per_rank = spawn(injection_workers.destructive_action_on_one_rank, 4, timeout=120)
+    assert per_rank[1] == {"h@3/f": "completed"}
+    assert per_rank[0] == per_rank[2] == per_rank[3] == {}

@@ -249,6 +249,10 @@ class FaultInjectionSession:
 
     def _arm(self, due: list, iteration: int) -> None:
         plan: list[tuple[int, int, int, int]] = []  # (incident, fault, position, attempt)
+        # Whether the post-activation consensus runs is decided from every rank's actions
+        # (all ranks know the whole manifest), never from this rank's alone: a rank without
+        # a destructive action of its own must not wait in a collective its peers skip.
+        every_action_safe = True
         error = ""
         try:
             for incident, position, _, selected in due:
@@ -263,6 +267,9 @@ class FaultInjectionSession:
                 if attempt is None:
                     continue  # fired before (retrigger policy): nothing to do
                 plan.extend((incident, f, position, attempt) for f in mine)
+                every_action_safe = every_action_safe and all(
+                    _core.required_safety(fault["type"], fault["target"]["surface"]) == "safe_in_process"
+                    for fault in inc["faults"])
                 updated = json.loads(_core.journal_with_attempt(json.dumps(self._journal), inc["incident_id"], position, attempt))
                 if not self._store.compare_and_swap(self._journal, updated):
                     raise InvalidArgumentError(f"the state store changed under {inc['incident_id']}@{position}; "
@@ -297,8 +304,7 @@ class FaultInjectionSession:
                 self._armed.append(armed)
             else:
                 self._finish(armed, cancelled=False, failed_reason=effect.error or "activation did not take effect")
-        all_safe = all(a.effect.safety == "safe_in_process" for a in armed_now)
-        if self._distributed and all_safe:
+        if self._distributed and every_action_safe:
             escaped_ranks = [r for r, e in enumerate(self._gather(escaped is not None)) if e]
             if escaped_ranks:
                 self._abort()
