@@ -11,5 +11,6 @@ void registerSignature(nanobind::module_& m);
 void registerCampaign(nanobind::module_& m);
 void registerInject(nanobind::module_& m);
 void registerScout(nanobind::module_& m);
+void registerOob(nanobind::module_& m);
 
 }  // namespace lmr::python

@@ -12,4 +12,5 @@ NB_MODULE(_core, m) {
   lmr::python::registerCampaign(m);
   lmr::python::registerInject(m);
   lmr::python::registerScout(m);
+  lmr::python::registerOob(m);
 }

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "lmr/common/error.h"
@@ -97,7 +98,19 @@ std::string segmentName(std::string_view run_id, std::int64_t generation, std::i
 
 namespace {
 
-bool alive(std::int32_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
+// A process that exists and is not a zombie (an exited owner awaiting its reaper is dead).
+bool alive(std::int32_t pid) {
+  if (pid <= 0 || (::kill(pid, 0) != 0 && errno != EPERM)) return false;
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+  FILE* f = std::fopen(path, "r");
+  if (f == nullptr) return true;  // no /proc: trust kill(2)
+  char buffer[512] = {0};
+  const std::size_t n = std::fread(buffer, 1, sizeof(buffer) - 1, f);
+  std::fclose(f);
+  const char* paren = std::strrchr(buffer, ')');
+  return !(n > 0 && paren != nullptr && paren[1] == ' ' && paren[2] == 'Z');
+}
 
 Shared* mapSegment(int fd, int prot) {
   void* p = ::mmap(nullptr, sizeof(Shared), prot, MAP_SHARED, fd, 0);
@@ -150,10 +163,12 @@ ProgressWriter::ProgressWriter(const std::string& name, const std::string& token
 }
 
 ProgressWriter::~ProgressWriter() {
-  if (shared_ != nullptr) {
-    ::munmap(shared_, sizeof(Shared));
-    ::shm_unlink(name_.c_str());
-  }
+  close();
+  if (shared_ != nullptr) ::munmap(shared_, sizeof(Shared));
+}
+
+void ProgressWriter::close() noexcept {
+  if (shared_ != nullptr && !unlinked_.exchange(true)) ::shm_unlink(name_.c_str());
 }
 
 void ProgressWriter::stepCompleted(std::uint64_t step) noexcept {
@@ -273,6 +288,21 @@ std::optional<Snapshot> ProgressReader::snapshot() const noexcept {
   s.owner_pid = m.owner_pid.load(std::memory_order_relaxed);
   if (!ok1 || !ok2 || !ok3) return std::nullopt;
   return s;
+}
+
+}  // namespace lmr::oob
+
+namespace lmr::oob {
+
+bool ProgressReader::unlinkIfOwnerDead(const std::string& name, std::int32_t owner_pid) noexcept {
+  if (alive(owner_pid)) return false;
+  try {
+    ProgressReader reader(name);
+    if (reader.shared_->owner_pid.load() != owner_pid) return false;
+  } catch (...) {
+    return false;
+  }
+  return ::shm_unlink(name.c_str()) == 0;
 }
 
 }  // namespace lmr::oob

@@ -1,7 +1,6 @@
 // lmr-oobd: the out-of-band observer of one training process (see observer.h). Started by
 // lm_resiliency's harness; reports readiness on --ready-fd; exits with its parent.
 #include <signal.h>
-#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -23,7 +22,7 @@ void onSignal(int) { g_stop.store(true); }
 
 constexpr const char* kUsage =
     "usage: lmr-oobd --segment=NAME --state-dir=DIR --group-ranks=R0,R1,... --index=I [options]\n"
-    "  --run-id=ID --generation=G --group=NAME --host=NAME\n"
+    "  --run-id=ID --instance=TOKEN --generation=G --group=NAME --host=NAME\n"
     "  --master-addr=HOST --master-port=PORT [--serve]   TCP rendezvous (--serve hosts the store)\n"
     "                                                    (without them: files under DIR/rendezvous)\n"
     "  --threshold-s=60 --poll-ms=100 --join-ms=1000 --gather-ms=2000 --setup-timeout-s=60\n"
@@ -53,7 +52,7 @@ struct Args {
 };
 
 Args parse(int argc, char** argv) {
-  static const char* known[] = {"segment", "state-dir", "group-ranks", "index", "run-id", "generation", "group",
+  static const char* known[] = {"segment", "state-dir", "group-ranks", "index", "run-id", "instance", "generation", "group",
                                 "host", "master-addr", "master-port", "serve", "threshold-s", "poll-ms", "join-ms",
                                 "gather-ms", "setup-timeout-s", "io-absolute-s", "io-relative", "io-persistence-s",
                                 "gloo-hostname", "gloo-iface", "parent-pid", "ready-fd"};
@@ -103,16 +102,16 @@ int main(int argc, char** argv) {
     const Args args = parse(argc, argv);
     ready_fd = static_cast<int>(args.integer("ready-fd", -1));
     const long parent = args.integer("parent-pid", 0);
-    if (parent > 0) {
-      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-      if (::getppid() != parent) return 0;  // the parent is already gone
-    }
+    // Exits with its parent: polled below (a parent-death signal would follow the thread
+    // that started the daemon, not the process).
+    if (parent > 0 && ::getppid() != parent) return 0;
     ::signal(SIGTERM, onSignal);
     ::signal(SIGINT, onSignal);
     ::signal(SIGPIPE, SIG_IGN);
 
     lmr::oobd::ObserverOptions o;
     o.run_id = args.str("run-id", "default");
+    o.instance = args.str("instance");
     o.generation = args.integer("generation", 0);
     o.group = args.str("group", "world");
     o.group_ranks = ranksOf(args.str("group-ranks"));
@@ -156,10 +155,14 @@ int main(int argc, char** argv) {
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
     }
-    tell(ready_fd, "ready");
+    tell(ready_fd, "ready " + observer.reportStem() + " " + observer.keyPrefix());
     if (ready_fd >= 0) ::close(ready_fd);
     while (!g_stop.load()) {
-      if (parent > 0 && ::getppid() != parent) break;
+      if (parent > 0 && ::getppid() != parent) {
+        // The training process died without unlinking its record (killed): remove it.
+        lmr::oob::ProgressReader::unlinkIfOwnerDead(args.str("segment"), static_cast<std::int32_t>(parent));
+        break;
+      }
       observer.poll();
       std::this_thread::sleep_for(poll);
     }

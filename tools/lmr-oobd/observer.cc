@@ -122,6 +122,7 @@ Observer::Observer(ObserverOptions options, oob::Store& store, const std::string
   Sha256 h;
   h.update("lmr.oobd.v1");
   h.updateU64(options_.run_id.size()).update(options_.run_id);
+  h.updateU64(options_.instance.size()).update(options_.instance);
   h.updateU64(options_.group.size()).update(options_.group);
   h.updateU64(static_cast<std::uint64_t>(options_.generation));
   for (std::int64_t r : options_.group_ranks) h.updateU64(static_cast<std::uint64_t>(r));

@@ -36,6 +36,7 @@ namespace lmr::oobd {
 
 struct ObserverOptions {
   std::string run_id;
+  std::string instance;  // a token every daemon of one job shares (keeps jobs' keys apart)
   std::int64_t generation = 0;
   std::string group = "world";          // peer group name (scopes the store keys)
   std::vector<std::int64_t> group_ranks;  // global rank of each member of the peer group
@@ -67,6 +68,8 @@ class Observer {
   std::int64_t roundsRun() const { return next_round_ - 1; }
   // File name stem of this group's reports: scout-fault-<digest>-g<generation>.
   const std::string& reportStem() const { return stem_; }
+  // The prefix of every store key of this group and job.
+  const std::string& keyPrefix() const { return prefix_; }
 
  private:
   std::optional<std::string> round(const oob::Snapshot& snapshot, std::int64_t now);

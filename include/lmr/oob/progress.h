@@ -60,7 +60,11 @@ struct Shared;  // the mapped layout (private)
 class ProgressWriter {
  public:
   ProgressWriter(const std::string& name, const std::string& token16);
-  ~ProgressWriter();  // unlinks the segment
+  ~ProgressWriter();  // close()
+
+  // Unlinks the segment now; the mapping stays until destruction, so updates from hooks
+  // that outlive the monitor (or race with close) land in memory nobody reads. Idempotent.
+  void close() noexcept;
   ProgressWriter(const ProgressWriter&) = delete;
   ProgressWriter& operator=(const ProgressWriter&) = delete;
 
@@ -82,6 +86,7 @@ class ProgressWriter {
  private:
   std::string name_;
   Shared* shared_ = nullptr;
+  std::atomic<bool> unlinked_{false};
 };
 
 // The observer side: maps a segment read-only. snapshot() retries until it sees a
@@ -95,6 +100,11 @@ class ProgressReader {
   ProgressReader& operator=(const ProgressReader&) = delete;
 
   std::optional<Snapshot> snapshot() const noexcept;
+
+  // Unlinks segment `name` when its owner is `owner_pid` and that process is gone: the
+  // observer's clean-up after its training process died without unlinking. True when
+  // it removed the segment.
+  static bool unlinkIfOwnerDead(const std::string& name, std::int32_t owner_pid) noexcept;
 
  private:
   const Shared* shared_ = nullptr;

@@ -116,6 +116,59 @@ class PyTorchAdapter:
         output = self.resolve_component("output", None, {})
         return embedding, {i: (self._path_of(b), b) for i, b in sorted(blocks.items())}, output
 
+    def blocks(self) -> dict[int, nn.Module]:
+        """The transformer blocks by global layer index."""
+        return dict(sorted(self._layers()[1].items()))
+
+    def publish_internal_collectives(self, on_collective: Callable[[str, Any, Optional[torch.Tensor]], None],
+                                     on_done: Callable[[], None]) -> bool:
+        """Makes DDP's own collectives visible to hang detection: ``on_collective(name,
+        process_group, tensor)`` runs before the buffer broadcast at the start of forward
+        (``"ddp_buffers"``, tensor None) and before the averaging all-reduce of each gradient
+        bucket (``"ddp_bucket"``, a communication hook); ``on_done()`` runs on the autograd
+        thread once backward, DDP's wait for its buckets included, is over. False when the
+        model is not DDP or already has a communication hook (DDP takes one)."""
+        ddp = self.wrapped
+        if not isinstance(ddp, nn.parallel.DistributedDataParallel):
+            return False
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        from lm_resiliency.scout.oob.publisher import passthrough
+
+        group = ddp.process_group
+        pending = [False]
+
+        def done() -> None:
+            pending[0] = False
+            on_done()
+
+        def after_ddp() -> None:
+            # Queued at the first bucket, so ahead of DDP's own end-of-backward callback
+            # (queued once every bucket is ready); queueing `done` from here puts it after
+            # that callback, which waits for the buckets' all-reduces.
+            torch.autograd.Variable._execution_engine.queue_callback(done)
+
+        def hook(state, bucket):  # unannotated: DDP checks hook annotations against its own types
+            if not pending[0]:
+                pending[0] = True
+                torch.autograd.Variable._execution_engine.queue_callback(after_ddp)
+            on_collective("ddp_bucket", group, bucket.buffer())
+            with passthrough():
+                return allreduce_hook(group, bucket)
+
+        try:
+            ddp.register_comm_hook(None, hook)
+        except RuntimeError:
+            return False
+
+        def before_forward(module: nn.Module, args: Any) -> None:
+            if ddp.will_sync_module_buffers():
+                on_collective("ddp_buffers", group, None)
+
+        handle = ddp.register_forward_pre_hook(before_forward)
+        self._restores.append(handle.remove)
+        return True
+
     def mesh_dims(self, world_size: int) -> list[tuple[str, int, str]]:
         """The data-parallel layout as (name, size, role) dims for lmr::mesh: a DTensor
         parameter's DeviceMesh (Replicate placement: replicate, Shard: shard), else one

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <csignal>
 #include <unistd.h>
 
 #include <atomic>
@@ -92,6 +93,39 @@ TEST(Progress, OwnershipIsRespectedAndDeadOwnersAreReclaimed) {
   ProgressWriter reclaimed(name, std::string(16, 'f'));  // the owner is dead: reclaimed
   EXPECT_EQ(ProgressReader(name).snapshot()->owner_pid, ::getpid());
   EXPECT_THROW(ProgressWriter(name, std::string(15, 'g')), InvalidArgument);
+}
+
+// The observer removes a record its dead owner left behind, and only then.
+TEST(Progress, ObserverUnlinksOnlyADeadOwnersRecord) {
+  const std::string name = uniqueName("cleanup");
+  {
+    ProgressWriter mine(name, std::string(16, 'h'));
+    EXPECT_FALSE(ProgressReader::unlinkIfOwnerDead(name, ::getpid()));  // alive
+  }
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto* leaked = new ProgressWriter(name, std::string(16, 'i'));
+    (void)leaked;
+    [[maybe_unused]] const ssize_t n = ::write(ready[1], "x", 1);
+    ::pause();
+    ::_exit(0);
+  }
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  EXPECT_FALSE(ProgressReader::unlinkIfOwnerDead(name, child));          // still running
+  EXPECT_FALSE(ProgressReader::unlinkIfOwnerDead(name, child + 100000));  // not its owner
+  ::kill(child, SIGKILL);
+  for (int i = 0; i < 200 && ProgressReader(name).snapshot()->owner_pid == child; ++i) {
+    if (ProgressReader::unlinkIfOwnerDead(name, child)) break;  // dead, even as an unreaped zombie
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_THROW(ProgressReader{name}, IoError);
+  ::waitpid(child, nullptr, 0);
+  ::close(ready[0]);
+  ::close(ready[1]);
 }
 
 TEST(Progress, SegmentNamesAreScopedAndValid) {

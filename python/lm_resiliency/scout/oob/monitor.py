@@ -1,0 +1,273 @@
+"""HangMonitor: the out-of-band hang and stall path of one training process.
+
+It creates this rank's progress record, installs the publishers (layer hooks, collective
+wrappers, the DDP bucket hook), starts lmr-oobd and waits for its readiness, then watches
+two things from background threads: the daemon (an unexpected exit is an
+``oob_daemon_failure`` report, and every later optimizer step raises until the monitor is
+closed) and the hang state directory (each new SCOUTFaultReport goes to
+``OrchestrationHooks.on_fault_report`` and to ``monitor.reports``).
+
+Construction is collective: every rank of the job creates its monitor, in the same order
+with respect to other collectives.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import socket
+import threading
+from typing import Any, Optional
+
+import torch.distributed as dist
+
+from lm_resiliency import _core
+from lm_resiliency._atomic import write_text_atomic
+from lm_resiliency.errors import InvalidArgumentError, PeerFailureError
+from lm_resiliency.frameworks import select_adapter
+from lm_resiliency.manager_api import OrchestrationHooks
+from lm_resiliency.scout.oob import publisher as pub_mod
+from lm_resiliency.scout.oob.config import HangDetectionConfig, rendezvous_endpoint
+from lm_resiliency.scout.oob.daemon import Daemon, find_daemon
+from lm_resiliency.scout.oob.report import SCOUTFaultReport
+
+__all__ = ["HangMonitor"]
+
+_log = logging.getLogger("lm_resiliency.scout.oob")
+_WATCH_PERIOD_S = 0.2
+
+
+def _is_loopback(addr: str) -> bool:
+    try:
+        return socket.gethostbyname(addr).startswith("127.")
+    except OSError:
+        return False
+
+
+class HangMonitor:
+    def __init__(self, model: Any, optimizer: Any, config: Optional[HangDetectionConfig] = None,
+                 hooks: Optional[OrchestrationHooks] = None, completed_iterations: int = 0) -> None:
+        self.config = config or HangDetectionConfig()
+        self.hooks = hooks or OrchestrationHooks()
+        self.reports: list[SCOUTFaultReport] = []
+        self.failure: Optional[SCOUTFaultReport] = None
+        self._delivered: set[str] = set()
+        self._closed = False
+        self._stop = threading.Event()
+        self._completed = completed_iterations
+        self._handles: list[Any] = []
+        distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if distributed else 0
+        self.world = dist.get_world_size() if distributed else 1
+        self.host = socket.gethostname()
+        self.run_id = self.config.resolved_run_id()
+        self.generation = self.config.resolved_generation()
+        self.state_dir = self.config.resolved_state_dir()
+        os.makedirs(self.state_dir, exist_ok=True)
+        executable = find_daemon(self.config.daemon_path)
+        self._adapter = select_adapter(model, optimizer)
+        self.group_name, self.group_ranks = self._peer_group()
+        instance = self._agree_on_instance(distributed)
+        token = os.urandom(16)
+        segment = _core.oob_segment_name(f"{self.run_id}#{instance}", self.generation, os.getpid(), self.group_name,
+                                         self.rank)
+        self._writer = _core.ProgressWriter(segment, token)
+        self._publisher = pub_mod.Publisher(self._writer)
+        pub_mod.push(self._publisher)
+        self._wrapped = False
+        try:
+            self._install_publishers()
+            self._daemon = Daemon(executable, self._daemon_args(segment, instance), self._log_path(),
+                                  self.config.setup_timeout_s + 10.0, self._daemon_exited)
+        except BaseException:
+            self._uninstall()
+            raise
+        self.report_stem = self._daemon.report_stem
+        self._watcher = threading.Thread(target=self._watch, name="lmr-oob-reports", daemon=True)
+        self._watcher.start()
+        self._adapter.wrap_step(self._wrap_step)
+        self._wrapped = True
+        atexit.register(self.close)  # an exception ending the program still stops the daemon
+
+    # --- set-up ----------------------------------------------------------------------
+
+    def _peer_group(self) -> tuple[str, list[int]]:
+        """Equivalent peers: ranks that differ only along data-parallel dimensions."""
+        dims = self._adapter.mesh_dims(self.world)
+        for index, ranks in enumerate(_core.mesh_compute_groups(dims, self.world)):
+            if self.rank in ranks:
+                return f"compute{index}", sorted(int(r) for r in ranks)
+        raise InvalidArgumentError(f"rank {self.rank} is in no compute peer group of {dims}")
+
+    def _agree_on_instance(self, distributed: bool) -> str:
+        """A token shared by this job's ranks only, so two jobs (or two monitors) sharing
+        a state directory or a run id never read each other's rendezvous keys."""
+        value = [os.urandom(8).hex()]
+        if distributed and self.world > 1:
+            dist.broadcast_object_list(value, src=0)
+        return value[0]
+
+    def _log_path(self) -> str:
+        return os.path.join(self.state_dir, f"lmr-oobd-g{self.generation}-rank{self.rank}.log")
+
+    def _daemon_args(self, segment: str, instance: str) -> list[str]:
+        c = self.config
+        args = [f"--segment={segment}", f"--state-dir={self.state_dir}",
+                f"--group-ranks={','.join(map(str, self.group_ranks))}", f"--index={self.group_ranks.index(self.rank)}",
+                f"--run-id={self.run_id}", f"--instance={instance}", f"--generation={self.generation}",
+                f"--group={self.group_name}", f"--host={self.host}", f"--threshold-s={c.threshold_s}",
+                f"--poll-ms={max(1, int(c.poll_s * 1000))}", f"--join-ms={int(c.join_s * 1000)}",
+                f"--gather-ms={int(c.gather_s * 1000)}", f"--setup-timeout-s={c.setup_timeout_s}",
+                f"--io-absolute-s={c.io_absolute_s}", f"--io-relative={c.io_relative}",
+                f"--io-persistence-s={c.io_persistence_s}"]
+        endpoint = rendezvous_endpoint(c)
+        hostname = c.gloo_hostname
+        if endpoint is not None:
+            addr, port = endpoint
+            args += [f"--master-addr={addr}", f"--master-port={port}"]
+            if self.rank == 0:
+                args.append("--serve")
+            if hostname is None and not _is_loopback(addr):
+                hostname = self.host
+        args.append(f"--gloo-hostname={hostname or '127.0.0.1'}")
+        iface = c.gloo_iface or os.environ.get("GLOO_SOCKET_IFNAME")
+        if iface:
+            args.append(f"--gloo-iface={iface.split(',')[0]}")
+        return args
+
+    def _install_publishers(self) -> None:
+        writer = self._writer
+        if self.config.publish_layers:
+            for index, block in self._adapter.blocks().items():
+                def pre(module: Any, args: Any, _i: int = index) -> None:
+                    writer.layer_entered(_i)
+                self._handles.append(block.register_forward_pre_hook(pre))
+        if self.config.publish_collectives:
+            pub_mod.install_wrappers()
+            self._handles.append(_Uninstall())
+        if self.config.publish_framework_collectives:
+            publisher = self._publisher
+
+            def on_collective(name: str, group: Any, tensor: Any) -> None:
+                if not self._closed:
+                    publisher.internal(name, group, tensor)
+
+            def on_done() -> None:
+                if not self._closed:
+                    publisher.writer.collective_exited()
+
+            if not self._adapter.publish_internal_collectives(on_collective, on_done) and self._is_ddp():
+                _log.warning("DDP already has a communication hook: its bucket all-reduces stay invisible to hang "
+                             "detection")
+
+    def _is_ddp(self) -> bool:
+        import torch.nn as nn
+        return isinstance(getattr(self._adapter, "wrapped", None), nn.parallel.DistributedDataParallel)
+
+    # --- step boundary ---------------------------------------------------------------
+
+    def _wrap_step(self, original: Any) -> Any:
+        def step(*args: Any, **kwargs: Any) -> Any:
+            if self.failure is not None:
+                raise PeerFailureError(f"hang detection is unavailable on rank {self.rank}: "
+                                       f"{self.failure.evidence.get('reason', 'lmr-oobd exited')}")
+            result = original(*args, **kwargs)
+            self._completed += 1
+            self._writer.step_completed(self._completed)
+            return result
+        return step
+
+    # --- background threads ----------------------------------------------------------
+
+    def _daemon_exited(self, code: int, log_tail: str) -> None:
+        report = SCOUTFaultReport(
+            kind="oob_daemon_failure", scope="rank", ranks=(self.rank,), hosts=(self.host,),
+            evidence={"reason": f"lmr-oobd (pid {self._daemon.pid}) exited with code {code}", "exit_code": code,
+                      "log_tail": log_tail[-1000:]},
+            generation=self.generation, run_id=self.run_id,
+            report_id=f"{self.report_stem}-daemon-rank{self.rank}", peer_group=self.group_name,
+            group_ranks=tuple(self.group_ranks), written_by=self.rank)
+        _log.error("hang detection lost on rank %d: %s", self.rank, report.evidence["reason"])
+        try:
+            write_text_atomic(os.path.join(self.state_dir, report.report_id + ".json"),
+                              json.dumps(report.to_dict(), indent=2) + "\n")
+        except OSError as e:
+            _log.error("cannot write %s: %s", report.report_id, e)
+        self._deliver(report)
+        self.failure = report  # from here on, optimizer steps raise
+
+    def _deliver(self, report: SCOUTFaultReport) -> None:
+        if report.report_id in self._delivered:
+            return
+        self._delivered.add(report.report_id)
+        self.reports.append(report)
+        self.hooks.deliver_fault_report(report)
+
+    def poll_reports(self) -> list[SCOUTFaultReport]:
+        """Reads new reports of this job and generation from the state directory now."""
+        found = []
+        try:
+            names = sorted(n for n in os.listdir(self.state_dir)
+                           if n.startswith(self.report_stem + "-") and n.endswith(".json"))
+        except OSError:
+            return found
+        for name in names:
+            report_id = name[:-len(".json")]
+            if report_id in self._delivered:
+                continue
+            try:
+                report = SCOUTFaultReport.from_file(os.path.join(self.state_dir, name))
+            except (OSError, InvalidArgumentError) as e:
+                _log.warning("skipping unreadable report %s: %s", name, e)
+                self._delivered.add(report_id)
+                continue
+            self._deliver(report)
+            found.append(report)
+        return found
+
+    def _watch(self) -> None:
+        while not self._stop.wait(_WATCH_PERIOD_S):
+            try:
+                self.poll_reports()
+            except Exception:
+                _log.exception("hang report watcher failed")
+
+    # --- teardown --------------------------------------------------------------------
+
+    @property
+    def daemon_pid(self) -> int:
+        return self._daemon.pid
+
+    def _uninstall(self) -> None:
+        self._closed = True
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        pub_mod.pop(self._publisher)
+        if self._wrapped:
+            self._adapter.restore()
+            self._wrapped = False
+
+    def close(self) -> None:
+        """Stops the daemon and the threads, removes every hook, unlinks the record."""
+        if self._closed:
+            return
+        self._stop.set()
+        self._writer.close()  # unlinks the record (first: the daemon cleans up only after us)
+        self._daemon.stop()
+        self._watcher.join()
+        self._uninstall()
+        atexit.unregister(self.close)
+
+    def __enter__(self) -> "HangMonitor":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class _Uninstall:
+    def remove(self) -> None:
+        pub_mod.uninstall_wrappers()

@@ -1,0 +1,277 @@
+"""The training side of hang detection: progress published into this rank's shared-memory
+record (lm_resiliency._core.ProgressWriter) from
+
+- forward pre-hooks on the transformer blocks (repeated-layer progress),
+- wrappers of the public torch.distributed collectives and point-to-point calls, each
+  with a fingerprint peers must agree on (operation, group membership, fixed tensor
+  metadata, reduce op or root, position in the group's sequence); rank-dependent values
+  such as all-to-all split sizes are left out,
+- DDP's bucket all-reduces, through a communication hook (adapter),
+- ``instrument_dataloader(iterable)`` and ``checkpoint_io()``.
+
+The wrappers look up the active publisher at call time; with none active they call
+straight through. Each publish is one C++ call of a few nanoseconds plus the Python call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import threading
+import zlib
+from typing import Any, Iterable, Iterator, Optional
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["Publisher", "active", "checkpoint_io", "instrument_dataloader"]
+
+# name: (op code, tensor parameter, root parameter, reduce-op parameter, metadata rule)
+# metadata rule: "tensor" (dtype and shape), "dtype" (shapes are rank-dependent), None.
+_OPS = {
+    "all_reduce": (1, "tensor", None, "op", "tensor"),
+    "broadcast": (2, "tensor", "src", None, "tensor"),
+    "reduce": (3, "tensor", "dst", "op", "tensor"),
+    "all_gather": (4, "tensor", None, None, "tensor"),
+    "all_gather_into_tensor": (5, "input_tensor", None, None, "tensor"),
+    "reduce_scatter": (6, "output", None, "op", "tensor"),
+    "reduce_scatter_tensor": (7, "input", None, "op", "tensor"),
+    "all_to_all": (8, "input_tensor_list", None, None, "dtype"),
+    "all_to_all_single": (9, "input", None, None, "dtype"),
+    "barrier": (10, None, None, None, None),
+    "gather": (11, "tensor", "dst", None, "tensor"),
+    "scatter": (12, "tensor", "src", None, "tensor"),
+    "send": (13, "tensor", None, None, "tensor"),
+    "recv": (14, "tensor", None, None, "tensor"),
+    "isend": (15, "tensor", None, None, "tensor"),
+    "irecv": (16, "tensor", None, None, "tensor"),
+    "all_gather_object": (17, None, None, None, None),
+    "broadcast_object_list": (18, None, "src", None, None),
+    "gather_object": (19, None, "dst", None, None),
+    "scatter_object_list": (20, None, "src", None, None),
+    "monitored_barrier": (21, None, None, None, None),
+}
+# Collectives a framework runs outside the public Python calls (adapter-published).
+_INTERNAL_OPS = {"ddp_bucket": 32, "ddp_buffers": 33}
+
+_lock = threading.Lock()
+_stack: list["Publisher"] = []
+_originals: dict[str, Any] = {}
+_installs = 0
+_local = threading.local()  # .depth: > 0 inside a published call (nested calls pass through)
+
+
+def active() -> Optional["Publisher"]:
+    """The publisher of the innermost live monitor of this process, if any."""
+    return _stack[-1] if _stack else None
+
+
+def _crc(text: str) -> int:
+    return zlib.crc32(text.encode())
+
+
+class Publisher:
+    """Owns the fingerprint bookkeeping around one ProgressWriter."""
+
+    def __init__(self, writer: Any) -> None:
+        self.writer = writer
+        self._groups: dict[int, list] = {}  # id(group) -> [group, digest, sequence]
+        self._meta: dict[tuple, int] = {}
+        self._checkpoint_lock = threading.Lock()
+        self._checkpoint_depth = 0
+
+    # --- fingerprints -----------------------------------------------------------------
+
+    def _group(self, group: Any) -> list:
+        if group is None:
+            group = dist.group.WORLD
+        entry = self._groups.get(id(group))
+        if entry is None or entry[0] is not group:
+            try:
+                ranks = dist.get_process_group_ranks(group)
+            except Exception:  # not a group torch knows (a test double): fall back to its name
+                ranks = [repr(group)]
+            entry = [group, _crc(",".join(map(str, ranks))), 0]
+            self._groups[id(group)] = entry
+        return entry
+
+    def _tensor_meta(self, value: Any, rule: Optional[str]) -> int:
+        if rule is None:
+            return 0
+        if isinstance(value, (list, tuple)):
+            count, value = len(value), (value[0] if value else None)
+        else:
+            count = -1
+        if not isinstance(value, torch.Tensor):
+            return 0
+        key = (value.dtype, count, tuple(value.shape) if rule == "tensor" else ())
+        meta = self._meta.get(key)
+        if meta is None:
+            meta = self._meta[key] = _crc(repr(key))
+        return meta
+
+    @staticmethod
+    def _code(value: Any) -> int:
+        if value is None:
+            return 0
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            return _crc(repr(value))
+
+    def enter(self, op: int, group: Any, meta: int, reduce_or_root: int) -> None:
+        entry = self._group(group)
+        entry[2] += 1
+        self.writer.collective_entered(op, reduce_or_root, entry[1], meta, entry[2])
+
+    def internal(self, name: str, group: Any, tensor: Optional[torch.Tensor]) -> None:
+        """A framework collective starts (see the adapter's publish_internal_collectives);
+        its end is published by the adapter or by the next layer or step."""
+        self.enter(_INTERNAL_OPS[name], group, self._tensor_meta(tensor, "tensor"), 0)
+
+    # --- DataLoader and checkpoint I/O ------------------------------------------------
+
+    @contextlib.contextmanager
+    def checkpoint(self) -> Iterator[None]:
+        with self._checkpoint_lock:
+            self._checkpoint_depth += 1
+            if self._checkpoint_depth == 1:
+                self.writer.checkpoint_begin()
+        try:
+            yield
+        finally:
+            with self._checkpoint_lock:
+                self._checkpoint_depth -= 1
+                if self._checkpoint_depth == 0:
+                    self.writer.checkpoint_end()
+
+
+def _wrap(name: str, original: Any) -> Any:
+    code, tensor_param, root_param, op_param, rule = _OPS[name]
+    params = list(inspect.signature(original).parameters)
+    defaults = {k: p.default for k, p in inspect.signature(original).parameters.items()}
+    pos = {k: i for i, k in enumerate(params)}
+
+    def arg(args: tuple, kwargs: dict, key: Optional[str]) -> Any:
+        if key is None:
+            return None
+        i = pos[key]
+        if i < len(args):
+            return args[i]
+        return kwargs.get(key, defaults.get(key))
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        pub = _stack[-1] if _stack else None
+        if pub is None or getattr(_local, "depth", 0):
+            return original(*args, **kwargs)
+        group = arg(args, kwargs, "group") if "group" in pos else None
+        meta = pub._tensor_meta(arg(args, kwargs, tensor_param), rule)
+        extra = pub._code(arg(args, kwargs, op_param)) if op_param else pub._code(arg(args, kwargs, root_param))
+        pub.enter(code, group, meta, extra)
+        _local.depth = 1
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _local.depth = 0
+            pub.writer.collective_exited()
+
+    wrapper.__wrapped__ = original
+    wrapper.__name__ = getattr(original, "__name__", name)
+    wrapper.__doc__ = getattr(original, "__doc__", None)
+    return wrapper
+
+
+def install_wrappers() -> None:
+    """Wraps the public torch.distributed calls (reference-counted)."""
+    global _installs
+    with _lock:
+        _installs += 1
+        if _installs > 1:
+            return
+        for name in _OPS:
+            original = getattr(dist, name, None)
+            if original is None:
+                continue
+            _originals[name] = original
+            setattr(dist, name, _wrap(name, original))
+
+
+def uninstall_wrappers() -> None:
+    global _installs
+    with _lock:
+        _installs -= 1
+        if _installs > 0:
+            return
+        for name, original in _originals.items():
+            setattr(dist, name, original)
+        _originals.clear()
+
+
+@contextlib.contextmanager
+def passthrough() -> Iterator[None]:
+    """Calls inside are not published (a hook that publishes for them itself)."""
+    depth = getattr(_local, "depth", 0)
+    _local.depth = depth + 1
+    try:
+        yield
+    finally:
+        _local.depth = depth
+
+
+def push(pub: Publisher) -> None:
+    with _lock:
+        _stack.append(pub)
+
+
+def pop(pub: Publisher) -> None:
+    with _lock:
+        if pub in _stack:
+            _stack.remove(pub)
+
+
+# --- public instrumentation -------------------------------------------------------------
+
+
+class _InstrumentedIterable:
+    def __init__(self, iterable: Iterable) -> None:
+        self._iterable = iterable
+
+    def __iter__(self) -> Iterator:
+        it = iter(self._iterable)
+        while True:
+            pub = active()
+            if pub is not None:
+                pub.writer.dataloader_begin()
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+            finally:
+                if pub is not None:
+                    pub.writer.dataloader_end()
+            yield item
+
+    def __len__(self) -> int:
+        return len(self._iterable)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._iterable, name)
+
+
+def instrument_dataloader(iterable: Iterable) -> Iterable:
+    """Wraps a DataLoader (or any iterable) so each ``next()`` is published: a rank whose
+    loader stalls is named as a dataloader_stall. Attributes and ``len()`` pass through.
+    Publishes to whichever hang monitor is active when iterated (none: no cost but a check)."""
+    return _InstrumentedIterable(iterable)
+
+
+@contextlib.contextmanager
+def checkpoint_io() -> Iterator[None]:
+    """``with checkpoint_io(): torch.save(...)``: the block is published as checkpoint I/O,
+    so a rank stuck in it is named as a checkpoint_io_stall. Nests; thread-safe."""
+    pub = active()
+    if pub is None:
+        yield
+        return
+    with pub.checkpoint():
+        yield

@@ -1,0 +1,119 @@
+"""Launching oob_workers.py ranks as separate processes and watching what they write."""
+
+import glob
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Job:
+    def __init__(self, scenario, tmp_path, world=4, name="job", env=None):
+        self.out = str(tmp_path / f"{name}-out")
+        self.state = str(tmp_path / "state") if env is None or "STATE" not in env else env["STATE"]
+        os.makedirs(self.out, exist_ok=True)
+        self.world = world
+        base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world),
+                    PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
+        base.update({k: v for k, v in (env or {}).items() if k != "STATE"})
+        self.procs = []
+        for rank in range(world):
+            log = open(os.path.join(self.out, f"log-{rank}.txt"), "w")
+            self.procs.append(subprocess.Popen(
+                [sys.executable, os.path.join(HERE, "oob_workers.py"), scenario, self.state, self.out],
+                env=dict(base, RANK=str(rank), LOCAL_RANK=str(rank)), stdout=log, stderr=subprocess.STDOUT))
+
+    def wait_for(self, predicate, timeout, what):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            value = predicate()
+            if value:
+                return value
+            if all(p.poll() is not None for p in self.procs):
+                break
+            time.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {what}\n" + self.logs())
+
+    def logs(self):
+        text = []
+        for rank in range(self.world):
+            path = os.path.join(self.out, f"log-{rank}.txt")
+            if os.path.exists(path):
+                text.append(f"--- rank {rank} ---\n" + open(path).read()[-3000:])
+        for path in glob.glob(os.path.join(self.state, "*.log")):
+            text.append(f"--- {os.path.basename(path)} ---\n" + open(path).read()[-2000:])
+        return "\n".join(text)
+
+    def step(self, rank):
+        try:
+            return int(open(os.path.join(self.out, f"step-{rank}")).read())
+        except (FileNotFoundError, ValueError):
+            return -1
+
+    def info(self, rank):
+        return json.load(open(os.path.join(self.out, f"info-{rank}.json")))
+
+    def stall_reports(self, stem=None):
+        paths = sorted(glob.glob(os.path.join(self.state, "scout-fault-*-r*.json")))
+        return [json.load(open(p)) for p in paths if stem is None or os.path.basename(p).startswith(stem)]
+
+    def hook_reports(self, rank):
+        path = os.path.join(self.out, f"reports-{rank}.jsonl")
+        if not os.path.exists(path):
+            return []
+        return [json.loads(line) for line in open(path) if line.strip()]
+
+    def done(self, rank):
+        path = os.path.join(self.out, f"done-{rank}.json")
+        return json.load(open(path)) if os.path.exists(path) else None
+
+    def wait_exit(self, timeout):
+        end = time.monotonic() + timeout
+        for p in self.procs:
+            try:
+                p.wait(max(0.1, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise AssertionError("ranks did not finish\n" + self.logs())
+        return [p.returncode for p in self.procs]
+
+    def kill(self):
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.kill(p.pid, signal.SIGCONT)
+                    p.kill()
+                except ProcessLookupError:
+                    pass
+        for p in self.procs:
+            p.wait()
+        # Daemons leave within a poll period of their parent's death.
+        for rank in range(self.world):
+            try:
+                daemon = self.info(rank)["daemon"]
+            except (FileNotFoundError, KeyError, ValueError):
+                continue
+            end = time.monotonic() + 5
+            while time.monotonic() < end and os.path.exists(f"/proc/{daemon}") and _state(daemon) != "Z":
+                time.sleep(0.05)
+
+
+def _state(pid):
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return None
+
+
+def process_alive(pid):
+    return _state(pid) not in (None, "Z")
