@@ -64,6 +64,9 @@ test: test-cpp test-python
 bench: build
 	$(PY) bench/run_cpu_bench.py --build-dir $(BUILD_DIR)
 	$(PY) bench/injection_overhead.py
+	$(PY) bench/scout_overhead.py
+	$(PY) bench/oob_overhead.py
+	$(PY) bench/oob_latency.py
 
 # Fuzz the manifest, journal and artifact parsers with libFuzzer + ASan/UBSan (leaks
 # included) for FUZZ_SECONDS; new inputs land in build-fuzz/corpus.

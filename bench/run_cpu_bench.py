@@ -55,6 +55,15 @@ def main() -> int:
             print(f"  {name.split('/')[1]:>6} incidents: {b['bytes_per_incident']:.0f} bytes per incident held")
         if name.startswith("BM_ParseManifest"):
             print(f"  parse + validate + identity of {b['manifest_MB']:.1f} MB manifest: {ns(b) / 1e6:.0f} ms")
+    layer, plain = medians.get("BM_PublishLayer"), medians.get("BM_PlainStoreLayer")
+    if layer and plain:
+        print("out-of-band progress record (seqlock in shared memory), per update:")
+        print(f"  layer entered: {ns(layer):.1f} ns; plain stores of the same fields: {ns(plain):.1f} ns; "
+              f"ratio {ns(layer) / ns(plain):.2f}")
+        for key, label in (("BM_PublishCollective", "collective entered + exited"),
+                           ("BM_PublishDataLoaderNext", "DataLoader next() begin + end")):
+            if key in medians:
+                print(f"  {label}: {ns(medians[key]):.1f} ns")
     return 0
 
 

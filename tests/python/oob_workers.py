@@ -68,7 +68,7 @@ def main():
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=HANG_S))
     rank = dist.get_rank()
-    cfg = TrainConfig(steps=steps, batch_size=2, seq_len=16,
+    cfg = TrainConfig(parallel=os.environ.get("OOB_PARALLEL", "ddp"), steps=steps, batch_size=2, seq_len=16,
                       model=DecoderConfig(dim=32, n_layers=2, n_heads=2, ffn_hidden=64, max_seq_len=32))
     model, opt, data, device = build(cfg)
     reports_path = os.path.join(out, f"reports-{rank}.jsonl")
@@ -88,7 +88,11 @@ def main():
     if scenario == "sleep":
         def activate(request):
             seconds = request.parameters["seconds"]
-            request.on_next_step(lambda: time.sleep(seconds))
+            def stall():
+                write_json(os.path.join(out, f"stall-start-{rank}"), time.time())
+                time.sleep(seconds)
+
+            request.on_next_step(stall)
             info["occurrence_id"] = request.occurrence_id
             write_json(os.path.join(out, f"info-{rank}.json"), info)
             return lmr.FaultExecutionResult(verified=True, active=False, evidence={"sleep_s": seconds})

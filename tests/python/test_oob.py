@@ -73,6 +73,16 @@ def test_kit_hang_fault_is_localized_as_a_process_stall(tmp_path):
 
 
 @pytest.mark.distributed
+@pytest.mark.parametrize("parallel", ["fsdp2", "hsdp"])
+@pytest.mark.parametrize("scenario,kind,rank", [("desync", "collective_desync", 2), ("sleep", "process_stall", 1)])
+def test_sharded_training(parallel, scenario, kind, rank, tmp_path):
+    # FSDP2's all-gathers and reduce-scatters are public calls (published asynchronously).
+    job, report = stalled_job(scenario, tmp_path, env={"OOB_PARALLEL": parallel})
+    job.kill()
+    check(report, kind, [rank])
+
+
+@pytest.mark.distributed
 def test_sigstopped_rank_is_a_process_stall(tmp_path):
     job = Job("sigstop", tmp_path)
     try:
@@ -327,3 +337,26 @@ def test_daemon_start_failure_is_reported_with_its_reason(tmp_path):
             HangMonitor(model, opt, HangDetectionConfig(hang_master_port=busy, hang_state_dir=str(tmp_path),
                                                         setup_timeout_s=2))
     assert "step" not in vars(opt)  # nothing left installed
+
+
+def test_replay_harness_runs_hang_detection_when_configured(tmp_path):
+    from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
+    from lm_resiliency.workloads.model import Decoder, DecoderConfig
+
+    model = Decoder(DecoderConfig(dim=16, n_layers=2, n_heads=2, ffn_hidden=32, max_seq_len=8))
+    opt = torch.optim.AdamW(model.parameters())
+    seen = []
+    cfg = ReplayHarnessConfig(check_interval=0, hang_detection=HangDetectionConfig(
+        threshold_s=0.3, poll_s=0.02, hang_state_dir=str(tmp_path), run_id="harness"))
+    harness = ReplayHarness(model, opt, cfg, hooks=OrchestrationHooks(on_fault_report=seen.append))
+    daemon = harness.hang_monitor.daemon_pid
+    model(torch.zeros(1, 4, dtype=torch.long)).sum().backward()
+    opt.step()
+    end = time.monotonic() + 10
+    while not seen and time.monotonic() < end:
+        time.sleep(0.05)
+    assert seen and seen[0].step == 1
+    harness.close()
+    assert not process_alive(daemon)
+    with pytest.raises(lmr.InvalidArgumentError, match="hang_detection"):
+        ReplayHarnessConfig(hang_detection={"threshold_s": 1})

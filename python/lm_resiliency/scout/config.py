@@ -6,6 +6,7 @@ import dataclasses
 from typing import Callable, Optional
 
 from lm_resiliency.errors import InvalidArgumentError
+from lm_resiliency.scout.oob.config import HangDetectionConfig
 
 
 @dataclasses.dataclass
@@ -29,6 +30,8 @@ class ReplayHarnessConfig:
     confirmation_rounds: int = 3
     temporal_window: int = 1000
     on_result: Optional[Callable] = None  # called with each ReplayResult
+    # Out-of-band hang and stall detection (an lmr-oobd daemon per process); None: off.
+    hang_detection: Optional[HangDetectionConfig] = None
 
     def __post_init__(self) -> None:
         for name in ("check_interval", "embedding_interval", "hidden_interval", "output_interval", "optimizer_interval",
@@ -42,6 +45,9 @@ class ReplayHarnessConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
                 raise InvalidArgumentError(f"ReplayHarnessConfig.{name} must be a non-negative number")
+
+        if self.hang_detection is not None and not isinstance(self.hang_detection, HangDetectionConfig):
+            raise InvalidArgumentError("ReplayHarnessConfig.hang_detection must be a HangDetectionConfig or None")
 
     def cadence(self) -> tuple[int, int, int, int, int]:
         return (self.check_interval, self.embedding_interval, self.hidden_interval, self.output_interval,

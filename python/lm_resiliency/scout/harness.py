@@ -20,9 +20,11 @@ from lm_resiliency import _core
 from lm_resiliency.consensus import exact
 from lm_resiliency.fault_injection.builtin import REPLAY_COPY
 from lm_resiliency.frameworks import select_adapter
+from lm_resiliency.manager_api import OrchestrationHooks
 from lm_resiliency.scout import groups
 from lm_resiliency.scout.capture import Capture, tensors_of
 from lm_resiliency.scout.config import ReplayHarnessConfig
+from lm_resiliency.scout.oob.monitor import HangMonitor
 from lm_resiliency.scout.replay import (Timer, broadcast_flat, call_with_hooks, first_tensor, isolated, local,
                                         swapped_parameters)
 from lm_resiliency.scout.result import ReplayResult, SurfaceResult
@@ -43,7 +45,7 @@ class ReplayHarness:
     ``check()`` runs the full catalog now (manual mode, ``check_interval=0``)."""
 
     def __init__(self, model: Any, optimizer: Any, config: Optional[ReplayHarnessConfig] = None,
-                 completed_iterations: int = 0) -> None:
+                 completed_iterations: int = 0, hooks: Optional[OrchestrationHooks] = None) -> None:
         self.config = config or ReplayHarnessConfig()
         self._adapter = select_adapter(model, optimizer)
         self._optimizer = optimizer
@@ -68,6 +70,15 @@ class ReplayHarness:
         self.boundary_times: dict[int, float] = {completed_iterations: time.time()}
         self._adapter.wrap_step(self._wrap)
         self._arm(self._completed + 1)
+        # The out-of-band path, when configured: a collective construction on every rank.
+        self.hang_monitor: Optional[HangMonitor] = None
+        if self.config.hang_detection is not None:
+            try:
+                self.hang_monitor = HangMonitor(model, optimizer, self.config.hang_detection, hooks,
+                                                completed_iterations)
+            except BaseException:
+                self.close()
+                raise
 
     # --- schedule ----------------------------------------------------------------------
 
@@ -142,6 +153,8 @@ class ReplayHarness:
             self.config.on_result(result)
 
     def close(self) -> None:
+        if getattr(self, "hang_monitor", None) is not None:
+            self.hang_monitor.close()
         for c in list(self._captures.values()) + list(self._last_captures.values()):
             c.remove()
         self._captures, self._last_captures = {}, {}

@@ -50,7 +50,10 @@ _OPS = {
     "gather_object": (19, None, "dst", None, None),
     "scatter_object_list": (20, None, "src", None, None),
     "monitored_barrier": (21, None, None, None, None),
+    "all_gather_single": (22, "input_tensor", None, None, "tensor"),  # FSDP2's all-gather (torch >= 2.12)
+    "reduce_scatter_single": (23, "input", None, "op", "tensor"),  # FSDP2's reduce-scatter
 }
+_ALWAYS_ASYNC = {"isend", "irecv"}
 # Collectives a framework runs outside the public Python calls (adapter-published).
 _INTERNAL_OPS = {"ddp_bucket": 32, "ddp_buffers": 33}
 
@@ -151,6 +154,7 @@ def _wrap(name: str, original: Any) -> Any:
     params = list(inspect.signature(original).parameters)
     defaults = {k: p.default for k, p in inspect.signature(original).parameters.items()}
     pos = {k: i for i, k in enumerate(params)}
+    always_async = name in _ALWAYS_ASYNC
 
     def arg(args: tuple, kwargs: dict, key: Optional[str]) -> Any:
         if key is None:
@@ -168,12 +172,17 @@ def _wrap(name: str, original: Any) -> Any:
         meta = pub._tensor_meta(arg(args, kwargs, tensor_param), rule)
         extra = pub._code(arg(args, kwargs, op_param)) if op_param else pub._code(arg(args, kwargs, root_param))
         pub.enter(code, group, meta, extra)
+        # An asynchronous call returns before the collective is done: its end is not
+        # visible here (the rank waits in Work.wait()), so it stays the current collective
+        # until the next layer, step or collective.
+        asynchronous = always_async or bool(arg(args, kwargs, "async_op") if "async_op" in pos else False)
         _local.depth = 1
         try:
             return original(*args, **kwargs)
         finally:
             _local.depth = 0
-            pub.writer.collective_exited()
+            if not asynchronous:
+                pub.writer.collective_exited()
 
     wrapper.__wrapped__ = original
     wrapper.__name__ = getattr(original, "__name__", name)
