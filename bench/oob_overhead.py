@@ -19,7 +19,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from lm_resiliency.scout import HangDetectionConfig, HangMonitor
-from lm_resiliency.workloads import Decoder, DecoderConfig, SyntheticTokens, spawn
+from lm_resiliency.workloads import Decoder, SyntheticTokens, spawn
+from model_args import add_model_args, decoder_config
 
 
 def block(model, opt, data, steps, start, vocab):
@@ -34,8 +35,7 @@ def block(model, opt, data, steps, start, vocab):
 
 def body(args):
     torch.set_num_threads(1)
-    cfg = DecoderConfig(vocab_size=args["vocab"], dim=args["dim"], n_layers=args["layers"], n_heads=args["heads"],
-                        ffn_hidden=args["dim"] * 8 // 3, max_seq_len=args["seq"])
+    cfg = decoder_config(args)
     replicas = []
     for _ in range(2):
         torch.manual_seed(0)
@@ -85,12 +85,7 @@ def main() -> None:
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--dim", type=int, default=128)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--seq", type=int, default=64)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--vocab", type=int, default=256)
+    add_model_args(p)
     ns = p.parse_args()
     with tempfile.TemporaryDirectory() as state:
         medians, reports = spawn(body, ns.ranks, args=(dict(vars(ns), state=state),))[0]

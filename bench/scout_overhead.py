@@ -20,7 +20,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
-from lm_resiliency.workloads import Decoder, DecoderConfig, SyntheticTokens, spawn
+from lm_resiliency.workloads import Decoder, SyntheticTokens, spawn
+from model_args import add_model_args, decoder_config
 
 
 def timed(model, opt, data, steps, start, device):
@@ -42,8 +43,7 @@ def timed(model, opt, data, steps, start, device):
 def body(args):
     device = torch.device(args["device"])
     torch.manual_seed(0)
-    cfg = DecoderConfig(vocab_size=args["vocab"], dim=args["dim"], n_layers=args["layers"], n_heads=args["heads"],
-                        ffn_hidden=args["dim"] * 8 // 3, max_seq_len=args["seq"])
+    cfg = decoder_config(args)
     model = Decoder(cfg).to(device)
     if args["dtype"] == "bfloat16":
         model = model.to(torch.bfloat16)
@@ -77,12 +77,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--cadences", default="0,100,25,10,1")
-    p.add_argument("--dim", type=int, default=128)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--seq", type=int, default=64)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--vocab", type=int, default=256)
+    add_model_args(p)
     p.add_argument("--dtype", default="float32")
     ns = p.parse_args()
     args = dict(vars(ns), cadences=[int(c) for c in ns.cadences.split(",")])

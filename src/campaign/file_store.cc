@@ -58,26 +58,9 @@ JsonFileStateStore::JsonFileStateStore(std::string path) : path_(std::move(path)
 }
 
 std::optional<Journal> JsonFileStateStore::readUnlocked() const {
-  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) return std::nullopt;
-    throw IoError(errnoText("cannot open", path_));
-  }
-  std::string text;
-  char buffer[65536];
-  for (;;) {
-    const ssize_t n = ::read(fd, buffer, sizeof buffer);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const std::string message = errnoText("cannot read", path_);
-      ::close(fd);
-      throw IoError(message);
-    }
-    if (n == 0) break;
-    text.append(buffer, static_cast<std::size_t>(n));
-  }
-  ::close(fd);
-  return Journal::parse(text, path_);
+  const std::optional<std::string> text = files::readFile(path_);
+  if (!text) return std::nullopt;
+  return Journal::parse(*text, path_);
 }
 
 std::optional<Journal> JsonFileStateStore::load() {
