@@ -8,7 +8,9 @@
 namespace lmr::cli {
 
 int runCampaign(const std::vector<std::string>& args);
+int runHealth(const std::vector<std::string>& args);
 
 extern const char* const kCampaignUsage;
+extern const char* const kHealthUsage;
 
 }  // namespace lmr::cli

@@ -4,6 +4,7 @@
 //   lmr c3 timing [--ranks ...] [--kappa K] [--scale-floor S] [--absolute S] [--relative F]
 //                 [--min-peers N] SECONDS...       robust timing consensus
 //   lmr campaign validate|show|compare ...         fault-injection campaigns (campaign_cmd.cc)
+//   lmr health probe|watch ...                     GPU health from NVML (health_cmd.cc); exit 1 on a fatal event
 // c3 prints JSON on stdout; exit status 0 Agree, 1 Attributed, 3 Inconclusive. campaign
 // validate/show exit 0; compare exits 0 only when every occurrence is localized, else 1.
 // Usage and input errors exit 2 with the message on stderr; other failures exit 4.
@@ -29,7 +30,7 @@ constexpr const char* kUsage =
     "       lmr c3 timing [--ranks R0,R1,...] [--kappa K] [--scale-floor S] [--absolute S]\n"
     "                     [--relative F] [--min-peers N] SECONDS...\n";
 
-std::string usage() { return std::string(kUsage) + lmr::cli::kCampaignUsage; }
+std::string usage() { return std::string(kUsage) + lmr::cli::kCampaignUsage + lmr::cli::kHealthUsage; }
 
 double parseNumber(const std::string& text, const std::string& what) {
   char* end = nullptr;
@@ -130,6 +131,7 @@ int main(int argc, char** argv) {
     }
     if (args[0] == "c3") return runC3(std::vector<std::string>(args.begin() + 1, args.end()));
     if (args[0] == "campaign") return lmr::cli::runCampaign(std::vector<std::string>(args.begin() + 1, args.end()));
+    if (args[0] == "health") return lmr::cli::runHealth(std::vector<std::string>(args.begin() + 1, args.end()));
     throw lmr::InvalidArgument("unknown command '" + args[0] + "'");
   } catch (const lmr::InvalidArgument& e) {
     std::cerr << "lmr: error: " << e.message() << '\n';

@@ -1,0 +1,179 @@
+// health::Monitor: the polling thread, stored errors and snapshots (see monitor.h).
+#include "lmr/health/monitor.h"
+
+#include <chrono>
+#include <exception>
+
+#include "lmr/common/log.h"
+
+namespace lmr::health {
+namespace {
+
+constexpr std::size_t kMaxEvents = 1024;
+constexpr std::size_t kMaxErrors = 256;
+
+double wallSeconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+[[noreturn]] void throwKind(ErrorKind kind, const std::string& message) {
+  switch (kind) {
+    case ErrorKind::kInvalidArgument: throw InvalidArgument(message);
+    case ErrorKind::kIo: throw IoError(message);
+    case ErrorKind::kTimeout: throw TimeoutError(message);
+    case ErrorKind::kUnsupported: throw Unsupported(message);
+    case ErrorKind::kPeerFailure: break;
+  }
+  throw PeerFailure(message);
+}
+
+}  // namespace
+
+Monitor::Monitor(MonitorOptions options, std::vector<std::shared_ptr<Source>> sources, EventCallback on_event)
+    : options_(std::move(options)), sources_(std::move(sources)), on_event_(std::move(on_event)), rules_(options_) {
+  for (const auto& source : sources_)
+    if (!source) throw InvalidArgument("sources: a source is null");
+}
+
+Monitor::~Monitor() {
+  try {
+    stop();
+  } catch (...) {
+  }
+}
+
+void Monitor::storeError(const std::string& source, ErrorKind kind, const std::string& message) {
+  LMR_LOG(kWarn, "health", source, ": ", message);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (errors_.size() >= kMaxErrors) {
+    errors_.erase(errors_.begin());
+    if (errors_rethrown_ > 0) --errors_rethrown_;
+    ++errors_dropped_;
+  }
+  errors_.push_back(SourceError{source, kind, message, wallSeconds()});
+}
+
+std::vector<Event> Monitor::pollOnce() {
+  std::vector<Event> all;
+  {
+    std::lock_guard<std::mutex> poll_lock(poll_mutex_);
+    for (std::size_t i = 0; i < sources_.size(); ++i) {
+      Source& source = *sources_[i];
+      std::string name = "source " + std::to_string(i);
+      PollResult result;
+      try {
+        name = source.name();
+        result = source.poll();
+      } catch (const Error& e) {
+        storeError(name, e.kind(), e.message());
+        continue;
+      } catch (const std::exception& e) {
+        storeError(name, ErrorKind::kPeerFailure, e.what());
+        continue;
+      }
+      std::vector<Event> events = rules_.evaluate(name, result.readings, wallSeconds());
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        last_readings_[name] = std::move(result.readings);
+        for (UnsupportedMetric& u : result.unsupported) unsupported_.push_back(std::move(u));
+        for (const Event& e : events) {
+          if (events_.size() >= kMaxEvents) events_.erase(events_.begin());
+          events_.push_back(e);
+        }
+      }
+      all.insert(all.end(), events.begin(), events.end());
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++polls_;
+  }
+  if (on_event_) {
+    for (const Event& e : all) {
+      try {
+        on_event_(e);
+      } catch (const Error& ex) {
+        storeError("on_event", ex.kind(), ex.message());
+      } catch (const std::exception& ex) {
+        storeError("on_event", ErrorKind::kPeerFailure, ex.what());
+      }
+    }
+  }
+  return all;
+}
+
+void Monitor::run() {
+  while (true) {
+    try {
+      pollOnce();
+    } catch (...) {  // pollOnce stores what it can; never let the thread die
+      storeError("monitor", ErrorKind::kPeerFailure, "unexpected failure while polling");
+    }
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (wake_.wait_for(lock, std::chrono::duration<double>(options_.interval_s), [this] { return stop_; })) return;
+  }
+}
+
+void Monitor::start() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (running_) throw InvalidArgument("the health monitor is already running");
+  stop_ = false;
+  running_ = true;
+  thread_ = std::thread(&Monitor::run, this);
+}
+
+void Monitor::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!running_) return;
+    if (std::this_thread::get_id() == thread_.get_id())
+      throw InvalidArgument("stop() called from the monitor's own thread (an on_event callback)");
+    stop_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+  std::lock_guard<std::mutex> lock(mutex_);
+  running_ = false;
+}
+
+bool Monitor::running() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return running_;
+}
+
+std::vector<Event> Monitor::events() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return events_;
+}
+
+std::vector<SourceError> Monitor::errors() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return errors_;
+}
+
+std::vector<Reading> Monitor::lastReadings() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<Reading> out;
+  for (const auto& [name, readings] : last_readings_) out.insert(out.end(), readings.begin(), readings.end());
+  return out;
+}
+
+std::vector<UnsupportedMetric> Monitor::unsupported() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return unsupported_;
+}
+
+std::uint64_t Monitor::polls() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return polls_;
+}
+
+void Monitor::rethrowError() {
+  SourceError error;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (errors_rethrown_ >= errors_.size()) return;
+    error = errors_[errors_rethrown_++];
+  }
+  throwKind(error.kind, "health source " + error.source + ": " + error.message);
+}
+
+}  // namespace lmr::health
