@@ -12,5 +12,6 @@ void registerCampaign(nanobind::module_& m);
 void registerInject(nanobind::module_& m);
 void registerScout(nanobind::module_& m);
 void registerOob(nanobind::module_& m);
+void registerHealth(nanobind::module_& m);
 
 }  // namespace lmr::python

@@ -13,4 +13,5 @@ NB_MODULE(_core, m) {
   lmr::python::registerInject(m);
   lmr::python::registerScout(m);
   lmr::python::registerOob(m);
+  lmr::python::registerHealth(m);
 }

@@ -16,17 +16,6 @@ double wallSeconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-[[noreturn]] void throwKind(ErrorKind kind, const std::string& message) {
-  switch (kind) {
-    case ErrorKind::kInvalidArgument: throw InvalidArgument(message);
-    case ErrorKind::kIo: throw IoError(message);
-    case ErrorKind::kTimeout: throw TimeoutError(message);
-    case ErrorKind::kUnsupported: throw Unsupported(message);
-    case ErrorKind::kPeerFailure: break;
-  }
-  throw PeerFailure(message);
-}
-
 }  // namespace
 
 Monitor::Monitor(MonitorOptions options, std::vector<std::shared_ptr<Source>> sources, EventCallback on_event)
@@ -173,7 +162,7 @@ void Monitor::rethrowError() {
     if (errors_rethrown_ >= errors_.size()) return;
     error = errors_[errors_rethrown_++];
   }
-  throwKind(error.kind, "health source " + error.source + ": " + error.message);
+  throwError(error.kind, "health source " + error.source + ": " + error.message);
 }
 
 }  // namespace lmr::health

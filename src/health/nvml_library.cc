@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <mutex>
 
@@ -12,7 +13,8 @@ namespace lmr::health {
 namespace {
 
 std::mutex g_mutex;
-std::unique_ptr<NvmlLibrary> g_library;  // set once initialised; never unloaded
+// Each library path is loaded and initialised once, then kept for the life of the process.
+std::map<std::string, std::unique_ptr<NvmlLibrary>> g_libraries;
 
 template <typename Fn>
 void bind(void* handle, const char* symbol, Fn* slot, bool required, const std::string& path) {
@@ -37,12 +39,8 @@ std::string NvmlLibrary::describe(nvmlReturn_t code) const {
 const NvmlLibrary& nvmlLibrary(const std::string& requested) {
   const std::string path = chosenPath(requested);
   std::lock_guard<std::mutex> lock(g_mutex);
-  if (g_library) {
-    if (!requested.empty() && requested != g_library->path)
-      throw Unsupported("NVML is already loaded from " + g_library->path + "; cannot also load " + requested);
-    return *g_library;
-  }
-  // RTLD_NOLOAD first is not needed: dlopen of a loaded library returns the same handle.
+  auto found = g_libraries.find(path);
+  if (found != g_libraries.end()) return *found->second;
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
     const char* why = dlerror();
@@ -83,8 +81,7 @@ const NvmlLibrary& nvmlLibrary(const std::string& requested) {
     dlclose(handle);  // not initialised: safe to unload, and the next call tries again
     throw IoError("nvmlInit_v2 failed: " + what);
   }
-  g_library = std::move(lib);
-  return *g_library;
+  return *(g_libraries[path] = std::move(lib));
 }
 
 nvmlDevice_t nvmlHandle(const NvmlLibrary& lib, unsigned index) {

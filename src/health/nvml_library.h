@@ -38,10 +38,10 @@ struct NvmlLibrary {
   std::string describe(nvmlReturn_t code) const;
 };
 
-// The process's NVML, loaded and initialised on first call. `path` empty: $LMR_NVML_LIBRARY,
-// else libnvidia-ml.so.1. Throws Unsupported (library or a required symbol missing, or a
-// different path than the one already loaded) or IoError (nvmlInit failed; retried on the
-// next call).
+// The NVML at `path` (empty: $LMR_NVML_LIBRARY, else libnvidia-ml.so.1), loaded and
+// initialised on the first call for that path and kept for the life of the process. Throws
+// Unsupported (library or a required symbol missing) or IoError (nvmlInit failed; retried on
+// the next call).
 const NvmlLibrary& nvmlLibrary(const std::string& path);
 
 // The handle of a physical index; throws InvalidArgument when NVML has no such device.

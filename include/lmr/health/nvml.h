@@ -24,8 +24,8 @@
 namespace lmr::health {
 
 struct NvmlOptions {
-  // Library to open. Empty: $LMR_NVML_LIBRARY if set, else "libnvidia-ml.so.1". The first
-  // successful load wins for the whole process; asking for another path later throws.
+  // Library to open. Empty: $LMR_NVML_LIBRARY if set, else "libnvidia-ml.so.1". Each path
+  // is opened and initialised once per process.
   std::string library_path;
   bool xid_events = true;  // register for XID events (needs permission on some systems)
 };

@@ -264,16 +264,17 @@ TEST_F(Nvml, CudaOrdinalToNvmlIndex) {
   EXPECT_EQ(nvmlIndexForCudaOrdinal(1, "", fakeOptions()), 1u);
 }
 
-TEST_F(Nvml, OtherLibraryPathAfterLoadIsRefused) {
+TEST_F(Nvml, MissingLibraryIsAClearError) {
   nvmlDeviceCount(fakeOptions());
   NvmlOptions other;
   other.library_path = "/nonexistent/libnvidia-ml.so.1";
   try {
-    nvmlDeviceCount(other);
+    NvmlSource source(0, other);
     FAIL() << "no error";
   } catch (const Unsupported& e) {
-    EXPECT_NE(e.message().find("already loaded"), std::string::npos);
+    EXPECT_NE(e.message().find("cannot load NVML (/nonexistent/libnvidia-ml.so.1)"), std::string::npos) << e.message();
   }
+  EXPECT_EQ(nvmlDeviceCount(fakeOptions()), 2u);  // the loaded one is unaffected
 }
 
 }  // namespace
