@@ -7,7 +7,8 @@
 #   mkdir -p .device/debs && cd .device/debs && apt-get download \
 #     nlohmann-json3-dev libgtest-dev googletest libbenchmark-dev libbenchmark1debian
 # Logs and results go to $OUT (default ./gpu-results). Exit status 1 if any step failed.
-# LMR_GPU_BENCH=0 skips the benchmarks.
+# LMR_GPU_BENCH=0 skips the benchmarks. LMR_GPU_SUITE=health builds, then runs only the
+# hardware-health checks (probe, a one-minute monitor, the poll benchmark).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-$PWD/gpu-results}
@@ -34,6 +35,19 @@ run build.log python3 -m pip install --no-build-isolation --no-deps -v . \
   -Cbuild-dir=build-gpu -Ccmake.define.LMR_CUDA=ON -Ccmake.define.CMAKE_CUDA_ARCHITECTURES="$arch" \
   -Ccmake.define.LMR_BUILD_TESTS=ON -Ccmake.define.LMR_BUILD_BENCHMARKS=ON
 run version.log lmr version
+# Hardware health on the real NVML: readings, a one-minute quiet monitor, the poll cost.
+run health_probe.txt lmr health probe
+run health_probe.json lmr health probe --format json
+LMR_HEALTH_SOAK_S=${LMR_HEALTH_SOAK_S:-60} run pytest_health.log \
+  python3 -m pytest -q -p no:cacheprovider tests/python/test_health.py
+run health_watch.txt lmr health watch --interval 1 --count 5
+if [ "${LMR_GPU_BENCH:-1}" != 0 ]; then
+  run health_bench.txt python3 bench/health_poll.py --seconds 20
+fi
+if [ "${LMR_GPU_SUITE:-all}" = health ]; then
+  run ctest_health.log ctest --test-dir build-gpu -R "Health|Nvml|cli_health" --output-on-failure
+  exit $status
+fi
 run ctest.log ctest --test-dir build-gpu --output-on-failure
 run pytest.log python3 -m pytest -q -p no:cacheprovider -m "gpu or not distributed" tests/python
 for parallel in ddp fsdp2 hsdp; do  # several ranks share the GPU through gloo
