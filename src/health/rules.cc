@@ -3,7 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <sstream>
+#include <cstdio>
 
 #include "lmr/common/error.h"
 #include "lmr/health/monitor.h"
@@ -11,10 +11,12 @@
 namespace lmr::health {
 namespace {
 
+// Not through iostreams: in a process where torch was loaded first, formatting a double
+// through std::ostream inside _core crashed (seen on the accelerator machine, torch 2.11).
 std::string number(double v) {
-  std::ostringstream os;
-  os << v;
-  return os.str();
+  char text[32];
+  std::snprintf(text, sizeof text, "%.15g", v);
+  return text;
 }
 
 std::string deviceKey(const std::string& source, const DeviceInfo& device) {
