@@ -43,6 +43,14 @@ TEST(Log, ParsesLevels) {
   EXPECT_EQ(level, log::Level::kWarn);
 }
 
+TEST(Log, FormatsStringsAndNumbersWithoutStreams) {
+  testing::internal::CaptureStderr();
+  log::logf(log::Level::kError, "test", "round ", std::int64_t{-7}, " of ", 3u, ": ", 0.25, ' ', true, " ",
+            std::string("done"));
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("round -7 of 3: 0.25 true done"), std::string::npos) << err;
+}
+
 TEST(Hex, RoundTripsAndRejectsBadText) {
   const std::string bytes("\x00\x7f\x80\xff", 4);
   EXPECT_EQ(toHex(bytes), "007f80ff");
