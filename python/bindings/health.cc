@@ -6,6 +6,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <memory>
+#include <thread>
 
 #include "bindings.h"
 #include "lmr/common/error.h"
@@ -81,9 +82,15 @@ class PySource : public health::Source {
 };
 
 // Owns the monitor; stops it with the GIL released (its thread may be waiting for the GIL).
+// Destroyed on the monitor's own thread (a garbage collection that ran inside a callback or
+// a Python source), it cannot join itself: another thread stops and destroys it.
 struct PyMonitor {
   std::unique_ptr<health::Monitor> monitor;
   ~PyMonitor() {
+    if (monitor && monitor->onMonitorThread()) {
+      std::thread([m = std::move(monitor)]() mutable { m.reset(); }).detach();
+      return;
+    }
     nb::gil_scoped_release release;
     monitor.reset();
   }

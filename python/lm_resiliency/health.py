@@ -18,7 +18,6 @@ import atexit
 import dataclasses
 import json
 import logging
-import threading
 import weakref
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
@@ -276,6 +275,21 @@ def _ordinal(device: Any) -> int:
     raise InvalidArgumentError(f"device: not a CUDA device: {device!r}")
 
 
+class _Delivery:
+    """Turns the engine's event JSON into a HealthEvent for hooks and on_event."""
+
+    def __init__(self, on_event: Optional[Callable[[HealthEvent], None]], hooks: Any):
+        self.on_event = on_event
+        self.hooks = hooks
+
+    def __call__(self, text: str) -> None:
+        event = _event(text)
+        if self.hooks is not None:
+            self.hooks.deliver_health_event(event)  # logs what the manager's callback raises
+        if self.on_event is not None:
+            self.on_event(event)  # what this raises is stored in errors()
+
+
 _live_monitors: "weakref.WeakSet[HardwareHealthMonitor]" = weakref.WeakSet()
 
 
@@ -288,7 +302,9 @@ def _stop_live_monitors() -> None:
 class HardwareHealthMonitor:
     """Polls ``sources`` every ``config.interval_s`` in a C++ thread. ``on_event(event)``
     and ``hooks.on_health_event(event)`` run on that thread: keep them short and
-    thread-safe; an exception they raise is stored in ``errors()``, never propagated."""
+    thread-safe. Neither can take training down: what ``on_event`` raises is stored in
+    ``errors()``; what the hooks raise is logged by OrchestrationHooks. Sources need
+    distinct names."""
 
     def __init__(self, config: Optional[HealthConfig] = None, sources: Sequence[HealthSource] = (),
                  on_event: Optional[Callable[[HealthEvent], None]] = None, hooks: Any = None):
@@ -302,28 +318,14 @@ class HardwareHealthMonitor:
         for i, s in enumerate(sources):
             if not isinstance(s, HealthSource):
                 raise InvalidArgumentError(f"sources[{i}]: expected a HealthSource, got {type(s).__name__}")
-            native.append(s._native if isinstance(s, NvmlSource) else s)
+            # NvmlSource is polled natively (no GIL) unless a subclass changed how it polls.
+            native_poll = isinstance(s, NvmlSource) and type(s).poll is NvmlSource.poll
+            native.append(s._native if native_poll else s)
         self.config = config
         self.sources = sources
-        self._on_event = on_event
-        self._hooks = hooks
-        self._lock = threading.Lock()
-        ref = weakref.ref(self)  # no cycle through the C++ monitor: dropping this object stops it
-
-        def deliver(text: str) -> None:
-            monitor = ref()
-            if monitor is not None:
-                monitor._deliver(text)
-
-        self._monitor = _core.HealthMonitor(config._core(), native, deliver)
+        # The callback holds what it needs, not this object: dropping the monitor stops it.
+        self._monitor = _core.HealthMonitor(config._core(), native, _Delivery(on_event, hooks))
         _live_monitors.add(self)
-
-    def _deliver(self, text: str) -> None:
-        event = _event(text)
-        if self._hooks is not None:
-            self._hooks.deliver_health_event(event)
-        if self._on_event is not None:
-            self._on_event(event)
 
     def start(self) -> "HardwareHealthMonitor":
         self._monitor.start()

@@ -24,6 +24,7 @@ from lm_resiliency.health import (
     HealthSource,
     NvmlSource,
     UnsupportedMetric,
+    nvml_device_count,
     nvml_index_for_cuda_device,
 )
 
@@ -37,6 +38,7 @@ __all__ = [
     "NvmlSource",
     "OrchestrationHooks",
     "UnsupportedMetric",
+    "nvml_device_count",
     "nvml_index_for_cuda_device",
 ]
 

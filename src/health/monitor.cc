@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <exception>
+#include <set>
 
 #include "lmr/common/log.h"
 
@@ -20,8 +21,14 @@ double wallSeconds() {
 
 Monitor::Monitor(MonitorOptions options, std::vector<std::shared_ptr<Source>> sources, EventCallback on_event)
     : options_(std::move(options)), sources_(std::move(sources)), on_event_(std::move(on_event)), rules_(options_) {
-  for (const auto& source : sources_)
-    if (!source) throw InvalidArgument("sources: a source is null");
+  std::set<std::string> names;
+  for (std::size_t i = 0; i < sources_.size(); ++i) {
+    if (!sources_[i]) throw InvalidArgument("sources[" + std::to_string(i) + "]: is null");
+    const std::string name = sources_[i]->name();
+    if (!names.insert(name).second)
+      throw InvalidArgument("sources[" + std::to_string(i) + "]: another source is also named '" + name +
+                            "' (names key the readings and rule state; give each source its own)");
+  }
 }
 
 Monitor::~Monitor() {
@@ -107,20 +114,27 @@ void Monitor::start() {
   stop_ = false;
   running_ = true;
   thread_ = std::thread(&Monitor::run, this);
+  thread_id_ = thread_.get_id();
 }
 
 void Monitor::stop() {
+  if (onMonitorThread()) throw InvalidArgument("stop() called from the monitor's own thread (an on_event callback)");
+  std::lock_guard<std::mutex> stopping(stop_mutex_);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!running_) return;
-    if (std::this_thread::get_id() == thread_.get_id())
-      throw InvalidArgument("stop() called from the monitor's own thread (an on_event callback)");
     stop_ = true;
   }
   wake_.notify_all();
   thread_.join();
   std::lock_guard<std::mutex> lock(mutex_);
   running_ = false;
+  thread_id_ = std::thread::id();
+}
+
+bool Monitor::onMonitorThread() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return running_ && std::this_thread::get_id() == thread_id_;
 }
 
 bool Monitor::running() const {

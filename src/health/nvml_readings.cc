@@ -115,11 +115,13 @@ void NvmlSource::State::readFields() {
   }
   if (!fields.empty()) {
     const nvmlReturn_t rc = lib->deviceGetFieldValues(handle, static_cast<int>(fields.size()), fields.data());
+    const bool refused = rc == abi::kErrorNotSupported || rc == abi::kErrorFunctionNotFound;
     if (!check(rc, "nvmlDeviceGetFieldValues", {metric::kRecoveryAction})) {
-      if (lost) return;
-      if (!wanted(metric::kRecoveryAction)) per_link_fields = 0;  // the field API is refused: legacy counters only
-      readLegacyNvlink();
-      return;
+      if (refused) {  // no field API: the legacy per-link counters are all there is
+        per_link_fields = 0;
+        readLegacyNvlink();
+      }
+      return;  // a failed call: no NVLink totals this poll rather than a mix of counter kinds
     }
     std::size_t next = 0;
     if (want_action) {
@@ -128,24 +130,34 @@ void NvmlSource::State::readFields() {
         add(metric::kRecoveryAction, fieldNumber(f));
     }
     if (per_link) {
-      double totals[3] = {0, 0, 0};
-      int supported = 0;
-      for (; next < fields.size(); ++next) {
-        const nvmlFieldValue_t& f = fields[next];
-        const int which = static_cast<int>(f.fieldId - abi::kFieldNvlinkErrorDlReplay);
+      std::size_t answered = 0, refused_fields = 0;
+      nvmlReturn_t failure = abi::kSuccess;
+      for (std::size_t i = next; i < fields.size(); ++i) {
+        const nvmlFieldValue_t& f = fields[i];
         if (f.nvmlReturn == abi::kSuccess) {
-          totals[which] += fieldNumber(f);
-          ++supported;
+          updateLink(static_cast<int>(f.fieldId), f.scopeId, fieldNumber(f));
+          ++answered;
+        } else if (f.nvmlReturn == abi::kErrorNotSupported || f.nvmlReturn == abi::kErrorFunctionNotFound) {
+          ++refused_fields;
+        } else {
+          failure = f.nvmlReturn;
         }
       }
-      if (supported > 0) {
-        per_link_fields = 1;
-        for (int i = 0; i < 3; ++i) add(kNvlinkErrorMetrics[i], totals[i]);
-        markUnsupported(metric::kNvlinkCrcFlit, "this device reports one DL CRC count per link, not flit and data");
-        markUnsupported(metric::kNvlinkCrcData, "this device reports one DL CRC count per link, not flit and data");
+      if (answered == 0 && refused_fields == fields.size() - next) {
+        per_link_fields = 0;  // before Hopper: no per-link DL fields, read the legacy counters
+        readLegacyNvlink();
         return;
       }
-      per_link_fields = 0;  // pre-Hopper: the per-link DL fields are not there
+      if (failure != abi::kSuccess && !check(failure, "per-link NVLink error fields", {}) && lost) return;
+      per_link_fields = 1;
+      const unsigned ids[3] = {abi::kFieldNvlinkErrorDlReplay, abi::kFieldNvlinkErrorDlRecovery, abi::kFieldNvlinkErrorDlCrc};
+      for (int i = 0; i < 3; ++i) {
+        double total = 0;
+        if (linkTotal(static_cast<int>(ids[i]), &total)) add(kNvlinkErrorMetrics[i], total);
+      }
+      markUnsupported(metric::kNvlinkCrcFlit, "this device reports one DL CRC count per link, not flit and data");
+      markUnsupported(metric::kNvlinkCrcData, "this device reports one DL CRC count per link, not flit and data");
+      return;
     }
   }
   readLegacyNvlink();
@@ -194,28 +206,31 @@ void NvmlSource::State::readLegacyNvlink() {
   }
   const int counters[] = {abi::kNvlinkErrorReplay, abi::kNvlinkErrorRecovery, abi::kNvlinkErrorCrcFlit,
                           abi::kNvlinkErrorCrcData};
-  double totals[4] = {0, 0, 0, 0};
-  int read = 0;
+  constexpr int kLegacy = 1000;  // keys of the legacy counters in link_last, apart from the field ids
+  nvmlReturn_t failure = abi::kSuccess;
   for (int link = 0; link < link_count; ++link) {
-    for (int i = 0; i < 4; ++i) {
+    for (int c : counters) {
       unsigned long long value = 0;
-      const nvmlReturn_t rc = lib->deviceGetNvLinkErrorCounter(handle, static_cast<unsigned>(link), counters[i], &value);
+      const nvmlReturn_t rc = lib->deviceGetNvLinkErrorCounter(handle, static_cast<unsigned>(link), c, &value);
       if (rc == abi::kSuccess) {
-        totals[i] += static_cast<double>(value);
-        ++read;
-      } else if (rc == abi::kErrorGpuIsLost) {
-        check(rc, "nvmlDeviceGetNvLinkErrorCounter", {});
-        return;
+        updateLink(kLegacy + c, static_cast<unsigned>(link), static_cast<double>(value));
+      } else if (rc != abi::kErrorNotSupported && rc != abi::kErrorFunctionNotFound) {
+        failure = rc;
       }
     }
   }
-  if (read == 0) {
+  if (failure != abi::kSuccess && !check(failure, "nvmlDeviceGetNvLinkErrorCounter", {}) && lost) return;
+  double totals[4] = {0, 0, 0, 0};
+  bool any = false;
+  for (int i = 0; i < 4; ++i) any = linkTotal(kLegacy + counters[i], &totals[i]) || any;
+  if (!any) {
+    if (failure != abi::kSuccess) return;  // nothing answered this time; try again next poll
     for (const char* m : {metric::kNvlinkCrc, metric::kNvlinkCrcFlit, metric::kNvlinkCrcData, metric::kNvlinkReplay,
                           metric::kNvlinkRecovery})
       markUnsupported(m, "nvmlDeviceGetNvLinkErrorCounter answered for no link");
     return;
   }
-  ++attempted;
+  if (failure == abi::kSuccess) ++attempted;
   add(metric::kNvlinkReplay, totals[0]);
   add(metric::kNvlinkRecovery, totals[1]);
   add(metric::kNvlinkCrcFlit, totals[2]);

@@ -158,11 +158,15 @@ NvmlSource::~NvmlSource() {
 
 std::string NvmlSource::name() const { return "nvml:" + std::to_string(device_.index); }
 
-std::vector<UnsupportedMetric> NvmlSource::unsupported() const { return state_->unsupported; }
+std::vector<UnsupportedMetric> NvmlSource::unsupported() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->unsupported;
+}
 
 PollResult NvmlSource::poll() {
   PollResult result;
   State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mutex);
   s.out = &result;
   s.device = &device_;
   s.attempted = s.failed = 0;
@@ -173,13 +177,19 @@ PollResult NvmlSource::poll() {
   s.readTemperature();
   s.readFields();
   s.readXids();
-  const bool all_failed = s.attempted > 0 && s.failed == s.attempted;
-  if (s.lost || all_failed) {
-    s.add(metric::kDeviceLost, 1, s.lost ? "NVML: GPU is lost (" + s.failures + ")" : "every NVML query failed: " + s.failures);
+  // Lost: NVML says so, or every query failed in kAllFailedPolls polls in a row (one driver
+  // timeout is not a lost GPU).
+  constexpr int kAllFailedPolls = 3;
+  s.all_failed_polls = s.attempted > 0 && s.failed == s.attempted ? s.all_failed_polls + 1 : 0;
+  if (s.lost || s.all_failed_polls >= kAllFailedPolls) {
+    s.add(metric::kDeviceLost, 1,
+          s.lost ? "NVML: GPU is lost (" + s.failures + ")"
+                 : "every NVML query failed in " + std::to_string(s.all_failed_polls) + " polls in a row: " + s.failures);
   } else {
     s.add(metric::kDeviceLost, 0);
     if (s.failed > 0) LMR_LOG(kWarn, "health", name(), ": some NVML queries failed: ", s.failures);
   }
+  ++s.polls;
   s.out = nullptr;
   return result;
 }

@@ -2,7 +2,10 @@
 // construction, poll) and nvml_readings.cc (one reader per NVML query family).
 #pragma once
 
+#include <cstdint>
 #include <initializer_list>
+#include <map>
+#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -22,6 +25,29 @@ struct NvmlSource::State {
   int per_link_fields = -1;  // -1 unknown, 0 legacy counters only, 1 Hopper per-link fields
   int link_count = -1;       // -1 unknown
   bool xid_registered = false;  // the event set was tried (first poll)
+  int all_failed_polls = 0;     // consecutive polls in which every query failed
+  std::uint64_t polls = 0;      // polls completed
+  // Per-link NVLink counters, (counter, link) -> last value. A link that does not answer in
+  // a poll keeps its last value (a gap is not a reset); a link first seen after the first
+  // poll is baselined (offset) so that its history does not count as new errors.
+  std::map<std::pair<int, unsigned>, double> link_last;
+  std::map<int, double> link_offset;
+  void updateLink(int counter, unsigned link, double value) {
+    const auto key = std::make_pair(counter, link);
+    if (!link_last.count(key) && polls > 0) link_offset[counter] += value;
+    link_last[key] = value;
+  }
+  // The GPU's total for `counter`; false when no link ever answered for it.
+  bool linkTotal(int counter, double* total) const {
+    bool any = false;
+    double sum = 0;
+    for (const auto& [key, value] : link_last)
+      if (key.first == counter) sum += value, any = true;
+    auto offset = link_offset.find(counter);
+    *total = sum - (offset == link_offset.end() ? 0 : offset->second);
+    return any;
+  }
+  std::mutex mutex;             // one poll at a time (Python and the monitor thread may share a source)
 
   // One poll's bookkeeping.
   PollResult* out = nullptr;

@@ -72,15 +72,15 @@ Rules::Rules(MonitorOptions options) : options_(std::move(options)) {
 void Rules::emit(const std::string& source, const Reading& r, const char* event_metric, Severity severity,
                  double threshold, std::string message, double now_s, std::vector<Event>* out,
                  const std::string& rate_suffix) {
-  const Key key{deviceKey(source, r.device), event_metric};
-  if (fatal_emitted_.count(key)) return;  // already fatal: nothing more to say about this metric
+  // `suffix` separates kinds within one metric (each XID code is its own).
+  const Key key{deviceKey(source, r.device), std::string(event_metric) + rate_suffix};
+  if (fatal_emitted_.count(key)) return;  // already fatal: nothing more to say about it
   if (severity == Severity::kFatal) {
     fatal_emitted_.insert(key);
   } else {
-    const Key rate_key{key.first, key.second + rate_suffix};
-    auto last = warning_last_.find(rate_key);
+    auto last = warning_last_.find(key);
     if (last != warning_last_.end() && now_s - last->second < options_.warning_interval_s) return;
-    warning_last_[rate_key] = now_s;
+    warning_last_[key] = now_s;
   }
   out->push_back(Event{r.device, source, host_, event_metric, r.value, threshold, severity, now_s, std::move(message)});
 }
@@ -103,23 +103,32 @@ void Rules::counterGrowth(const std::string& source, const Reading& r, const cha
          now_s, out);
 }
 
-void Rules::nvlinkGrowth(const std::string& source, const Reading& r, double total, double now_s, std::vector<Event>* out) {
+double Rules::nvlinkDelta(const std::string& source, const Reading& r) {
+  const Key key{deviceKey(source, r.device), r.metric};
+  auto it = counters_.find(key);
+  const double delta = it != counters_.end() && r.value >= it->second ? r.value - it->second : 0;  // reset: baseline
+  counters_[key] = r.value;
+  return delta;
+}
+
+void Rules::nvlinkGrowth(const std::string& source, const Reading& r, double delta, double now_s, std::vector<Event>* out) {
   const Key key{deviceKey(source, r.device), event_metric::kNvlinkErrors};
+  const bool first = nvlink_total_.count(key) == 0;
+  double& total = nvlink_total_[key];
+  total += delta;
   auto& history = nvlink_history_[key];
-  if (!history.empty() && total < history.back().second) history.clear();  // counters were reset
-  if (!history.empty()) {
+  if (!first && !history.empty()) {
     while (history.size() > 1 && history.front().first < now_s - options_.nvlink_window_s) history.erase(history.begin());
     const double growth = total - history.front().second;
-    const double step = total - history.back().second;
     Reading shown = r;
     shown.value = growth;
     if (growth > options_.nvlink_error_threshold) {
       emit(source, shown, event_metric::kNvlinkErrors, Severity::kFatal, options_.nvlink_error_threshold,
            "NVLink CRC/replay/recovery errors grew by " + number(growth) + " within " +
                number(now_s - history.front().first) + " s", now_s, out);
-    } else if (step > 0) {
+    } else if (delta > 0) {
       emit(source, shown, event_metric::kNvlinkErrors, Severity::kWarning, options_.nvlink_error_threshold,
-           "NVLink CRC/replay/recovery errors grew by " + number(step), now_s, out);
+           "NVLink CRC/replay/recovery errors grew by " + number(delta), now_s, out);
     }
   }
   history.emplace_back(now_s, total);
@@ -133,10 +142,13 @@ void Rules::temperature(const std::string& source, const Reading& r, double now_
   };
   const double* shutdown = limit(metric::kTemperatureShutdown);
   const double* slowdown = limit(metric::kTemperatureSlowdown);
-  if (shutdown && r.value >= *shutdown - options_.temperature_margin_c) {
-    emit(source, r, event_metric::kTemperature, Severity::kFatal, *shutdown - options_.temperature_margin_c,
-         "GPU at " + number(r.value) + " C, within " + number(options_.temperature_margin_c) + " C of its shutdown limit " +
-             number(*shutdown) + " C", now_s, out);
+  // Fatal near shutdown, but never at or below the slowdown limit (some GPUs have the two
+  // limits a few degrees apart): the GPU throttles there first.
+  const double fatal_at = shutdown ? std::max(*shutdown - options_.temperature_margin_c, slowdown ? *slowdown + 1 : 0) : 0;
+  if (shutdown && r.value >= fatal_at) {
+    emit(source, r, event_metric::kTemperature, Severity::kFatal, fatal_at,
+         "GPU at " + number(r.value) + " C, near its shutdown limit " + number(*shutdown) + " C (fatal from " +
+             number(fatal_at) + " C)", now_s, out);
     return;
   }
   double warn_at = 0;
@@ -154,7 +166,7 @@ std::vector<Event> Rules::evaluate(const std::string& source, const std::vector<
     if (is(r.metric, metric::kTemperatureShutdown) || is(r.metric, metric::kTemperatureSlowdown))
       limits_[Key{deviceKey(source, r.device), r.metric}] = r.value;
 
-  std::map<std::string, std::pair<double, const Reading*>> nvlink;  // device key -> (total, a reading)
+  std::map<std::string, std::pair<double, const Reading*>> nvlink;  // device key -> (growth, a reading)
   for (const Reading& r : readings) {
     const std::string& m = r.metric;
     if (is(m, metric::kEccUncorrectableVolatile) || is(m, metric::kEccUncorrectableAggregate)) {
@@ -180,7 +192,7 @@ std::vector<Event> Rules::evaluate(const std::string& source, const std::vector<
            now_s, &out, ":" + std::to_string(code));
     } else if (is(m, metric::kNvlinkCrc) || is(m, metric::kNvlinkReplay) || is(m, metric::kNvlinkRecovery)) {
       auto& entry = nvlink[deviceKey(source, r.device)];
-      entry.first += r.value;
+      entry.first += nvlinkDelta(source, r);  // each counter on its own: one reset or gap does not skew the rest
       entry.second = &r;
     } else if (is(m, metric::kNvlinkLinksActive)) {
       double& most = limits_[Key{deviceKey(source, r.device), m}];
@@ -198,7 +210,8 @@ std::vector<Event> Rules::evaluate(const std::string& source, const std::vector<
              now_s, &out);
       else if (action != 0)
         emit(source, r, event_metric::kRecoveryAction, Severity::kFatal, 0,
-             "driver requests recovery action " + std::to_string(action) + " (1 GPU reset, 2 node reboot, 4 drain and reset)",
+             "driver requests recovery action " + std::to_string(action) +
+                 " (1 GPU reset, 2 node reboot, 4 drain and reset, 5 IMEX domain recovery, 6 bus reset, 7 system reboot)",
              now_s, &out);
     }
   }

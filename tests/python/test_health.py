@@ -157,6 +157,39 @@ def test_dropping_a_running_monitor_stops_its_thread():
     assert source.calls == calls
 
 
+def test_monitor_dropped_inside_its_own_callback_stops_cleanly():
+    source = ScriptedSource([[r("remap_failure", 1)]])
+    box = []
+    done = threading.Event()
+
+    def on_event(event):
+        box.clear()  # the last reference: the monitor is destroyed on its own thread
+        gc.collect()
+        done.set()
+
+    box.append(HardwareHealthMonitor(HealthConfig(interval_s=0.01), [source], on_event=on_event).start())
+    assert done.wait(10)
+    time.sleep(0.2)  # another thread stops and destroys it
+    calls = source.calls
+    time.sleep(0.1)
+    assert source.calls == calls
+
+
+def test_sources_need_distinct_names_and_nvml_subclasses_keep_their_poll(fake_nvml):
+    with pytest.raises(InvalidArgumentError, match="also named 'scripted'"):
+        HardwareHealthMonitor(HealthConfig(), [ScriptedSource([[]]), ScriptedSource([[]])])
+
+    class Filtered(NvmlSource):
+        def poll(self):
+            readings, unsupported = super().poll()
+            return [x for x in readings if x.metric.startswith("temperature")], unsupported
+
+    monitor = HardwareHealthMonitor(HealthConfig(), [Filtered(0, library_path=fake_nvml.path)])
+    monitor.poll_once()
+    assert {x.metric for x in monitor.last_readings()} == {"temperature_c", "temperature_shutdown_c",
+                                                            "temperature_slowdown_c"}
+
+
 @pytest.mark.parametrize("config, field", [
     (HealthConfig(interval_s=0), "interval_s"),
     (HealthConfig(warning_interval_s=-1), "warning_interval_s"),

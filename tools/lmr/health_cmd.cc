@@ -96,7 +96,16 @@ int probe(const HealthArgs& args) {
   for (unsigned index : args.devices) {
     health::NvmlOptions options = args.nvml;
     options.xid_events = false;  // one poll cannot see XIDs: they arrive as events over time
-    health::NvmlSource source(index, options);
+    std::unique_ptr<health::NvmlSource> opened;
+    try {
+      opened = std::make_unique<health::NvmlSource>(index, options);
+    } catch (const IoError& e) {  // a GPU NVML lists but cannot open (lost before we started)
+      fatal = true;
+      devices.push_back({{"device", {{"index", index}}}, {"error", e.message()},
+                         {"events", {{{"severity", "fatal"}, {"metric", "device_lost"}, {"message", e.message()}}}}});
+      continue;
+    }
+    health::NvmlSource& source = *opened;
     const health::PollResult result = source.poll();
     const auto events = rules.evaluate(source.name(), result.readings, 0);
     nlohmann::json readings = nlohmann::json::object(), details = nlohmann::json::object();
@@ -121,6 +130,10 @@ int probe(const HealthArgs& args) {
   } else {
     for (const auto& d : devices) {
       const auto& dev = d["device"];
+      if (d.contains("error")) {
+        std::cout << "gpu " << dev["index"].get<int>() << "  fatal: device_lost: " << d["error"].get<std::string>() << '\n';
+        continue;
+      }
       std::cout << "gpu " << dev["index"].get<int>() << "  " << dev["name"].get<std::string>() << "  "
                 << dev["uuid"].get<std::string>() << "  pci " << dev["pci_bus_id"].get<std::string>() << '\n';
       for (const auto& [metric, value] : d["readings"].items()) {
@@ -140,11 +153,24 @@ int probe(const HealthArgs& args) {
 
 int watch(const HealthArgs& args) {
   std::vector<std::shared_ptr<health::Source>> sources;
-  for (unsigned index : args.devices) sources.push_back(std::make_shared<health::NvmlSource>(index, args.nvml));
-  health::MonitorOptions options;
-  options.interval_s = args.interval_s;
   const bool json = args.json;
   bool fatal = false;
+  for (unsigned index : args.devices) {
+    try {
+      sources.push_back(std::make_shared<health::NvmlSource>(index, args.nvml));
+    } catch (const IoError& e) {  // cannot be opened: report it lost, watch the others
+      fatal = true;
+      if (json)
+        std::cout << nlohmann::json{{"type", "lmr.health_event"}, {"severity", "fatal"}, {"metric", "device_lost"},
+                                    {"device", {{"index", index}}}, {"message", e.message()}}.dump()
+                  << std::endl;
+      else
+        std::cout << "fatal  gpu " << index << "  device_lost  " << e.message() << std::endl;
+    }
+  }
+  if (sources.empty()) return 1;
+  health::MonitorOptions options;
+  options.interval_s = args.interval_s;
   std::mutex out_mutex;
   health::Monitor monitor(options, sources, [&](const health::Event& e) {
     std::lock_guard<std::mutex> lock(out_mutex);

@@ -31,8 +31,9 @@ struct MonitorOptions {
   // growth at all is a warning.
   double nvlink_error_threshold = 100;
   double nvlink_window_s = 60;
-  // Fatal when the temperature is within this many degrees of the shutdown limit; warning
-  // at the slowdown limit (or, without one, temperature_warning_margin_c below shutdown).
+  // Fatal when the temperature is within this many degrees of the shutdown limit (and above
+  // the slowdown limit); warning at the slowdown limit (or, without one,
+  // temperature_warning_margin_c below shutdown).
   double temperature_margin_c = 5;
   double temperature_warning_margin_c = 15;
   double warning_interval_s = 300;
@@ -75,7 +76,8 @@ nlohmann::json toJson(const Event& event);
 nlohmann::json toJson(const DeviceInfo& device);
 
 // The decision rules, with the state they need between polls (previous counters, limits,
-// what was already emitted). Not thread-safe: one owner.
+// what was already emitted), kept per device: its UUID, else the source name and index.
+// Not thread-safe: one owner.
 class Rules {
  public:
   explicit Rules(MonitorOptions options);
@@ -86,7 +88,9 @@ class Rules {
   using Key = std::pair<std::string, std::string>;  // device key (UUID, else source#index), metric
   void counterGrowth(const std::string& source, const Reading& r, const char* event_metric, Severity severity,
                      double now_s, std::vector<Event>* out);
-  void nvlinkGrowth(const std::string& source, const Reading& r, double total, double now_s, std::vector<Event>* out);
+  // A cumulative NVLink counter's growth since its last reading (0 after a reset).
+  double nvlinkDelta(const std::string& source, const Reading& r);
+  void nvlinkGrowth(const std::string& source, const Reading& r, double delta, double now_s, std::vector<Event>* out);
   void temperature(const std::string& source, const Reading& r, double now_s, std::vector<Event>* out);
   void emit(const std::string& source, const Reading& r, const char* event_metric, Severity severity,
             double threshold, std::string message, double now_s, std::vector<Event>* out,
@@ -94,6 +98,7 @@ class Rules {
   MonitorOptions options_;
   std::map<Key, double> counters_;  // last value of each cumulative counter
   std::map<Key, double> limits_;    // temperature limits, most links seen active
+  std::map<Key, double> nvlink_total_;  // per device: growth of all NVLink error counters since start
   std::map<Key, std::vector<std::pair<double, double>>> nvlink_history_;  // (time, total) in the window
   std::set<Key> fatal_emitted_;
   std::map<Key, double> warning_last_;
@@ -120,9 +125,13 @@ class Monitor {
 
   // Starts the thread (first poll at once). Throws InvalidArgument when already running.
   void start();
-  // Stops and joins; idempotent. Blocks for at most one poll in progress.
+  // Stops and joins; idempotent and safe from several threads at once (later callers wait
+  // for the first). Blocks for at most one poll in progress. Throws InvalidArgument from the
+  // monitor's own thread (an on_event callback).
   void stop();
   bool running() const;
+  // True when called on the monitor's thread (inside a poll or an on_event callback).
+  bool onMonitorThread() const;
   // One synchronous poll of every source (serialized with the thread's polls); returns the
   // events it produced, after delivering them to on_event.
   std::vector<Event> pollOnce();
@@ -142,6 +151,7 @@ class Monitor {
   MonitorOptions options_;
   std::vector<std::shared_ptr<Source>> sources_;
   EventCallback on_event_;
+  std::mutex stop_mutex_;  // serializes stop() callers
   std::mutex poll_mutex_;  // serializes polls (held across Source::poll, never by readers)
   Rules rules_;            // guarded by poll_mutex_
   mutable std::mutex mutex_;  // guards everything below; never held across a poll or callback
@@ -149,6 +159,7 @@ class Monitor {
   bool stop_ = false;
   bool running_ = false;
   std::thread thread_;
+  std::thread::id thread_id_;
   std::vector<Event> events_;
   std::vector<SourceError> errors_;
   std::size_t errors_rethrown_ = 0;

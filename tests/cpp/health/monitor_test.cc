@@ -15,8 +15,9 @@ namespace {
 // Replays scripted polls; after the script, repeats the last one.
 class ScriptedSource : public Source {
  public:
-  explicit ScriptedSource(std::vector<std::vector<Reading>> script) : script_(std::move(script)) {}
-  std::string name() const override { return "scripted"; }
+  explicit ScriptedSource(std::vector<std::vector<Reading>> script, std::string name = "scripted")
+      : script_(std::move(script)), name_(std::move(name)) {}
+  std::string name() const override { return name_; }
   PollResult poll() override {
     std::lock_guard<std::mutex> lock(mutex_);
     const std::size_t i = std::min(calls_++, script_.size() - 1);
@@ -30,6 +31,7 @@ class ScriptedSource : public Source {
  private:
   std::mutex mutex_;
   std::vector<std::vector<Reading>> script_;
+  std::string name_;
   std::size_t calls_ = 0;
 };
 
@@ -85,7 +87,7 @@ TEST(HealthMonitor, ThreadPollsAndDeliversEachFatalOnce) {
 }
 
 TEST(HealthMonitor, FailingSourceIsStoredAndOthersStillPolled) {
-  auto good = std::make_shared<ScriptedSource>(std::vector<std::vector<Reading>>{{reading(metric::kDeviceLost, 1)}});
+  auto good = std::make_shared<ScriptedSource>(std::vector<std::vector<Reading>>{{reading(metric::kDeviceLost, 1)}}, "good");
   Monitor monitor(MonitorOptions{}, {std::make_shared<ThrowingSource>(), good}, nullptr);
   auto events = monitor.pollOnce();
   ASSERT_EQ(events.size(), 1u);
@@ -135,8 +137,30 @@ TEST(HealthMonitor, StopFromCallbackIsRefused) {
   monitor.stop();
 }
 
-TEST(HealthMonitor, NullSourceAndBadOptionsAreRejected) {
+TEST(HealthMonitor, ConcurrentStopsJoinOnce) {
+  auto source = std::make_shared<ScriptedSource>(std::vector<std::vector<Reading>>{{}});
+  for (int round = 0; round < 20; ++round) {
+    MonitorOptions options;
+    options.interval_s = 0.001;
+    Monitor monitor(options, {source}, nullptr);
+    monitor.start();
+    std::vector<std::thread> stoppers;
+    for (int i = 0; i < 4; ++i) stoppers.emplace_back([&] { monitor.stop(); });
+    for (auto& t : stoppers) t.join();
+    EXPECT_FALSE(monitor.running());
+  }
+}
+
+TEST(HealthMonitor, NullSourceDuplicateNamesAndBadOptionsAreRejected) {
   EXPECT_THROW(Monitor(MonitorOptions{}, {nullptr}, nullptr), InvalidArgument);
+  auto a = std::make_shared<ScriptedSource>(std::vector<std::vector<Reading>>{{}}, "same");
+  auto b = std::make_shared<ScriptedSource>(std::vector<std::vector<Reading>>{{}}, "same");
+  try {
+    Monitor monitor(MonitorOptions{}, {a, b}, nullptr);
+    FAIL() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(e.message().find("sources[1]: another source is also named 'same'"), std::string::npos) << e.message();
+  }
   MonitorOptions options;
   options.warning_interval_s = -1;
   EXPECT_THROW(Monitor(options, {}, nullptr), InvalidArgument);

@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <map>
+#include <thread>
 
 #include "lmr/common/error.h"
 #include "lmr/health/monitor.h"
@@ -165,8 +166,10 @@ TEST_F(Nvml, EveryQueryFailingIsDeviceLoss) {
   NvmlSource source(0, fakeOptions());
   source.poll();
   fake.fail(0, "all", 999);  // NVML_ERROR_UNKNOWN everywhere
+  EXPECT_EQ(values(source.poll())[metric::kDeviceLost], 0);  // one bad poll is not a lost GPU
+  EXPECT_EQ(values(source.poll())[metric::kDeviceLost], 0);
   auto v = values(source.poll());
-  EXPECT_EQ(v[metric::kDeviceLost], 1);
+  EXPECT_EQ(v[metric::kDeviceLost], 1);  // the third in a row is
   fake.fail(0, "all", 0);
   fake.fail(0, "temperature", 999);  // one query failing is not loss
   v = values(source.poll());
@@ -213,6 +216,41 @@ TEST_F(Nvml, NvlinkErrorsAndLinkDownThroughTheMonitor) {
   EXPECT_EQ(events[1].metric, event_metric::kNvlinkErrors);
   EXPECT_EQ(events[1].severity, Severity::kFatal);
   EXPECT_EQ(events[1].value, 150);
+}
+
+TEST_F(Nvml, NvlinkGapsAreNotResets) {
+  auto source = std::make_shared<NvmlSource>(0, fakeOptions());
+  Monitor monitor(MonitorOptions{}, {source}, nullptr);
+  fake.set(0, "nvlink.1.crc_flit", 1000);  // old errors: the baseline
+  monitor.pollOnce();
+  fake.fail(0, "field.163", 999);  // the CRC fields fail for a poll: last values stand
+  fake.set(0, "nvlink.1.crc_flit", 1040);
+  EXPECT_TRUE(monitor.pollOnce().empty());
+  fake.fail(0, "field.163", 0);
+  auto events = monitor.pollOnce();
+  ASSERT_EQ(events.size(), 1u);  // 40 new errors: a warning, not the 1040 of the link's life
+  EXPECT_EQ(events[0].severity, Severity::kWarning);
+  EXPECT_EQ(events[0].value, 40);
+  fake.fail(0, "field_values", 999);  // the whole call fails once: no legacy fallback
+  const PollResult failed = source->poll();
+  for (const Reading& r : failed.readings) EXPECT_NE(r.metric, metric::kNvlinkCrcFlit);
+  fake.fail(0, "field_values", 0);
+  std::map<std::string, double> v = values(source->poll());
+  EXPECT_EQ(v[metric::kNvlinkCrc], 1040);
+  EXPECT_EQ(v.count(metric::kNvlinkCrcFlit), 0u);
+}
+
+TEST_F(Nvml, ConcurrentPollsOfOneSource) {
+  NvmlSource source(0, fakeOptions());
+  std::vector<std::thread> pollers;
+  for (int i = 0; i < 4; ++i)
+    pollers.emplace_back([&] {
+      for (int k = 0; k < 50; ++k) {
+        EXPECT_EQ(values(source.poll())[metric::kDeviceLost], 0);
+        source.unsupported();
+      }
+    });
+  for (auto& t : pollers) t.join();
 }
 
 TEST_F(Nvml, NoNvlinkMeansUnsupportedNotZero) {

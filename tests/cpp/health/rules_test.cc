@@ -98,11 +98,20 @@ TEST(HealthRules, ConfiguredXidsAreFatalOthersWarn) {
   MonitorOptions options;
   options.fatal_xids = {13};
   Rules custom{options};
-  events = run(custom, {reading(metric::kXid, 79), reading(metric::kXid, 13), reading(metric::kXid, 31)});
-  ASSERT_EQ(events.size(), 2u);  // after a fatal XID, further XID warnings of that GPU are noise
+  events = run(custom, {reading(metric::kXid, 79), reading(metric::kXid, 13), reading(metric::kXid, 13)});
+  ASSERT_EQ(events.size(), 2u);
   EXPECT_EQ(events[0].severity, Severity::kWarning);
   EXPECT_EQ(events[1].severity, Severity::kFatal);
-  EXPECT_EQ(events[1].value, 13);
+  EXPECT_EQ(events[1].value, 13);  // the second XID 13 is not repeated
+}
+
+TEST(HealthRules, EachFatalXidIsItsOwnEvent) {
+  Rules rules{MonitorOptions{}};
+  auto events = run(rules, {reading(metric::kXid, 119), reading(metric::kXid, 79), reading(metric::kXid, 119)});
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0].value, 119);
+  EXPECT_EQ(events[1].value, 79);
+  EXPECT_EQ(events[1].severity, Severity::kFatal);
 }
 
 TEST(HealthRules, DefaultFatalXids) {
@@ -131,6 +140,25 @@ TEST(HealthRules, NvlinkGrowthWarnsThenIsFatalOverTheThreshold) {
   EXPECT_EQ(events[0].threshold, 100);
 }
 
+TEST(HealthRules, NvlinkCountersResetOrMissingOnTheirOwn) {
+  Rules rules{MonitorOptions{}};
+  run(rules, {reading(metric::kNvlinkCrc, 500), reading(metric::kNvlinkReplay, 70)}, 0);
+  // The replay counter missing for a poll is not a reset; back again, only its growth counts.
+  EXPECT_TRUE(run(rules, {reading(metric::kNvlinkCrc, 500)}, 1).empty());
+  auto events = run(rules, {reading(metric::kNvlinkCrc, 500), reading(metric::kNvlinkReplay, 75)}, 2);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].value, 5);
+  // One counter reset (driver reload) becomes its baseline; the other's growth still counts.
+  MonitorOptions options;
+  options.warning_interval_s = 0;
+  Rules fresh{options};
+  run(fresh, {reading(metric::kNvlinkCrc, 500), reading(metric::kNvlinkReplay, 70)}, 0);
+  events = run(fresh, {reading(metric::kNvlinkCrc, 3), reading(metric::kNvlinkReplay, 72)}, 1);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].value, 2);
+  EXPECT_EQ(events[0].severity, Severity::kWarning);
+}
+
 TEST(HealthRules, SlowNvlinkGrowthOutsideTheWindowIsNotFatal) {
   MonitorOptions options;
   options.warning_interval_s = 0;
@@ -152,6 +180,19 @@ TEST(HealthRules, TemperatureNearShutdownIsFatalAtSlowdownWarns) {
   EXPECT_EQ(events[0].severity, Severity::kWarning);
   EXPECT_EQ(events[0].threshold, 88);
   events = run(rules, {reading(metric::kTemperature, 90)});  // limits remembered; 95 - 5 margin
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].severity, Severity::kFatal);
+  EXPECT_EQ(events[0].threshold, 90);
+}
+
+TEST(HealthRules, TemperatureFatalNeverBelowTheSlowdownLimit) {
+  Rules rules{MonitorOptions{}};  // limits 3 degrees apart, as some GPUs report
+  EXPECT_TRUE(run(rules, {reading(metric::kTemperatureShutdown, 92), reading(metric::kTemperatureSlowdown, 89),
+                          reading(metric::kTemperature, 88)}).empty());
+  auto events = run(rules, {reading(metric::kTemperature, 89)});
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].severity, Severity::kWarning);
+  events = run(rules, {reading(metric::kTemperature, 90)});
   ASSERT_EQ(events.size(), 1u);
   EXPECT_EQ(events[0].severity, Severity::kFatal);
   EXPECT_EQ(events[0].threshold, 90);
