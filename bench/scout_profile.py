@@ -74,6 +74,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--cadence-steps", type=int, default=120)
     add_model_args(p)
     args = vars(p.parse_args())
     device = torch.device(args["device"])
@@ -111,6 +112,32 @@ def main() -> None:
         coll = statistics.median(sum(c.get("seconds", 0.0) for c in r.collective_timings) for r in results)
         print(f"{name:44} {1e3 * extra:14.2f} {1e3 * compute:10.2f} {1e3 * coll:14.2f}")
 
+    # The default cadence, attached once, step by step: which steps check what, and what
+    # each costs against the median step without the harness.
+    base = statistics.median(run_steps(model, opt, data, step, n, device))
+    step += n
+    seen = []
+    harness = ReplayHarness(model, opt, ReplayHarnessConfig(on_result=lambda r: seen.append(r)),
+                            completed_iterations=step)
+    start = step
+    times = run_steps(model, opt, data, step, args["cadence_steps"], device)
+    step += args["cadence_steps"]
+    harness.close()
+    checked = {r.step: r.checked_recipe_ids for r in seen}
+    print(f"\ndefault cadence over {len(times)} steps: base {1e3 * base:.2f} ms/step, "
+          f"mean {1e3 * statistics.mean(times):.2f} ms/step ({100 * (statistics.mean(times) - base) / base:+.2f}%)")
+    check_steps = [i for i in range(len(times)) if start + i + 1 in checked]
+    rest = [times[i] for i in range(len(times)) if i not in check_steps]
+    print(f"  steps without a check: median {1e3 * statistics.median(rest):.2f} ms")
+    for i in check_steps:
+        print(f"  step {start + i + 1}: {1e3 * (times[i] - base):+8.2f} ms  {','.join(checked[start + i + 1])}")
+    if check_steps:
+        later = [times[i] - base for i in check_steps[1:]]
+        amortized = (sum(times) - (times[check_steps[0]] - base)) / len(times)
+        print(f"  mean without the first check's extra cost: {1e3 * amortized:.2f} ms/step "
+              f"({100 * (amortized - base) / base:+.2f}%); later checks median extra "
+              f"{1e3 * statistics.median(later) if later else float('nan'):.2f} ms")
+
     if args["profile"]:
         from torch.profiler import ProfilerActivity, profile
 
@@ -124,8 +151,7 @@ def main() -> None:
             run_steps(model, opt, data, step, 3, device)
         harness.close()
         key = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
-        print(prof.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=60))
-        print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25, max_name_column_width=60))
+        print(prof.key_averages().table(sort_by=key, row_limit=15, max_name_column_width=50))
 
 
 if __name__ == "__main__":
