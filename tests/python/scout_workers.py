@@ -44,10 +44,10 @@ def two_campaign():
                              {"operation": "sign_flip", "scope": "row"}, {"iterations": 6}))
 
 
-def run(parallel, kind, steps, check_interval=1):
+def run(parallel, kind, steps, check_interval=1, pipelined=None):
     cfg = TrainConfig(parallel=parallel, steps=steps)
     model, opt, data, device = build(cfg)
-    harness = ReplayHarness(model, opt, ReplayHarnessConfig(check_interval=check_interval))
+    harness = ReplayHarness(model, opt, ReplayHarnessConfig(check_interval=check_interval, pipelined=pipelined))
     c = {"compute": compute_campaign, "weight": weight_campaign, "adam": adam_campaign, "two": two_campaign}.get(kind)
     session = lmr.enable_fault_injection(model, opt, campaign=c()) if c else None
     for step in range(steps):

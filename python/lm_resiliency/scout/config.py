@@ -23,6 +23,9 @@ class ReplayHarnessConfig:
     optimizer_interval: int = -1
     optimizer_slice_size: int = 8  # parameters per optimizer check, rotating
     deterministic: bool = True  # deterministic kernels inside replay (user settings restored)
+    # Finish each check at the next optimizer boundary, reading fingerprints back without
+    # stalling the GPU (results arrive one step later). None: on for CUDA models.
+    pipelined: Optional[bool] = None
     compare_parameters: bool = True  # C3 on the replayed module's parameter state
     straggler_kappa: float = 3.0
     straggler_absolute_s: float = 0.005
@@ -46,6 +49,8 @@ class ReplayHarnessConfig:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
                 raise InvalidArgumentError(f"ReplayHarnessConfig.{name} must be a non-negative number")
 
+        if self.pipelined is not None and not isinstance(self.pipelined, bool):
+            raise InvalidArgumentError(f"ReplayHarnessConfig.pipelined must be True, False or None, got {self.pipelined!r}")
         if self.hang_detection is not None and not isinstance(self.hang_detection, HangDetectionConfig):
             raise InvalidArgumentError("ReplayHarnessConfig.hang_detection must be a HangDetectionConfig or None")
 

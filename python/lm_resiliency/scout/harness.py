@@ -25,19 +25,15 @@ from lm_resiliency.scout import groups
 from lm_resiliency.scout.capture import Capture, tensors_of
 from lm_resiliency.scout.config import ReplayHarnessConfig
 from lm_resiliency.scout.oob.monitor import HangMonitor
+from lm_resiliency.scout.pending import StartedCheck, fingerprint
 from lm_resiliency.scout.replay import (Timer, broadcast_flat, call_with_hooks, first_tensor, isolated, local,
                                         swapped_parameters)
 from lm_resiliency.scout.result import ReplayResult, SurfaceResult
-from lm_resiliency.signature import signature
 
 
 # Surfaces compared among state peers (replicas holding the same state); every other
 # surface is replayed compute, compared among all compute peers.
 _STATE_SURFACES = {"params", "state"}
-
-
-def _digest(tensors: list[Optional[torch.Tensor]]) -> bytes:
-    return b"".join(b"-" * 16 if t is None else signature(t.detach()).digest for t in tensors)
 
 
 class ReplayHarness:
@@ -61,6 +57,11 @@ class ReplayHarness:
                                      relative_threshold=float(self.config.straggler_relative))
         self._tracker = _core.StragglerTracker(timing, self.config.confirmation_rounds, self.config.temporal_window)
         self._device = next(iter(model.parameters())).device
+        # Pipelined: a check's fingerprints and times are read at the next boundary (see
+        # scout/pending.py); on by default on CUDA.
+        self._pipelined = self.config.pipelined if self.config.pipelined is not None else self._device.type == "cuda"
+        self._side_stream = torch.cuda.Stream(self._device) if self._pipelined and self._device.type == "cuda" else None
+        self._pending: Optional[StartedCheck] = None
         self._completed = completed_iterations
         self._replaying = [False]
         self._captures: dict[str, Capture] = {}
@@ -125,8 +126,13 @@ class ReplayHarness:
     def _boundary(self, step: int, plan: tuple) -> None:
         captures, self._captures = self._captures, {}
         try:
+            self._finish_pending()
             if self.config.check_interval != 0 and any(x not in (False, None) for x in plan):
-                self._record(self._run(step, plan, captures, self._snapshot))
+                started = self._start(step, plan, captures, self._snapshot)
+                if self._pipelined:
+                    self._pending = started
+                else:
+                    self._record(self._finish(started))
         finally:
             self._snapshot = None
             for c in self._last_captures.values():
@@ -141,11 +147,17 @@ class ReplayHarness:
         """Runs the full catalog now on the last iteration's captures (collective: every
         rank calls it). The optimizer recipe needs a pre-update snapshot, which a manual
         check does not have: it compares the optimizer state and parameters instead."""
+        self._finish_pending()
         step = self._completed
         plan = _core.replay_full_plan(max(step, 1), len(self._layers), self._slices)
-        result = self._run(step, plan, self._last_captures, None)
+        result = self._finish(self._start(step, plan, self._last_captures, None))
         self._record(result)
         return result
+
+    def _finish_pending(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self._record(self._finish(pending))
 
     def _record(self, result: ReplayResult) -> None:
         self.results.append(result)
@@ -153,6 +165,15 @@ class ReplayHarness:
             self.config.on_result(result)
 
     def close(self) -> None:
+        """Detaches. A pipelined check still open is finished first (its vote is a
+        collective: every rank closes at the same point, as every rank steps)."""
+        try:
+            if getattr(self, "_pending", None) is not None:
+                self._finish_pending()
+        finally:
+            self._detach()
+
+    def _detach(self) -> None:
         if getattr(self, "hang_monitor", None) is not None:
             self.hang_monitor.close()
         for c in list(self._captures.values()) + list(self._last_captures.values()):
@@ -176,7 +197,9 @@ class ReplayHarness:
         dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self._peers.world_votes)
         return int(t.item())
 
-    def _run(self, step: int, plan: tuple, captures: dict[str, Capture], snapshot: Optional[list]) -> ReplayResult:
+    def _start(self, step: int, plan: tuple, captures: dict[str, Capture], snapshot: Optional[list]) -> StartedCheck:
+        """Readiness, then every ready recipe's replay; fingerprints and times are taken
+        now, or (pipelined) when the check finishes."""
         result = ReplayResult(step=step, peer_ranks=list(self._peers.ranks), wall_time=time.time())
         modules = self._modules_for(plan)
         recipes = list(modules) + ([f"optimizer.{plan[3]}"] if plan[3] is not None else [])
@@ -211,7 +234,16 @@ class ReplayHarness:
                     if layer is not None:
                         result.layer_of_source[f"{recipe}.{kind}"] = layer
             result.checked_recipe_ids.append(recipe)
-        # One vote for every fingerprint and every replay time of this check.
+        done = None
+        if self._pipelined and self._device.type == "cuda":
+            done = torch.cuda.Event()
+            done.record()
+        return StartedCheck(step, result, surfaces, done)
+
+    def _finish(self, started: StartedCheck) -> ReplayResult:
+        """One vote for every fingerprint and every replay time of the check, then C3."""
+        step, result = started.step, started.result
+        surfaces = started.wait(self._side_stream)
         votes = self._vote({"surfaces": surfaces, "seconds": result.compute_seconds})
         sdc = [False] * len(self._peers.ranks)
         n = len(self._peers.ranks)
@@ -256,7 +288,8 @@ class ReplayHarness:
 
     # --- module recipe ---------------------------------------------------------------
 
-    def _timed_collective(self, result: ReplayResult, name: str, recipe: str, seconds: float) -> None:
+    def _timed_collective(self, result: ReplayResult, name: str, recipe: str, seconds: Any) -> None:
+        """`seconds`: a number or a Timer (read when the check finishes)."""
         result.collective_timings.append({"name": name, "recipe": recipe, "seconds": seconds,
                                           "group": list(self._peers.ranks)})
 
@@ -265,39 +298,43 @@ class ReplayHarness:
         source = self._peers.ranks[step % len(self._peers.ranks)]
         args, kwargs = cap.args, cap.kwargs
         inputs = tensors_of((args, kwargs))
-        t = Timer()
+        t = Timer(self._pipelined)
         with t(self._device):
             if self._peers.data is not None:
                 broadcast_flat(inputs, source, self._peers.data)
-        self._timed_collective(result, "broadcast_inputs", recipe, t.seconds)
+        self._timed_collective(result, "broadcast_inputs", recipe, t)
         seed = _core.replay_seed(recipe, step)
-        surfaces[f"{recipe}.invocation"] = _digest(inputs) + seed.to_bytes(8, "little")
+        surfaces[f"{recipe}.invocation"] = fingerprint(inputs, self._pipelined, seed.to_bytes(8, "little"))
 
         # Parameters: the evidence each peer holds, and full tensors to run with.
-        gather = Timer()
+        gather = Timer(self._pipelined)
+        gathered = False
         full: dict[str, torch.Tensor] = {}
         evidence: list[torch.Tensor] = []
         for name, p in module.named_parameters():
             if hasattr(p, "device_mesh"):
                 with gather(self._device):
                     full[name] = p.full_tensor().detach().clone()
-                evidence.append(full[name] if self._peers.materialize else local(p).detach())
+                gathered = True
+                # A local shard is live: copied when the check finishes a step later.
+                shard = local(p).detach()
+                evidence.append(full[name] if self._peers.materialize else shard.clone() if self._pipelined else shard)
             else:
                 full[name] = p.detach().clone()
                 evidence.append(full[name])
-        if gather.seconds:
-            self._timed_collective(result, "fsdp_parameter_all_gather", recipe, gather.seconds)
+        if gathered:
+            self._timed_collective(result, "fsdp_parameter_all_gather", recipe, gather)
         if self.config.compare_parameters:
-            surfaces[f"{recipe}.params"] = _digest(evidence)
+            surfaces[f"{recipe}.params"] = fingerprint(evidence, self._pipelined)
         # Compute is replayed with the source's parameters too, so a peer whose state
         # diverged (a separate, state-surface finding) does not mask a compute fault.
-        t = Timer()
+        t = Timer(self._pipelined)
         with t(self._device):
             if self._peers.data is not None:
                 broadcast_flat(list(full.values()), source, self._peers.data)
-        self._timed_collective(result, "broadcast_parameters", recipe, t.seconds)
+        self._timed_collective(result, "broadcast_parameters", recipe, t)
 
-        compute = Timer()
+        compute = Timer(self._pipelined)
         self._replaying[0] = True
         try:
             with compute(self._device), isolated(seed, self.config.deterministic, self._device):
@@ -319,13 +356,13 @@ class ReplayHarness:
                     grad_out = torch.randn(out.shape, dtype=out.dtype, device=out.device)
                     if out.requires_grad:
                         torch.autograd.backward(out, grad_out)
-                surfaces[f"{recipe}.output"] = _digest([out])
-                surfaces[f"{recipe}.input_grad"] = _digest([x.grad for x in tensors_of((r_args, r_kwargs))
-                                                            if x.is_floating_point()])
-                surfaces[f"{recipe}.param_grad"] = _digest([v.grad for v in leaves.values()])
+                surfaces[f"{recipe}.output"] = fingerprint([out], self._pipelined)
+                surfaces[f"{recipe}.input_grad"] = fingerprint([x.grad for x in tensors_of((r_args, r_kwargs))
+                                                                if x.is_floating_point()], self._pipelined)
+                surfaces[f"{recipe}.param_grad"] = fingerprint([v.grad for v in leaves.values()], self._pipelined)
         finally:
             self._replaying[0] = False
-        result.compute_seconds[recipe] = compute.seconds
+        result.compute_seconds[recipe] = compute
 
     # --- optimizer recipe --------------------------------------------------------------
 
@@ -354,30 +391,32 @@ class ReplayHarness:
         s = int(recipe.split(".")[1])
         replicated = not self._peers.materialize  # pure FSDP shards have no peer copy to compare
         if replicated:  # the live updated parameters, local shards for HSDP
-            surfaces[f"{recipe}.params"] = _digest([local(p).detach() for p in self._slice_params(s)])
+            surfaces[f"{recipe}.params"] = fingerprint([local(p).detach() for p in self._slice_params(s)],
+                                                       self._pipelined, live=True)
         if snapshot is None:
             if replicated:
-                surfaces[f"{recipe}.state"] = _digest([local(v) for p in self._slice_params(s)
-                                                       for k, v in sorted(self._optimizer.state.get(p, {}).items())
-                                                       if isinstance(v, torch.Tensor)])
+                surfaces[f"{recipe}.state"] = fingerprint([local(v) for p in self._slice_params(s)
+                                                           for k, v in sorted(self._optimizer.state.get(p, {}).items())
+                                                           if isinstance(v, torch.Tensor)], self._pipelined, live=True)
             return
         if replicated:
-            surfaces[f"{recipe}.state"] = _digest([v for _, _, value, _, entries in snapshot
-                                                   for v in [value] + [e for k, e in sorted(entries.items())
-                                                                       if isinstance(e, torch.Tensor)]])
+            surfaces[f"{recipe}.state"] = fingerprint([v for _, _, value, _, entries in snapshot
+                                                       for v in [value] + [e for k, e in sorted(entries.items())
+                                                                           if isinstance(e, torch.Tensor)]],
+                                                      self._pipelined)
         if any(grad is None for _, _, _, grad, _ in snapshot):
             return  # parameters without gradients were not updated: nothing to replay
         # The source peer's pre-update values, gradients and state, then the same update on
         # isolated copies everywhere.
         source = self._peers.ranks[step % len(self._peers.ranks)]
-        t = Timer()
+        t = Timer(self._pipelined)
         with t(self._device):
             if self._peers.data is not None:
                 broadcast_flat([x for _, _, value, grad, entries in snapshot
                                 for x in [value, grad] + [e for k, e in sorted(entries.items()) if isinstance(e, torch.Tensor)]],
                                source, self._peers.data)
-        self._timed_collective(result, "broadcast_optimizer_state", recipe, t.seconds)
-        compute = Timer()
+        self._timed_collective(result, "broadcast_optimizer_state", recipe, t)
+        compute = Timer(self._pipelined)
         with compute(self._device), isolated(_core.replay_seed(recipe, step), self.config.deterministic, self._device):
             copies, groups_of = [], {}
             for _, gi, value, grad, entries in snapshot:
@@ -389,8 +428,8 @@ class ReplayHarness:
             for c, _, entries in copies:
                 replay_opt.state[c] = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in entries.items()}
             replay_opt.step()
-        result.compute_seconds[recipe] = compute.seconds
-        surfaces[f"{recipe}.update"] = _digest([c for c, _, _ in copies])
+        result.compute_seconds[recipe] = compute
+        surfaces[f"{recipe}.update"] = fingerprint([c for c, _, _ in copies], self._pipelined)
 
     def _fresh_optimizer(self, groups_of: dict[int, list]) -> torch.optim.Optimizer:
         """An optimizer of the live one's class over the copies, with each live group's

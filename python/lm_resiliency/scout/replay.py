@@ -108,11 +108,30 @@ def local(t: torch.Tensor) -> torch.Tensor:
 
 
 class Timer:
-    def __init__(self) -> None:
-        self.seconds = 0.0
+    """Time spent inside ``with timer(device):`` blocks. Synchronous mode waits for the GPU
+    at both ends; event mode (pipelined checks) records CUDA events instead and reads
+    ``seconds`` only once they have completed."""
+
+    def __init__(self, events: bool = False) -> None:
+        self._seconds = 0.0
+        self._events = events
+        self._pairs: list = []
+
+    @property
+    def seconds(self) -> float:
+        return self._seconds + sum(a.elapsed_time(b) for a, b in self._pairs) / 1000.0
 
     @contextlib.contextmanager
     def __call__(self, device: torch.device) -> Iterator[None]:
+        if device.type == "cuda" and self._events:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            try:
+                yield
+            finally:
+                end.record()
+                self._pairs.append((start, end))
+            return
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         start = time.perf_counter()
@@ -121,4 +140,4 @@ class Timer:
         finally:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            self.seconds += time.perf_counter() - start
+            self._seconds += time.perf_counter() - start

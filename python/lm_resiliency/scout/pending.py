@@ -1,0 +1,69 @@
+"""A check started at one optimizer boundary and finished at the next (pipelined mode).
+
+Reading a fingerprint back waits for the GPU. Done at the end of the check, that wait
+empties the GPU's queue, and the next training step then starts on an idle GPU while the
+CPU prepares it: on the H200 that bubble cost as much as the replay itself. Pipelined, the
+replay is queued at boundary N behind the training work, and its fingerprints and times are
+read at boundary N+1, once a CUDA event says the replay has finished (by then it normally
+has: the CPU runs less than a step ahead), on a side stream that holds nothing else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional, Union
+
+import torch
+
+from lm_resiliency.scout.result import ReplayResult
+from lm_resiliency.signature import signature
+
+
+def _sign(tensors: list[Optional[torch.Tensor]]) -> bytes:
+    return b"".join(b"-" * 16 if t is None else signature(t.detach()).digest for t in tensors)
+
+
+class Fingerprints:
+    """The fingerprint of `tensors` (plus `suffix`), taken when resolved. Tensors the
+    training step will change (live parameters and optimizer state) are copied now."""
+
+    def __init__(self, tensors: list[Optional[torch.Tensor]], suffix: bytes = b"", live: bool = False):
+        self.tensors = [None if t is None else (t.detach().clone() if live else t.detach()) for t in tensors]
+        self.suffix = suffix
+
+    def resolve(self) -> bytes:
+        return _sign(self.tensors) + self.suffix
+
+
+def fingerprint(tensors: list[Optional[torch.Tensor]], pipelined: bool, suffix: bytes = b"",
+                live: bool = False) -> Union[bytes, Fingerprints]:
+    """Bytes now, or (pipelined) a Fingerprints resolved when the check finishes."""
+    return Fingerprints(tensors, suffix, live) if pipelined else _sign(tensors) + suffix
+
+
+def seconds(value: Any) -> float:
+    """A Timer's total, or a number."""
+    return float(getattr(value, "seconds", value))
+
+
+@dataclasses.dataclass
+class StartedCheck:
+    step: int
+    result: ReplayResult
+    surfaces: dict[str, Any]  # bytes or Fingerprints
+    done: Optional[Any] = None  # a CUDA event recorded after the check's GPU work
+
+    def wait(self, side_stream: Optional[Any]) -> dict[str, bytes]:
+        """Waits for the check's GPU work (only for it), then fingerprints on `side_stream`,
+        and turns the result's timers into seconds."""
+        if self.done is not None:
+            self.done.synchronize()
+        if side_stream is not None:
+            with torch.cuda.stream(side_stream):
+                surfaces = {k: v.resolve() if isinstance(v, Fingerprints) else v for k, v in self.surfaces.items()}
+        else:
+            surfaces = {k: v.resolve() if isinstance(v, Fingerprints) else v for k, v in self.surfaces.items()}
+        self.result.compute_seconds = {k: seconds(v) for k, v in self.result.compute_seconds.items()}
+        for timing in self.result.collective_timings:
+            timing["seconds"] = seconds(timing["seconds"])
+        return surfaces
