@@ -1,0 +1,124 @@
+"""A fault-injection campaign under the SCOUT replay harness on every rank, scored.
+
+On a multi-GPU machine (one process per GPU, NCCL):
+
+    torchrun --nproc-per-node 8 bench/multi_gpu_campaign.py --parallel ddp --device cuda \
+        --campaign examples/campaigns/multi-gpu-ddp.json --out results/ddp
+
+Locally on CPU (gloo, spawned ranks), to try the script:
+
+    python bench/multi_gpu_campaign.py --parallel ddp --world-size 4 --out /tmp/campaign-ddp
+
+Every rank writes its injection artifact (injections-rank-R.json); rank 0 writes the
+localization artifact (localization.json) from the harness's results, the per-occurrence
+table of evaluate() (report.txt), then runs `lmr campaign compare` on the artifacts
+(compare.txt) and prints both. Exit status 0 when compare says every occurrence was
+localized.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from lm_resiliency.fault_injection import (FaultCampaign, FaultInjectionRecord, enable_fault_injection, evaluate,
+                                           write_localization_artifact)
+from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig, localization_results
+from lm_resiliency.workloads import DecoderConfig, TrainConfig, build, spawn, train_step
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def rank_main(ns: argparse.Namespace) -> int:
+    model_cfg = DecoderConfig(vocab_size=ns.vocab, dim=ns.dim, n_layers=ns.layers, n_heads=ns.heads,
+                              ffn_hidden=ns.dim * 8 // 3, max_seq_len=max(ns.seq_len, 64))
+    cfg = TrainConfig(parallel=ns.parallel, steps=ns.steps, batch_size=ns.batch_size, seq_len=ns.seq_len,
+                      device=ns.device, dp_replicate=ns.dp_replicate, model=model_cfg)
+    model, optimizer, data, device = build(cfg)
+    rank = dist.get_rank()
+
+    def progress(result):
+        if rank == 0 and (result.status != "Agree" or result.step % 10 == 0):
+            blamed = f" sdc {result.sdc_ranks} via {result.sdc_sources}" if any(result.sdc_bitmap) else ""
+            slow = f" straggler {result.straggler_ranks}" if any(result.straggler_bitmap) else ""
+            print(f"  step {result.step:4d} {result.status}{blamed}{slow}", flush=True)
+
+    harness = ReplayHarness(model, optimizer, ReplayHarnessConfig(check_interval=ns.check_interval, on_result=progress))
+    faults = enable_fault_injection(model, optimizer, campaign=ns.campaign)
+    started = time.perf_counter()
+    for step in range(ns.steps):
+        train_step(model, optimizer, data, device, step)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - started
+    faults.close()
+    harness.close()
+    os.makedirs(ns.out, exist_ok=True)
+    faults.write_artifact(os.path.join(ns.out, f"injections-rank-{rank}.json"))
+    records = [None] * dist.get_world_size()
+    dist.all_gather_object(records, [r.to_dict() for r in faults.records()])
+    if rank == 0:
+        campaign = FaultCampaign.from_json(ns.campaign)
+        all_records = [FaultInjectionRecord.from_dict(r) for per_rank in records for r in per_rank]
+        results = localization_results(campaign, all_records, harness.results, harness.boundary_times)
+        write_localization_artifact(os.path.join(ns.out, "localization.json"), results)
+        report = evaluate(campaign, all_records, results)
+        with open(os.path.join(ns.out, "report.txt"), "w", encoding="utf-8") as f:
+            f.write(f"{ns.parallel} world={dist.get_world_size()} device={device.type} steps={ns.steps} "
+                    f"seconds={seconds:.1f}\n")
+            f.write(report.table())
+    dist.barrier()
+    return rank
+
+
+def compare(out: str) -> int:
+    lmr = shutil.which("lmr", path=os.path.dirname(sys.executable)) or shutil.which("lmr") or "lmr"
+    injections = sorted(glob.glob(os.path.join(out, "injections-rank-*.json")))
+    done = subprocess.run([lmr, "campaign", "compare", "--injections", *injections, "--localization",
+                           os.path.join(out, "localization.json")], capture_output=True, text=True)
+    with open(os.path.join(out, "compare.txt"), "w", encoding="utf-8") as f:
+        f.write(done.stdout + done.stderr)
+    with open(os.path.join(out, "report.txt"), encoding="utf-8") as f:
+        print(f.read())
+    print(done.stdout + done.stderr)
+    return done.returncode
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--parallel", choices=("ddp", "fsdp2", "hsdp"), default="ddp")
+    p.add_argument("--campaign", default=os.path.join(ROOT, "examples", "campaigns", "multi-gpu-ddp.json"))
+    p.add_argument("--out", required=True)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--world-size", type=int, default=4, help="ranks to spawn when not under torchrun")
+    p.add_argument("--dp-replicate", type=int, default=2)
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--check-interval", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--seq-len", type=int, default=32)
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=128)
+    ns = p.parse_args()
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        dist.init_process_group("nccl" if ns.device == "cuda" else "gloo")
+        try:
+            rank = rank_main(ns)
+        finally:
+            dist.destroy_process_group()
+        return compare(ns.out) if rank == 0 else 0
+    spawn(rank_main, ns.world_size, args=(ns,), backend="nccl" if ns.device == "cuda" else "gloo")
+    return compare(ns.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
