@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <string>
 #include <set>
-#include <sstream>
 #include <tuple>
 
 #include "lmr/common/error.h"
@@ -194,14 +194,15 @@ CampaignReport compareArtifacts(const std::vector<InjectionArtifact>& artifacts,
   return report;
 }
 
+// Built without iostreams: a number formatted through std::ostream inside _core crashed in
+// a process that had loaded torch first (seen on the accelerator machine).
 std::string formatReportTable(const CampaignReport& report) {
-  std::ostringstream out;
-  out << "campaign " << report.campaign << "  " << report.manifest_identity << "\n";
+  std::string out = "campaign " + report.campaign + "  " + report.manifest_identity + "\n";
   auto yes = [](bool b) { return b ? "yes" : "no"; };
   char line[512];
   std::snprintf(line, sizeof line, "%-36s %10s %-9s %-9s %-10s %s\n", "occurrence", "iteration", "injected", "detected",
                 "localized", "expected / reason");
-  out << line;
+  out += line;
   for (const OccurrenceScore& o : report.occurrences) {
     std::string expected;
     if (o.skipped) {
@@ -220,15 +221,20 @@ std::string formatReportTable(const CampaignReport& report) {
     std::snprintf(line, sizeof line, "%-36s %10lld %-9s %-9s %-10s %s\n", o.occurrence_id.c_str(),
                   static_cast<long long>(o.iteration), o.skipped ? "-" : yes(o.injection_succeeded),
                   o.skipped ? "-" : yes(o.detected), o.skipped ? "-" : yes(o.localized), expected.c_str());
-    out << line;
+    out += line;
   }
-  out << "totals: " << report.scored() << " occurrences (" << report.occurrences.size() - report.scored()
-      << " skipped by probability), " << report.injected() << " injected, " << report.detected() << " detected, "
-      << report.localized() << " localized";
-  if (auto mean = report.meanLatencyMs()) out << ", mean latency " << *mean << " ms";
-  if (!report.unmatched_results.empty()) out << ", " << report.unmatched_results.size() << " results matched no occurrence";
-  out << "\n";
-  return out.str();
+  out += "totals: " + std::to_string(report.scored()) + " occurrences (" +
+         std::to_string(report.occurrences.size() - report.scored()) + " skipped by probability), " +
+         std::to_string(report.injected()) + " injected, " + std::to_string(report.detected()) + " detected, " +
+         std::to_string(report.localized()) + " localized";
+  if (auto mean = report.meanLatencyMs()) {
+    std::snprintf(line, sizeof line, ", mean latency %g ms", *mean);
+    out += line;
+  }
+  if (!report.unmatched_results.empty())
+    out += ", " + std::to_string(report.unmatched_results.size()) + " results matched no occurrence";
+  out += "\n";
+  return out;
 }
 
 }  // namespace lmr::campaign

@@ -93,9 +93,17 @@ def broadcast_flat(tensors: list, src: int, group: Any) -> None:
     by_dtype: dict = {}
     for t in tensors:
         by_dtype.setdefault((t.dtype, t.device), []).append(t)
+    # An NCCL group carries only CUDA tensors; CPU ones (AdamW's step counts) go through
+    # the current CUDA device.
+    cuda_only = "nccl" in str(dist.get_backend(group)) and "cpu:" not in str(dist.get_backend(group))
     for (dtype, device), ts in by_dtype.items():
         flat = torch.cat([t.reshape(-1) for t in ts]) if len(ts) > 1 else ts[0].reshape(-1).clone()
-        dist.broadcast(flat, src=src, group=group)
+        if cuda_only and device.type == "cpu":
+            staged = flat.to(torch.device("cuda", torch.cuda.current_device()))
+            dist.broadcast(staged, src=src, group=group)
+            flat = staged.cpu()
+        else:
+            dist.broadcast(flat, src=src, group=group)
         offset = 0
         for t in ts:
             n = t.numel()
