@@ -32,16 +32,15 @@ import torch.distributed as dist
 from lm_resiliency.fault_injection import (FaultCampaign, FaultInjectionRecord, enable_fault_injection, evaluate,
                                            write_localization_artifact)
 from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig, localization_results
-from lm_resiliency.workloads import DecoderConfig, TrainConfig, build, spawn, train_step
+from lm_resiliency.workloads import TrainConfig, build, spawn, train_step
+from model_args import add_model_args, decoder_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def rank_main(ns: argparse.Namespace) -> int:
-    model_cfg = DecoderConfig(vocab_size=ns.vocab, dim=ns.dim, n_layers=ns.layers, n_heads=ns.heads,
-                              ffn_hidden=ns.dim * 8 // 3, max_seq_len=max(ns.seq_len, 64))
-    cfg = TrainConfig(parallel=ns.parallel, steps=ns.steps, batch_size=ns.batch_size, seq_len=ns.seq_len,
-                      device=ns.device, dp_replicate=ns.dp_replicate, model=model_cfg)
+    cfg = TrainConfig(parallel=ns.parallel, steps=ns.steps, batch_size=ns.batch, seq_len=ns.seq,
+                      device=ns.device, dp_replicate=ns.dp_replicate, model=decoder_config(vars(ns)))
     model, optimizer, data, device = build(cfg)
     rank = dist.get_rank()
 
@@ -102,12 +101,11 @@ def main() -> int:
     p.add_argument("--dp-replicate", type=int, default=2)
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--check-interval", type=int, default=1)
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--seq-len", type=int, default=32)
-    p.add_argument("--dim", type=int, default=64)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--vocab", type=int, default=128)
+    add_model_args(p)
+    # The example campaigns' fault windows (4 iterations) suit a 2-layer model checked after
+    # every step; with L layers the hidden rotation visits a block every L checks, so size
+    # the windows (or the campaign) for the model.
+    p.set_defaults(dim=64, layers=2, seq=32, vocab=128)
     ns = p.parse_args()
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         dist.init_process_group("nccl" if ns.device == "cuda" else "gloo")
