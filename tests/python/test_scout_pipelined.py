@@ -1,6 +1,8 @@
 """Pipelined checks (finished at the next optimizer boundary): same fingerprints and
 decisions as synchronous checks, results one step later, localization unchanged."""
 
+import time
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -48,6 +50,31 @@ def test_pipelined_checks_match_synchronous_ones_one_step_later(device):
     if device == "cuda":  # pipelined is the default there
         default, delivered = train(None, device=device)
         assert delivered == piped_delivered
+
+
+@pytest.mark.gpu
+def test_pipelined_replay_time_sees_a_host_side_stall():
+    """Event timing alone would hide a host stall behind the GPU's backlog; the larger of
+    host and GPU time is reported."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    torch.manual_seed(0)
+    model = Decoder(DecoderConfig()).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = SyntheticTokens(128, 16, 4)
+    harness = ReplayHarness(model, opt, ReplayHarnessConfig(check_interval=1, embedding_interval=0, output_interval=0,
+                                                            optimizer_interval=0, pipelined=True))
+    slow = {"on": False}
+    model.layers[0].register_forward_pre_hook(lambda m, a: time.sleep(0.05) if slow["on"] else None)
+    for step in range(6):
+        slow["on"] = step >= 2
+        x, y = data.batch(step, shard=0)
+        F.cross_entropy(model(x.cuda()).reshape(-1, 128), y.cuda().reshape(-1)).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    harness.close()
+    stalled = [r.compute_seconds["hidden.0"] for r in harness.results if "hidden.0" in r.compute_seconds and r.step > 2]
+    assert stalled and min(stalled) >= 0.05, [r.compute_seconds for r in harness.results]
 
 
 def test_pipelined_must_be_a_bool_or_none():

@@ -117,28 +117,31 @@ def local(t: torch.Tensor) -> torch.Tensor:
 
 class Timer:
     """Time spent inside ``with timer(device):`` blocks. Synchronous mode waits for the GPU
-    at both ends; event mode (pipelined checks) records CUDA events instead and reads
-    ``seconds`` only once they have completed."""
+    at both ends. Event mode (pipelined checks) does not wait: it records CUDA events and
+    the host's wall time, and ``seconds`` (read once the events completed) takes the larger
+    of the two per block, so a slow GPU and a slow host (a stall in the replayed module's
+    Python) both show."""
 
     def __init__(self, events: bool = False) -> None:
         self._seconds = 0.0
         self._events = events
-        self._pairs: list = []
+        self._blocks: list = []  # (start event, end event, host seconds)
 
     @property
     def seconds(self) -> float:
-        return self._seconds + sum(a.elapsed_time(b) for a, b in self._pairs) / 1000.0
+        return self._seconds + sum(max(a.elapsed_time(b) / 1000.0, host) for a, b, host in self._blocks)
 
     @contextlib.contextmanager
     def __call__(self, device: torch.device) -> Iterator[None]:
         if device.type == "cuda" and self._events:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
+            began = time.perf_counter()
             try:
                 yield
             finally:
                 end.record()
-                self._pairs.append((start, end))
+                self._blocks.append((start, end, time.perf_counter() - began))
             return
         if device.type == "cuda":
             torch.cuda.synchronize(device)
