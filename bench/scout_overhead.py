@@ -7,11 +7,16 @@ with a model sized by --dim/--layers/--seq/--batch (the harness then has no peer
 with; this measures the replay work itself).
 
 Usage: python bench/scout_overhead.py [--rounds 5] [--steps 100] [--cadences 0,100,25,10,1]
+       torchrun --nproc-per-node 8 bench/scout_overhead.py --device cuda ...   (one GPU per rank, NCCL)
+
+It also reports the fingerprint throughput of signature() over the live model's parameters
+and gradients.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -40,15 +45,35 @@ def timed(model, opt, data, steps, start, device):
     return (time.perf_counter() - t0) / steps
 
 
+def sign_live_tensors(model, device) -> tuple[float, float]:
+    """GiB and GB/s of fingerprinting every parameter and gradient of the live model."""
+    from lm_resiliency.signature import signature
+
+    tensors = [t for p in model.parameters() for t in (p, p.grad) if t is not None]
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    for t in tensors:  # warm-up
+        signature(t.detach())
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for t in tensors:
+        signature(t.detach())
+    seconds = time.perf_counter() - t0
+    return nbytes / 2**30, nbytes / seconds / 1e9
+
+
 def body(args):
     device = torch.device(args["device"])
+    if device.type == "cuda" and dist.is_initialized():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", dist.get_rank())) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
     torch.manual_seed(0)
     cfg = decoder_config(args)
     model = Decoder(cfg).to(device)
     if args["dtype"] == "bfloat16":
         model = model.to(torch.bfloat16)
     if dist.is_initialized():
-        model = torch.nn.parallel.DistributedDataParallel(model)
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     data = SyntheticTokens(args["vocab"], args["seq"], args["batch"])
     step = 0
@@ -67,7 +92,12 @@ def body(args):
                 checks[cadence] += len(harness.results)
                 assert all(r.status == "Agree" for r in harness.results), [r.to_json() for r in harness.results]
                 harness.close()
-    return {c: statistics.median(v) for c, v in samples.items()}, checks
+    # The live tensors after the last block (gradients of the last step were zeroed: take one more).
+    x, y = data.batch(step, shard=dist.get_rank() if dist.is_initialized() else 0)
+    logits = model(x.to(device))
+    F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.to(device).reshape(-1)).backward()
+    signing = sign_live_tensors(model, device)
+    return {c: statistics.median(v) for c, v in samples.items()}, checks, signing
 
 
 def main() -> None:
@@ -81,11 +111,22 @@ def main() -> None:
     p.add_argument("--dtype", default="float32")
     ns = p.parse_args()
     args = dict(vars(ns), cadences=[int(c) for c in ns.cadences.split(",")])
-    if ns.device == "cuda":
-        medians, checks = body(args)
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun: NCCL on CUDA, one GPU per rank
+        dist.init_process_group("nccl" if ns.device == "cuda" else "gloo")
+        try:
+            medians, checks, signing = body(args)
+            world = dist.get_world_size()
+        finally:
+            dist.destroy_process_group()
+        if int(os.environ["RANK"]) != 0:
+            return
+        where = (f"{world} ranks on {torch.cuda.get_device_name()} (NCCL)" if ns.device == "cuda"
+                 else f"{world} CPU ranks (gloo, torchrun)")
+    elif ns.device == "cuda":
+        medians, checks, signing = body(args)
         where = f"1 rank on {torch.cuda.get_device_name()}"
     else:
-        medians, checks = spawn(body, ns.ranks, args=(args,))[0]
+        medians, checks, signing = spawn(body, ns.ranks, args=(args,))[0]
         where = f"{ns.ranks} CPU ranks (gloo, 1 thread each)"
     base = medians[0]
     print(f"reference decoder dim={ns.dim} layers={ns.layers} seq={ns.seq} batch={ns.batch} {ns.dtype}, {where}; "
@@ -94,6 +135,7 @@ def main() -> None:
     for c in args["cadences"]:
         label = "off" if c == 0 else str(c)
         print(f"{label:>8} {medians[c] * 1e3:9.3f} {100 * (medians[c] - base) / base:+8.2f}% {checks[c]:7d}")
+    print(f"signature() over every live parameter and gradient (rank 0): {signing[0]:.2f} GiB at {signing[1]:.1f} GB/s")
 
 
 if __name__ == "__main__":
