@@ -87,6 +87,8 @@ double fieldNumber(const nvmlFieldValue_t& f) {
 }
 
 const char* const kNvlinkErrorMetrics[] = {metric::kNvlinkReplay, metric::kNvlinkRecovery, metric::kNvlinkCrc};
+const char* const kNvlinkCounterMetrics[] = {metric::kNvlinkCrc, metric::kNvlinkCrcFlit, metric::kNvlinkCrcData,
+                                             metric::kNvlinkReplay, metric::kNvlinkRecovery};
 
 }  // namespace
 
@@ -186,9 +188,9 @@ void NvmlSource::State::readLinkStates() {
   }
   if (link_count < 0) link_count = total;
   if (link_count == 0) {
-    for (const char* m : {metric::kNvlinkLinksActive, metric::kNvlinkLinksTotal, metric::kNvlinkCrc, metric::kNvlinkCrcFlit,
-                          metric::kNvlinkCrcData, metric::kNvlinkReplay, metric::kNvlinkRecovery})
-      markUnsupported(m, "no NVLink links");
+    markUnsupported(metric::kNvlinkLinksActive, "no NVLink links");
+    markUnsupported(metric::kNvlinkLinksTotal, "no NVLink links");
+    for (const char* m : kNvlinkCounterMetrics) markUnsupported(m, "no NVLink links");
     return;
   }
   ++attempted;  // the link-state sweep counts as one query
@@ -199,8 +201,7 @@ void NvmlSource::State::readLinkStates() {
 void NvmlSource::State::readLegacyNvlink() {
   if (link_count <= 0 || !wanted(metric::kNvlinkCrc)) return;
   if (lib->deviceGetNvLinkErrorCounter == nullptr) {
-    for (const char* m : {metric::kNvlinkCrc, metric::kNvlinkCrcFlit, metric::kNvlinkCrcData, metric::kNvlinkReplay,
-                          metric::kNvlinkRecovery})
+    for (const char* m : kNvlinkCounterMetrics)
       markUnsupported(m, "the NVML library has no nvmlDeviceGetNvLinkErrorCounter");
     return;
   }
@@ -225,8 +226,7 @@ void NvmlSource::State::readLegacyNvlink() {
   for (int i = 0; i < 4; ++i) any = linkTotal(kLegacy + counters[i], &totals[i]) || any;
   if (!any) {
     if (failure != abi::kSuccess) return;  // nothing answered this time; try again next poll
-    for (const char* m : {metric::kNvlinkCrc, metric::kNvlinkCrcFlit, metric::kNvlinkCrcData, metric::kNvlinkReplay,
-                          metric::kNvlinkRecovery})
+    for (const char* m : kNvlinkCounterMetrics)
       markUnsupported(m, "nvmlDeviceGetNvLinkErrorCounter answered for no link");
     return;
   }

@@ -25,11 +25,6 @@ std::string deviceKey(const std::string& source, const DeviceInfo& device) {
 
 bool is(const std::string& a, const char* b) { return a == b; }
 
-// Counts print as integers, other values as they are.
-nlohmann::json jsonNumber(double v) {
-  if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 9e15) return static_cast<long long>(v);
-  return v;
-}
 
 }  // namespace
 
@@ -52,13 +47,18 @@ void MonitorOptions::validate() const {
     if (xid <= 0) throw InvalidArgument("fatal_xids: XIDs are positive integers, got " + std::to_string(xid));
 }
 
+nlohmann::json jsonValue(double v) {
+  if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 9e15) return static_cast<long long>(v);
+  return v;
+}
+
 nlohmann::json toJson(const DeviceInfo& device) {
   return {{"index", device.index}, {"uuid", device.uuid}, {"pci_bus_id", device.pci_bus_id}, {"name", device.name}};
 }
 
 nlohmann::json toJson(const Event& event) {
   return {{"schema_version", 1},      {"type", "lmr.health_event"}, {"severity", severityName(event.severity)},
-          {"metric", event.metric},   {"value", jsonNumber(event.value)}, {"threshold", jsonNumber(event.threshold)},
+          {"metric", event.metric},   {"value", jsonValue(event.value)}, {"threshold", jsonValue(event.threshold)},
           {"device", toJson(event.device)}, {"source", event.source}, {"host", event.host},
           {"time", event.time_s},     {"message", event.message}};
 }

@@ -77,12 +77,7 @@ HealthArgs parse(const std::vector<std::string>& args, bool watch) {
   return out;
 }
 
-nlohmann::json jsonNumber(double v) {
-  if (v == static_cast<double>(static_cast<long long>(v))) return static_cast<long long>(v);
-  return v;
-}
-
-std::string valueText(double v) { return jsonNumber(v).dump(); }
+std::string valueText(double v) { return health::jsonValue(v).dump(); }
 
 void printEventText(const health::Event& e) {
   std::cout << health::severityName(e.severity) << "  gpu " << e.device.index << " (" << e.device.uuid << ", "
@@ -110,7 +105,7 @@ int probe(const HealthArgs& args) {
     const auto events = rules.evaluate(source.name(), result.readings, 0);
     nlohmann::json readings = nlohmann::json::object(), details = nlohmann::json::object();
     for (const auto& r : result.readings) {
-      readings[r.metric] = jsonNumber(r.value);
+      readings[r.metric] = health::jsonValue(r.value);
       if (!r.detail.empty()) details[r.metric] = r.detail;
     }
     nlohmann::json unsupported = nlohmann::json::array();

@@ -73,6 +73,8 @@ struct Event {
 };
 
 nlohmann::json toJson(const Event& event);
+// A reading value as JSON: counts as integers, other values as they are.
+nlohmann::json jsonValue(double value);
 nlohmann::json toJson(const DeviceInfo& device);
 
 // The decision rules, with the state they need between polls (previous counters, limits,

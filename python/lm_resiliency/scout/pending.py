@@ -10,6 +10,7 @@ has: the CPU runs less than a step ahead), on a side stream that holds nothing e
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any, Optional, Union
 
@@ -58,10 +59,7 @@ class StartedCheck:
         and turns the result's timers into seconds."""
         if self.done is not None:
             self.done.synchronize()
-        if side_stream is not None:
-            with torch.cuda.stream(side_stream):
-                surfaces = {k: v.resolve() if isinstance(v, Fingerprints) else v for k, v in self.surfaces.items()}
-        else:
+        with torch.cuda.stream(side_stream) if side_stream is not None else contextlib.nullcontext():
             surfaces = {k: v.resolve() if isinstance(v, Fingerprints) else v for k, v in self.surfaces.items()}
         self.result.compute_seconds = {k: seconds(v) for k, v in self.result.compute_seconds.items()}
         for timing in self.result.collective_timings:
