@@ -31,11 +31,38 @@ import torch.distributed as dist
 
 from lm_resiliency.fault_injection import (FaultCampaign, FaultInjectionRecord, enable_fault_injection, evaluate,
                                            write_localization_artifact)
-from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig, localization_results
+from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig, localization_results, occurrence_windows
 from lm_resiliency.workloads import TrainConfig, build, spawn, train_step
 from model_args import add_model_args, decoder_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def check_summary(results, windows: dict[str, tuple[int, float]]) -> str:
+    """What the checks said inside each occurrence's window and on the fault-free stretches.
+
+    With two replicas a mismatch is seen but no strict majority exists, so a fault shows up
+    as Inconclusive checks rather than an attribution; this table makes that visible."""
+    def tally(checks) -> str:
+        counts: dict[str, int] = {}
+        for r in checks:
+            counts[r.status] = counts.get(r.status, 0) + 1
+        return ", ".join(f"{status} {n}" for status, n in sorted(counts.items())) or "no check"
+
+    lines = [f"checks: {len(results)} ({tally(results)})"]
+    for occurrence, (first, last) in sorted(windows.items(), key=lambda kv: kv[1]):
+        inside = [r for r in results if first <= r.step <= last]
+        flagged = next((r for r in inside if r.status != "Agree"), None)
+        seen = "nothing flagged" if flagged is None else (
+            f"first flagged at step {flagged.step}: {flagged.status}"
+            + (f" sdc {flagged.sdc_ranks} via {flagged.sdc_sources}" if any(flagged.sdc_bitmap) else "")
+            + (f" straggler {flagged.straggler_ranks}" if any(flagged.straggler_bitmap) else ""))
+        end = "end" if last == float("inf") else int(last)
+        lines.append(f"  {occurrence} (steps {first}-{end}): {tally(inside)}; {seen}")
+    free = [r for r in results if not any(first <= r.step <= last for first, last in windows.values())]
+    blamed = [r.step for r in free if r.status == "Attributed"]
+    lines.append(f"fault-free stretches: {tally(free)}; attributions: {blamed if blamed else 'none'}")
+    return "\n".join(lines) + "\n"
 
 
 def rank_main(ns: argparse.Namespace) -> int:
@@ -48,7 +75,8 @@ def rank_main(ns: argparse.Namespace) -> int:
         if rank == 0 and (result.status != "Agree" or result.step % 10 == 0):
             blamed = f" sdc {result.sdc_ranks} via {result.sdc_sources}" if any(result.sdc_bitmap) else ""
             slow = f" straggler {result.straggler_ranks}" if any(result.straggler_bitmap) else ""
-            print(f"  step {result.step:4d} {result.status}{blamed}{slow}", flush=True)
+            unsure = f" inconclusive {result.inconclusive_recipes}" if result.inconclusive_recipes else ""
+            print(f"  step {result.step:4d} {result.status}{blamed}{slow}{unsure}", flush=True)
 
     harness = ReplayHarness(model, optimizer, ReplayHarnessConfig(check_interval=ns.check_interval, on_result=progress))
     faults = enable_fault_injection(model, optimizer, campaign=ns.campaign)
@@ -71,9 +99,10 @@ def rank_main(ns: argparse.Namespace) -> int:
         write_localization_artifact(os.path.join(ns.out, "localization.json"), results)
         report = evaluate(campaign, all_records, results)
         with open(os.path.join(ns.out, "report.txt"), "w", encoding="utf-8") as f:
-            f.write(f"{ns.parallel} world={dist.get_world_size()} device={device.type} steps={ns.steps} "
-                    f"seconds={seconds:.1f}\n")
+            f.write(f"{ns.parallel} world={dist.get_world_size()} backend={dist.get_backend()} device={device} "
+                    f"steps={ns.steps} seconds={seconds:.1f} ms/step={seconds / max(ns.steps, 1) * 1000:.1f}\n")
             f.write(report.table())
+            f.write(check_summary(harness.results, occurrence_windows(campaign, all_records)))
     dist.barrier()
     return rank
 
@@ -97,6 +126,9 @@ def main() -> int:
     p.add_argument("--campaign", default=os.path.join(ROOT, "examples", "campaigns", "multi-gpu-ddp.json"))
     p.add_argument("--out", required=True)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--backend", choices=("nccl", "gloo"), default=None,
+                   help="default: nccl on cuda (one rank per GPU), gloo on cpu; gloo on cuda lets several ranks "
+                        "share a GPU (rank r uses GPU r %% GPU count)")
     p.add_argument("--world-size", type=int, default=4, help="ranks to spawn when not under torchrun")
     p.add_argument("--dp-replicate", type=int, default=2)
     p.add_argument("--steps", type=int, default=60)
@@ -107,14 +139,15 @@ def main() -> int:
     # the windows (or the campaign) for the model.
     p.set_defaults(dim=64, layers=2, seq=32, vocab=128)
     ns = p.parse_args()
+    backend = ns.backend or ("nccl" if ns.device == "cuda" else "gloo")
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        dist.init_process_group("nccl" if ns.device == "cuda" else "gloo")
+        dist.init_process_group(backend)
         try:
             rank = rank_main(ns)
         finally:
             dist.destroy_process_group()
         return compare(ns.out) if rank == 0 else 0
-    spawn(rank_main, ns.world_size, args=(ns,), backend="nccl" if ns.device == "cuda" else "gloo")
+    spawn(rank_main, ns.world_size, args=(ns,), backend=backend)
     return compare(ns.out)
 
 

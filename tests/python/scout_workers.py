@@ -1,5 +1,7 @@
 """Per-rank bodies of the SCOUT replay tests (importable by spawned ranks)."""
 
+import dataclasses
+
 import torch.distributed as dist
 
 import lm_resiliency as lmr
@@ -44,8 +46,10 @@ def two_campaign():
                              {"operation": "sign_flip", "scope": "row"}, {"iterations": 6}))
 
 
-def run(parallel, kind, steps, check_interval=1, pipelined=None):
+def run(parallel, kind, steps, check_interval=1, pipelined=None, ffn_hidden=None):
     cfg = TrainConfig(parallel=parallel, steps=steps)
+    if ffn_hidden is not None:  # e.g. a size FSDP cannot split evenly
+        cfg.model = dataclasses.replace(cfg.model, ffn_hidden=ffn_hidden)
     model, opt, data, device = build(cfg)
     harness = ReplayHarness(model, opt, ReplayHarnessConfig(check_interval=check_interval, pipelined=pipelined))
     c = {"compute": compute_campaign, "weight": weight_campaign, "adam": adam_campaign, "two": two_campaign}.get(kind)
@@ -77,3 +81,17 @@ def straggler():
     harness.close()
     return [(r.step, r.checked_recipe_ids, r.straggler_ranks, [p for p, c in zip(r.peer_ranks, r.straggler_candidates) if c])
             for r in harness.results]
+
+
+def full_copies_match(parallel):
+    """replay.full_copy against DTensor.full_tensor for every parameter, uneven shards included."""
+    import torch
+
+    from lm_resiliency.scout.replay import full_copy
+
+    cfg = TrainConfig(parallel=parallel, steps=0)
+    cfg.model = dataclasses.replace(cfg.model, ffn_hidden=171, vocab_size=130)
+    model, _, _, _ = build(cfg)
+    params = [p for p in model.parameters() if hasattr(p, "device_mesh")]
+    return len(params) > 0 and all(torch.equal(full_copy(p), p.full_tensor()) for p in params)
+

@@ -46,8 +46,11 @@ def test_compute_sdc_is_localized_on_every_surface(parallel):
         assert all(r.status == "Agree" for r in after)
 
 
-def test_weight_sdc_ddp_replicas_localize():
-    per_rank = spawn(scout_workers.run, 4, args=("ddp", "weight", 8))
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_weight_sdc_ddp_replicas_localize(pipelined):
+    # Pipelined: the evidence must be each peer's own copy, not the source's values that
+    # the replay broadcast writes into the same buffers before the check finishes.
+    per_rank = spawn(scout_workers.run, 4, args=("ddp", "weight", 8, 1, pipelined))
     occurrences, report, results = score("weight", per_rank)
     assert occurrences["weight@3"]["localized"], occurrences["weight@3"]["reasons"]
     first = next(r for r in results if r.status == "Attributed")
@@ -67,8 +70,9 @@ def test_state_sdc_without_a_majority_of_copies_is_never_misattributed(parallel)
         assert any("params" in s for r in results for s in r.inconclusive_recipes)
 
 
-def test_optimizer_state_sdc_ddp():
-    per_rank = spawn(scout_workers.run, 4, args=("ddp", "adam", 8))
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_optimizer_state_sdc_ddp(pipelined):
+    per_rank = spawn(scout_workers.run, 4, args=("ddp", "adam", 8, 1, pipelined))
     occurrences, _, results = score("adam", per_rank)
     assert occurrences["adam@4"]["localized"], occurrences["adam@4"]["reasons"]
     first = next(r for r in results if r.status == "Attributed")
@@ -88,6 +92,22 @@ def test_fault_free_run_agrees_everywhere(parallel):
     assert {rid for r in results for rid in r.checked_recipe_ids if rid.startswith("hidden")} == {"hidden.0", "hidden.1"}
     for r in results:
         assert r.status == "Agree" and not any(r.sdc_bitmap) and not any(r.straggler_bitmap), r.to_json()
+
+
+def test_uneven_fsdp_shards_still_replay_the_optimizer():
+    # 171 rows over 4 ranks: shards of 43, 43, 43 and 42. Peers replay the source's shard,
+    # so they must take its sizes rather than compare their own.
+    per_rank = spawn(scout_workers.run, 4, args=("fsdp2", "none", 12, 1, None, 171))
+    results = replay_results(per_rank[0]["results"])
+    optimizer = [rid for r in results for rid in r.checked_recipe_ids if rid.startswith("optimizer")]
+    assert len(optimizer) == 12, [r.to_json() for r in results]
+    for r in results:
+        assert r.status == "Agree" and not r.inconclusive_recipes, r.to_json()
+
+
+@pytest.mark.parametrize("parallel", ["fsdp2", "hsdp"])
+def test_full_copies_of_sharded_parameters(parallel):
+    assert spawn(scout_workers.full_copies_match, 4, args=(parallel,)) == [True] * 4
 
 
 def test_compute_delay_needs_confirmation_rounds():

@@ -26,8 +26,8 @@ from lm_resiliency.scout.capture import Capture, tensors_of
 from lm_resiliency.scout.config import ReplayHarnessConfig
 from lm_resiliency.scout.oob.monitor import HangMonitor
 from lm_resiliency.scout.pending import StartedCheck, fingerprint
-from lm_resiliency.scout.replay import (Timer, broadcast_flat, call_with_hooks, first_tensor, isolated, local,
-                                        swapped_parameters)
+from lm_resiliency.scout.replay import (Determinism, Timer, adopt_shapes, broadcast_flat, call_with_hooks,
+                                        first_tensor, full_copy, is_sharded, local, swapped_parameters)
 from lm_resiliency.scout.result import ReplayResult, SurfaceResult
 
 
@@ -57,6 +57,7 @@ class ReplayHarness:
                                      relative_threshold=float(self.config.straggler_relative))
         self._tracker = _core.StragglerTracker(timing, self.config.confirmation_rounds, self.config.temporal_window)
         self._device = next(iter(model.parameters())).device
+        self._determinism = Determinism(self.config.deterministic, self._device)
         # Pipelined: a check's fingerprints and times are read at the next boundary (see
         # scout/pending.py); on by default on CUDA.
         self._pipelined = self.config.pipelined if self.config.pipelined is not None else self._device.type == "cuda"
@@ -314,18 +315,18 @@ class ReplayHarness:
         for name, p in module.named_parameters():
             if hasattr(p, "device_mesh"):
                 with gather(self._device):
-                    full[name] = p.full_tensor().detach().clone()
+                    full[name] = full_copy(p)
                 gathered = True
-                # A local shard is live: copied when the check finishes a step later.
-                shard = local(p).detach()
-                evidence.append(full[name] if self._peers.materialize else shard.clone() if self._pipelined else shard)
+                evidence.append(full[name] if self._peers.materialize else local(p).detach())
             else:
                 full[name] = p.detach().clone()
                 evidence.append(full[name])
         if gathered:
             self._timed_collective(result, "fsdp_parameter_all_gather", recipe, gather)
         if self.config.compare_parameters:
-            surfaces[f"{recipe}.params"] = fingerprint(evidence, self._pipelined)
+            # Copied when pipelined: live shards change with training, and the full copies
+            # are overwritten with the source's values just below.
+            surfaces[f"{recipe}.params"] = fingerprint(evidence, self._pipelined, live=True)
         # Compute is replayed with the source's parameters too, so a peer whose state
         # diverged (a separate, state-surface finding) does not mask a compute fault.
         t = Timer(self._pipelined)
@@ -334,32 +335,36 @@ class ReplayHarness:
                 broadcast_flat(list(full.values()), source, self._peers.data)
         self._timed_collective(result, "broadcast_parameters", recipe, t)
 
+        def replay() -> None:  # purely local: may run twice (see Determinism)
+            leaves = {n: v.requires_grad_(v.is_floating_point()) for n, v in full.items()}
+            for v in leaves.values():
+                v.grad = None
+                setattr(v, REPLAY_COPY, True)
+            def prepare(value: Any) -> Any:
+                if isinstance(value, torch.Tensor):
+                    c = value.detach().clone()
+                    return c.requires_grad_(True) if c.is_floating_point() else c
+                if isinstance(value, (tuple, list)):
+                    return type(value)(prepare(v) for v in value)
+                if isinstance(value, dict):
+                    return {k: prepare(v) for k, v in value.items()}
+                return value
+            r_args, r_kwargs = prepare(args), prepare(kwargs)
+            with swapped_parameters(module, leaves), torch.enable_grad():
+                out = first_tensor(call_with_hooks(module, r_args, r_kwargs))
+                grad_out = torch.randn(out.shape, dtype=out.dtype, device=out.device)
+                if out.requires_grad:
+                    torch.autograd.backward(out, grad_out)
+            surfaces[f"{recipe}.output"] = fingerprint([out], self._pipelined)
+            surfaces[f"{recipe}.input_grad"] = fingerprint([x.grad for x in tensors_of((r_args, r_kwargs))
+                                                            if x.is_floating_point()], self._pipelined)
+            surfaces[f"{recipe}.param_grad"] = fingerprint([v.grad for v in leaves.values()], self._pipelined)
+
         compute = Timer(self._pipelined)
         self._replaying[0] = True
         try:
-            with compute(self._device), isolated(seed, self.config.deterministic, self._device):
-                leaves = {n: v.requires_grad_(v.is_floating_point()) for n, v in full.items()}
-                for v in leaves.values():
-                    setattr(v, REPLAY_COPY, True)
-                def prepare(value: Any) -> Any:
-                    if isinstance(value, torch.Tensor):
-                        c = value.detach().clone()
-                        return c.requires_grad_(True) if c.is_floating_point() else c
-                    if isinstance(value, (tuple, list)):
-                        return type(value)(prepare(v) for v in value)
-                    if isinstance(value, dict):
-                        return {k: prepare(v) for k, v in value.items()}
-                    return value
-                r_args, r_kwargs = prepare(args), prepare(kwargs)
-                with swapped_parameters(module, leaves), torch.enable_grad():
-                    out = first_tensor(call_with_hooks(module, r_args, r_kwargs))
-                    grad_out = torch.randn(out.shape, dtype=out.dtype, device=out.device)
-                    if out.requires_grad:
-                        torch.autograd.backward(out, grad_out)
-                surfaces[f"{recipe}.output"] = fingerprint([out], self._pipelined)
-                surfaces[f"{recipe}.input_grad"] = fingerprint([x.grad for x in tensors_of((r_args, r_kwargs))
-                                                                if x.is_floating_point()], self._pipelined)
-                surfaces[f"{recipe}.param_grad"] = fingerprint([v.grad for v in leaves.values()], self._pipelined)
+            with compute(self._device):
+                self._determinism.run(recipe, seed, replay)
         finally:
             self._replaying[0] = False
         result.compute_seconds[recipe] = compute
@@ -378,12 +383,18 @@ class ReplayHarness:
         return snap
 
     def _optimizer_meta(self, s: int, snapshot: Optional[list]) -> list[str]:
+        # Shards of one parameter may differ in size between peers (uneven FSDP/HSDP
+        # sharding; the replay takes the source's sizes): only the global shape must match.
+        def shape(p: torch.Tensor, t: torch.Tensor) -> str:
+            return f"ndim{t.dim()}" if is_sharded(p) else str(list(t.shape))
+
         if snapshot is None:
-            return ["no-snapshot"] + [f"{local(p).dtype}{list(local(p).shape)}" for p in self._slice_params(s)]
+            return ["no-snapshot"] + [f"{local(p).dtype}{list(p.shape)}{shape(p, local(p))}" for p in self._slice_params(s)]
         fields = []
-        for _, gi, value, grad, entries in snapshot:
-            fields.append(f"g{gi}:{value.dtype}{list(value.shape)}:grad={grad is not None}:" + ",".join(
-                f"{k}={list(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__}" for k, v in sorted(entries.items())))
+        for p, gi, value, grad, entries in snapshot:
+            fields.append(f"g{gi}:{value.dtype}{list(p.shape)}{shape(p, value)}:grad={grad is not None}:" + ",".join(
+                f"{k}={shape(p, v) if isinstance(v, torch.Tensor) else type(v).__name__}"
+                for k, v in sorted(entries.items())))
         return fields
 
     def _optimizer_recipe(self, recipe: str, step: int, snapshot: Optional[list], surfaces: dict[str, bytes],
@@ -403,7 +414,7 @@ class ReplayHarness:
             surfaces[f"{recipe}.state"] = fingerprint([v for _, _, value, _, entries in snapshot
                                                        for v in [value] + [e for k, e in sorted(entries.items())
                                                                            if isinstance(e, torch.Tensor)]],
-                                                      self._pipelined)
+                                                      self._pipelined, live=True)  # overwritten by the broadcast
         if any(grad is None for _, _, _, grad, _ in snapshot):
             return  # parameters without gradients were not updated: nothing to replay
         # The source peer's pre-update values, gradients and state, then the same update on
@@ -412,13 +423,17 @@ class ReplayHarness:
         t = Timer(self._pipelined)
         with t(self._device):
             if self._peers.data is not None:
+                if any(is_sharded(p) for p, *_ in snapshot):  # shards may be uneven: the source's sizes
+                    snapshot = self._with_source_shapes(snapshot, source)
                 broadcast_flat([x for _, _, value, grad, entries in snapshot
                                 for x in [value, grad] + [e for k, e in sorted(entries.items()) if isinstance(e, torch.Tensor)]],
                                source, self._peers.data)
         self._timed_collective(result, "broadcast_optimizer_state", recipe, t)
-        compute = Timer(self._pipelined)
-        with compute(self._device), isolated(_core.replay_seed(recipe, step), self.config.deterministic, self._device):
-            copies, groups_of = [], {}
+        copies: list = []
+
+        def replay() -> None:  # purely local: may run twice (see Determinism)
+            copies.clear()
+            groups_of: dict[int, list] = {}
             for _, gi, value, grad, entries in snapshot:
                 c = torch.nn.Parameter(value.clone())
                 c.grad = grad.clone()
@@ -428,8 +443,24 @@ class ReplayHarness:
             for c, _, entries in copies:
                 replay_opt.state[c] = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in entries.items()}
             replay_opt.step()
+
+        compute = Timer(self._pipelined)
+        with compute(self._device):
+            self._determinism.run(recipe, _core.replay_seed(recipe, step), replay)
         result.compute_seconds[recipe] = compute
         surfaces[f"{recipe}.update"] = fingerprint([c for c, _, _ in copies], self._pipelined)
+
+    def _with_source_shapes(self, snapshot: list, source: int) -> list:
+        """The snapshot with buffers of the source peer's shard sizes, to receive its values."""
+        flat = [x for _, _, value, grad, entries in snapshot
+                for x in [value, grad] + [e for k, e in sorted(entries.items()) if isinstance(e, torch.Tensor)]]
+        shaped = iter(adopt_shapes(flat, source, self._peers.data))
+        out = []
+        for p, gi, _, _, entries in snapshot:
+            value, grad = next(shaped), next(shaped)
+            entries = {k: (next(shaped) if isinstance(e, torch.Tensor) else e) for k, e in sorted(entries.items())}
+            out.append((p, gi, value, grad, entries))
+        return out
 
     def _fresh_optimizer(self, groups_of: dict[int, list]) -> torch.optim.Optimizer:
         """An optimizer of the live one's class over the copies, with each live group's

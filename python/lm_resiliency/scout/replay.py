@@ -5,8 +5,10 @@ wrappers' hooks excluded), without touching live gradients, optimizer state or R
 from __future__ import annotations
 
 import contextlib
+import os
 import time
-from typing import Any, Iterator
+import warnings
+from typing import Any, Callable, Iterator, TypeVar
 
 import torch
 import torch.nn as nn
@@ -61,20 +63,61 @@ def swapped_parameters(module: nn.Module, params: dict[str, torch.Tensor]) -> It
 
 
 @contextlib.contextmanager
-def isolated(seed: int, deterministic: bool, device: torch.device) -> Iterator[None]:
+def isolated(seed: int, deterministic: bool, device: torch.device, strict: bool = False) -> Iterator[None]:
     """Replay's RNG (forked and seeded, the user's streams untouched) and determinism (the
-    user's setting restored)."""
+    user's setting restored). `strict`: an operation without a deterministic kernel raises
+    instead of warning."""
     devices = [device] if device.type == "cuda" else []
     was_deterministic = torch.are_deterministic_algorithms_enabled()
     was_warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         if deterministic:
-            torch.use_deterministic_algorithms(True, warn_only=True)
+            torch.use_deterministic_algorithms(True, warn_only=not strict)
         try:
             yield
         finally:
             torch.use_deterministic_algorithms(was_deterministic, warn_only=was_warn_only)
+
+
+T = TypeVar("T")
+
+
+class Determinism:
+    """Runs replay bodies so that equivalent peers compute bit-identical results.
+
+    On CUDA that takes torch's strict deterministic mode: in its warn-only mode the
+    backward kernels of scaled_dot_product_attention (memory-efficient and flash) keep
+    their non-deterministic split reductions, and two GPUs replaying the same block then
+    disagree on every gradient. Strict mode also makes torch refuse cuBLAS calls unless
+    CUBLAS_WORKSPACE_CONFIG names a deterministic workspace, so it is set (when unset)
+    once here. A recipe whose replay uses an operation that has no deterministic kernel
+    falls back, for the rest of the run, to warn-only mode with a warning; the fallback is
+    local to this rank (the body is purely local compute), so peers never go out of step
+    on collectives, at worst they disagree (Inconclusive) on that recipe."""
+
+    def __init__(self, enabled: bool, device: torch.device) -> None:
+        self.enabled = enabled
+        self.device = device
+        self.strict = enabled and device.type == "cuda"
+        self.lenient: set[str] = set()
+        if self.strict:
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+    def run(self, recipe: str, seed: int, body: Callable[[], T]) -> T:
+        if self.strict and recipe not in self.lenient:
+            try:
+                with isolated(seed, True, self.device, strict=True):
+                    return body()
+            except RuntimeError as e:
+                if "deterministic" not in str(e).lower():
+                    raise
+                self.lenient.add(recipe)
+                warnings.warn(f"SCOUT replay of {recipe!r} needs an operation without a deterministic CUDA kernel "
+                              f"({str(e).splitlines()[0][:200]}); it is replayed in warn-only deterministic mode from now "
+                              "on, and peers may disagree on it (Inconclusive)", RuntimeWarning, stacklevel=2)
+        with isolated(seed, self.enabled, self.device):
+            return body()
 
 
 def first_tensor(value: Any) -> torch.Tensor:
@@ -111,8 +154,61 @@ def broadcast_flat(tensors: list, src: int, group: Any) -> None:
             offset += n
 
 
+def adopt_shapes(tensors: list, src: int, group: Any) -> list:
+    """The source rank's shapes for `tensors` (same count, dtypes and ranks everywhere; the
+    sizes may differ, as uneven FSDP shards do): one small broadcast of every size, then
+    empty tensors of the source's shapes where this rank's differ, ready to receive a
+    broadcast_flat from `src`."""
+    import torch.distributed as dist
+
+    if not tensors:
+        return tensors
+    sizes = torch.tensor([d for t in tensors for d in t.shape] or [0], dtype=torch.int64)
+    backend = str(dist.get_backend(group))
+    if "nccl" in backend and "cpu:" not in backend:
+        sizes = sizes.to(torch.device("cuda", torch.cuda.current_device()))
+    dist.broadcast(sizes, src=src, group=group)
+    sizes_list = sizes.tolist()
+    out, offset = [], 0
+    for t in tensors:
+        shape = tuple(sizes_list[offset:offset + t.dim()])
+        offset += t.dim()
+        out.append(t if tuple(t.shape) == shape else torch.empty(shape, dtype=t.dtype, device=t.device))
+    return out
+
+
+def full_copy(p: Any) -> torch.Tensor:
+    """A full copy of a DTensor parameter. The FSDP2/HSDP layouts (Shard(0) on one mesh
+    dimension, Replicate on the others) are gathered with one c10d all_gather_into_tensor
+    of padded shards (DTensor pads the same way: every shard but the trailing ones holds
+    ceil(n / k) rows); other layouts use DTensor.full_tensor(). full_tensor() goes through
+    functional collectives, which crash (SIGSEGV in wait_tensor, torch 2.11) on gloo
+    groups of CUDA tensors."""
+    import torch.distributed as dist
+
+    placements = list(p.placements)
+    sharded = [i for i, pl in enumerate(placements) if pl.is_shard()]
+    if (len(sharded) != 1 or placements[sharded[0]].dim != 0 or p.dim() == 0
+            or not all(pl.is_shard() or pl.is_replicate() for pl in placements)):
+        return p.full_tensor().detach().clone()
+    dim = sharded[0]
+    k = p.device_mesh.size(dim)
+    shard = p.to_local().detach()
+    rows = -(-p.shape[0] // k)
+    padded = shard.new_zeros((rows,) + tuple(shard.shape[1:]))
+    padded[:shard.shape[0]].copy_(shard)
+    gathered = shard.new_empty((rows * k,) + tuple(shard.shape[1:]))
+    dist.all_gather_into_tensor(gathered, padded, group=p.device_mesh.get_group(dim))
+    return gathered[:p.shape[0]].clone() if rows * k != p.shape[0] else gathered
+
+
+def is_sharded(t: torch.Tensor) -> bool:
+    """A DTensor (FSDP2/HSDP parameter or its optimizer state)."""
+    return hasattr(t, "device_mesh") and hasattr(t, "to_local")
+
+
 def local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "device_mesh") and hasattr(t, "to_local") else t
+    return t.to_local() if is_sharded(t) else t
 
 
 class Timer:

@@ -36,6 +36,17 @@ def _convert(occurrence_id: str, result: ReplayResult, latency_ms: Optional[floa
     return out
 
 
+def occurrence_windows(campaign: FaultCampaign, records: Iterable[FaultInjectionRecord]) -> dict[str, tuple[int, float]]:
+    """The iterations (first, last; last may be infinite) during which each injected
+    occurrence was active, by occurrence id. Occurrences that never fired are left out."""
+    windows: dict[str, tuple[int, float]] = {}
+    for record in records:
+        d = record.to_dict()
+        if d["status"] != "skipped_probability" and d["actual_iteration"] is not None:
+            windows.setdefault(d["occurrence_id"], _window(campaign, d["incident_id"], d["actual_iteration"]))
+    return windows
+
+
 def localization_results(campaign: FaultCampaign, records: Iterable[FaultInjectionRecord],
                          results: Sequence[ReplayResult],
                          boundary_times: Optional[dict[int, float]] = None) -> list[LocalizationResult]:
@@ -43,11 +54,7 @@ def localization_results(campaign: FaultCampaign, records: Iterable[FaultInjecti
     attributions no occurrence explains. `boundary_times` (ReplayHarness.boundary_times)
     gives latencies from arming to detection."""
     attributed = [r for r in results if r.status == "Attributed"]
-    windows: dict[str, tuple[int, float]] = {}
-    for record in records:
-        d = record.to_dict()
-        if d["status"] != "skipped_probability" and d["actual_iteration"] is not None:
-            windows.setdefault(d["occurrence_id"], _window(campaign, d["incident_id"], d["actual_iteration"]))
+    windows = occurrence_windows(campaign, records)
     out: list[LocalizationResult] = []
     for occurrence_id, (first, last) in windows.items():
         hit = next((r for r in attributed if first <= r.step <= last), None)
