@@ -26,5 +26,8 @@ def test_sharded_campaign_script_on_four_cpu_ranks(tmp_path):
                                        "report.txt"]
     compare = (out / "compare.txt").read_text()
     assert "3 localized" in compare, compare
+    report = (out / "report.txt").read_text()
+    assert "hidden-output@5 (steps 5-8):" in report and "first flagged at step" in report, report
+    assert "attributions: none" in report, report  # nothing blamed outside the fault windows
     occurrences = {r["occurrence_id"] for r in json.loads((out / "localization.json").read_text())["results"]}
     assert occurrences == {"hidden-output@5", "hidden-gradient@13", "slow-block@21"}
