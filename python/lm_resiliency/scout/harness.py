@@ -9,7 +9,6 @@ sees the effects active during iteration k.
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any, Optional
 
@@ -26,8 +25,9 @@ from lm_resiliency.scout.capture import Capture, tensors_of
 from lm_resiliency.scout.config import ReplayHarnessConfig
 from lm_resiliency.scout.oob.monitor import HangMonitor
 from lm_resiliency.scout.pending import StartedCheck, fingerprint
-from lm_resiliency.scout.replay import (Determinism, Timer, adopt_shapes, broadcast_flat, call_with_hooks,
-                                        first_tensor, full_copy, is_sharded, local, swapped_parameters)
+from lm_resiliency.scout.optimizer_replay import OptimizerReplay
+from lm_resiliency.scout.replay import (Determinism, Timer, broadcast_flat, call_with_hooks, first_tensor, full_copy,
+                                        local, swapped_parameters)
 from lm_resiliency.scout.result import ReplayResult, SurfaceResult
 
 
@@ -44,12 +44,9 @@ class ReplayHarness:
                  completed_iterations: int = 0, hooks: Optional[OrchestrationHooks] = None) -> None:
         self.config = config or ReplayHarnessConfig()
         self._adapter = select_adapter(model, optimizer)
-        self._optimizer = optimizer
         (self._emb_path, self._embedding), blocks, (self._out_path, self._output) = self._adapter.replay_modules()
         self._blocks = blocks
         self._layers = sorted(blocks)
-        self._params = [p for g in optimizer.param_groups for p in g["params"]]
-        self._slices = max(1, math.ceil(len(self._params) / self.config.optimizer_slice_size))
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         self._peers = groups.build(self._adapter.mesh_dims(world))
         timing = _core.TimingOptions(kappa=float(self.config.straggler_kappa),
@@ -61,6 +58,8 @@ class ReplayHarness:
         # Pipelined: a check's fingerprints and times are read at the next boundary (see
         # scout/pending.py); on by default on CUDA.
         self._pipelined = self.config.pipelined if self.config.pipelined is not None else self._device.type == "cuda"
+        self._optimizer_replay = OptimizerReplay(optimizer, self.config.optimizer_slice_size, self._peers,
+                                                 self._pipelined, self._device, self._determinism)
         self._side_stream = torch.cuda.Stream(self._device) if self._pipelined and self._device.type == "cuda" else None
         self._pending: Optional[StartedCheck] = None
         self._completed = completed_iterations
@@ -86,8 +85,8 @@ class ReplayHarness:
 
     def _plan(self, step: int) -> tuple:
         if self.config.check_interval == 0:
-            return _core.replay_full_plan(step, len(self._layers), self._slices)
-        return _core.replay_plan(*self.config.cadence(), step, len(self._layers), self._slices)
+            return _core.replay_full_plan(step, len(self._layers), self._optimizer_replay.slices)
+        return _core.replay_plan(*self.config.cadence(), step, len(self._layers), self._optimizer_replay.slices)
 
     def _modules_for(self, plan: tuple) -> dict[str, tuple[str, torch.nn.Module, Optional[int]]]:
         embedding, hidden, output, _ = plan
@@ -107,16 +106,12 @@ class ReplayHarness:
         for recipe, (path, module, _) in self._modules_for(self._plan(step)).items():
             self._captures[recipe] = Capture(module, path, step, self._replaying)
 
-    def _slice_params(self, s: int) -> list[torch.nn.Parameter]:
-        size = self.config.optimizer_slice_size
-        return self._params[s * size:(s + 1) * size]
-
     def _wrap(self, original: Any) -> Any:
         def step(*args: Any, **kwargs: Any) -> Any:
             iteration = self._completed + 1
             plan = self._plan(iteration)
             if plan[3] is not None:
-                self._snapshot = self._take_snapshot(plan[3])
+                self._snapshot = self._optimizer_replay.snapshot(plan[3])
             result = original(*args, **kwargs)
             self._completed = iteration
             self.boundary_times[iteration] = time.time()
@@ -150,7 +145,7 @@ class ReplayHarness:
         check does not have: it compares the optimizer state and parameters instead."""
         self._finish_pending()
         step = self._completed
-        plan = _core.replay_full_plan(max(step, 1), len(self._layers), self._slices)
+        plan = _core.replay_full_plan(max(step, 1), len(self._layers), self._optimizer_replay.slices)
         result = self._finish(self._start(step, plan, self._last_captures, None))
         self._record(result)
         return result
@@ -209,7 +204,7 @@ class ReplayHarness:
         contracts = {}
         for recipe in recipes:
             if recipe.startswith("optimizer"):
-                fields = [f"step={step}", recipe] + self._optimizer_meta(int(recipe.split(".")[1]), snapshot)
+                fields = [f"step={step}", recipe] + self._optimizer_replay.contract(int(recipe.split(".")[1]), snapshot)
             else:
                 path, module, _ = modules[recipe]
                 cap = captures.get(recipe)
@@ -227,7 +222,7 @@ class ReplayHarness:
             if recipe not in ready:
                 continue
             if recipe.startswith("optimizer"):
-                self._optimizer_recipe(recipe, step, snapshot, surfaces, result)
+                self._optimizer_replay.run(recipe, step, snapshot, surfaces, result)
             else:
                 path, module, layer = modules[recipe]
                 self._module_recipe(recipe, module, captures[recipe], step, surfaces, result)
@@ -289,11 +284,6 @@ class ReplayHarness:
 
     # --- module recipe ---------------------------------------------------------------
 
-    def _timed_collective(self, result: ReplayResult, name: str, recipe: str, seconds: Any) -> None:
-        """`seconds`: a number or a Timer (read when the check finishes)."""
-        result.collective_timings.append({"name": name, "recipe": recipe, "seconds": seconds,
-                                          "group": list(self._peers.ranks)})
-
     def _module_recipe(self, recipe: str, module: torch.nn.Module, cap: Capture, step: int,
                        surfaces: dict[str, bytes], result: ReplayResult) -> None:
         source = self._peers.ranks[step % len(self._peers.ranks)]
@@ -303,7 +293,7 @@ class ReplayHarness:
         with t(self._device):
             if self._peers.data is not None:
                 broadcast_flat(inputs, source, self._peers.data)
-        self._timed_collective(result, "broadcast_inputs", recipe, t)
+        result.add_collective("broadcast_inputs", recipe, t)
         seed = _core.replay_seed(recipe, step)
         surfaces[f"{recipe}.invocation"] = fingerprint(inputs, self._pipelined, seed.to_bytes(8, "little"))
 
@@ -322,7 +312,7 @@ class ReplayHarness:
                 full[name] = p.detach().clone()
                 evidence.append(full[name])
         if gathered:
-            self._timed_collective(result, "fsdp_parameter_all_gather", recipe, gather)
+            result.add_collective("fsdp_parameter_all_gather", recipe, gather)
         if self.config.compare_parameters:
             # Copied when pipelined: live shards change with training, and the full copies
             # are overwritten with the source's values just below.
@@ -333,7 +323,7 @@ class ReplayHarness:
         with t(self._device):
             if self._peers.data is not None:
                 broadcast_flat(list(full.values()), source, self._peers.data)
-        self._timed_collective(result, "broadcast_parameters", recipe, t)
+        result.add_collective("broadcast_parameters", recipe, t)
 
         def replay() -> None:  # purely local: may run twice (see Determinism)
             leaves = {n: v.requires_grad_(v.is_floating_point()) for n, v in full.items()}
@@ -368,109 +358,3 @@ class ReplayHarness:
         finally:
             self._replaying[0] = False
         result.compute_seconds[recipe] = compute
-
-    # --- optimizer recipe --------------------------------------------------------------
-
-    def _take_snapshot(self, s: int) -> list:
-        snap = []
-        state = self._optimizer.state
-        group_of = {id(p): gi for gi, g in enumerate(self._optimizer.param_groups) for p in g["params"]}
-        for p in self._slice_params(s):
-            entries = {k: (local(v).detach().clone() if isinstance(v, torch.Tensor) else v)
-                       for k, v in state.get(p, {}).items()}
-            grad = None if p.grad is None else local(p.grad).detach().clone()
-            snap.append((p, group_of[id(p)], local(p).detach().clone(), grad, entries))
-        return snap
-
-    def _optimizer_meta(self, s: int, snapshot: Optional[list]) -> list[str]:
-        # Shards of one parameter may differ in size between peers (uneven FSDP/HSDP
-        # sharding; the replay takes the source's sizes): only the global shape must match.
-        def shape(p: torch.Tensor, t: torch.Tensor) -> str:
-            return f"ndim{t.dim()}" if is_sharded(p) else str(list(t.shape))
-
-        if snapshot is None:
-            return ["no-snapshot"] + [f"{local(p).dtype}{list(p.shape)}{shape(p, local(p))}" for p in self._slice_params(s)]
-        fields = []
-        for p, gi, value, grad, entries in snapshot:
-            fields.append(f"g{gi}:{value.dtype}{list(p.shape)}{shape(p, value)}:grad={grad is not None}:" + ",".join(
-                f"{k}={shape(p, v) if isinstance(v, torch.Tensor) else type(v).__name__}"
-                for k, v in sorted(entries.items())))
-        return fields
-
-    def _optimizer_recipe(self, recipe: str, step: int, snapshot: Optional[list], surfaces: dict[str, bytes],
-                          result: ReplayResult) -> None:
-        s = int(recipe.split(".")[1])
-        replicated = not self._peers.materialize  # pure FSDP shards have no peer copy to compare
-        if replicated:  # the live updated parameters, local shards for HSDP
-            surfaces[f"{recipe}.params"] = fingerprint([local(p).detach() for p in self._slice_params(s)],
-                                                       self._pipelined, live=True)
-        if snapshot is None:
-            if replicated:
-                surfaces[f"{recipe}.state"] = fingerprint([local(v) for p in self._slice_params(s)
-                                                           for k, v in sorted(self._optimizer.state.get(p, {}).items())
-                                                           if isinstance(v, torch.Tensor)], self._pipelined, live=True)
-            return
-        if replicated:
-            surfaces[f"{recipe}.state"] = fingerprint([v for _, _, value, _, entries in snapshot
-                                                       for v in [value] + [e for k, e in sorted(entries.items())
-                                                                           if isinstance(e, torch.Tensor)]],
-                                                      self._pipelined, live=True)  # overwritten by the broadcast
-        if any(grad is None for _, _, _, grad, _ in snapshot):
-            return  # parameters without gradients were not updated: nothing to replay
-        # The source peer's pre-update values, gradients and state, then the same update on
-        # isolated copies everywhere.
-        source = self._peers.ranks[step % len(self._peers.ranks)]
-        t = Timer(self._pipelined)
-        with t(self._device):
-            if self._peers.data is not None:
-                if any(is_sharded(p) for p, *_ in snapshot):  # shards may be uneven: the source's sizes
-                    snapshot = self._with_source_shapes(snapshot, source)
-                broadcast_flat([x for _, _, value, grad, entries in snapshot
-                                for x in [value, grad] + [e for k, e in sorted(entries.items()) if isinstance(e, torch.Tensor)]],
-                               source, self._peers.data)
-        self._timed_collective(result, "broadcast_optimizer_state", recipe, t)
-        copies: list = []
-
-        def replay() -> None:  # purely local: may run twice (see Determinism)
-            copies.clear()
-            groups_of: dict[int, list] = {}
-            for _, gi, value, grad, entries in snapshot:
-                c = torch.nn.Parameter(value.clone())
-                c.grad = grad.clone()
-                copies.append((c, gi, entries))
-                groups_of.setdefault(gi, []).append(c)
-            replay_opt = self._fresh_optimizer(groups_of)
-            for c, _, entries in copies:
-                replay_opt.state[c] = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in entries.items()}
-            replay_opt.step()
-
-        compute = Timer(self._pipelined)
-        with compute(self._device):
-            self._determinism.run(recipe, _core.replay_seed(recipe, step), replay)
-        result.compute_seconds[recipe] = compute
-        surfaces[f"{recipe}.update"] = fingerprint([c for c, _, _ in copies], self._pipelined)
-
-    def _with_source_shapes(self, snapshot: list, source: int) -> list:
-        """The snapshot with buffers of the source peer's shard sizes, to receive its values."""
-        flat = [x for _, _, value, grad, entries in snapshot
-                for x in [value, grad] + [e for k, e in sorted(entries.items()) if isinstance(e, torch.Tensor)]]
-        shaped = iter(adopt_shapes(flat, source, self._peers.data))
-        out = []
-        for p, gi, _, _, entries in snapshot:
-            value, grad = next(shaped), next(shaped)
-            entries = {k: (next(shaped) if isinstance(e, torch.Tensor) else e) for k, e in sorted(entries.items())}
-            out.append((p, gi, value, grad, entries))
-        return out
-
-    def _fresh_optimizer(self, groups_of: dict[int, list]) -> torch.optim.Optimizer:
-        """An optimizer of the live one's class over the copies, with each live group's
-        hyper-parameters."""
-        live_groups = self._optimizer.param_groups
-        first = next(iter(groups_of))
-        opt = type(self._optimizer)(groups_of[first], lr=live_groups[first]["lr"])
-        opt.param_groups[0].update({k: v for k, v in live_groups[first].items() if k != "params"})
-        for gi, ps in groups_of.items():
-            if gi == first:
-                continue
-            opt.add_param_group({"params": ps, **{k: v for k, v in live_groups[gi].items() if k != "params"}})
-        return opt

@@ -53,6 +53,12 @@ class ReplayResult:
     def to_json(self, indent: Optional[int] = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
 
+    def add_collective(self, name: str, recipe: str, seconds: Any) -> None:
+        """A replay collective's time among the peers; `seconds`: a number or a Timer
+        (read when the check finishes)."""
+        self.collective_timings.append({"name": name, "recipe": recipe, "seconds": seconds,
+                                        "group": list(self.peer_ranks)})
+
     def localization(self) -> list[dict[str, Any]]:
         """Neutral evidence: one entry per attributed (kind, source family) with its ranks,
         component and layer, ready to become LocalizationResults."""

@@ -1,0 +1,143 @@
+"""The optimizer recipe of a replay check: a rotating slice of the parameters, snapshotted
+before the live update; every peer replays the source peer's update on isolated copies
+(same optimizer class and hyper-parameters) and the updates are compared. Replicas also
+compare their live updated parameters and the pre-update state (the state surfaces)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import torch
+
+from lm_resiliency import _core
+from lm_resiliency.scout.pending import fingerprint
+from lm_resiliency.scout.replay import Determinism, Timer, adopt_shapes, broadcast_flat, is_sharded, local
+from lm_resiliency.scout.result import ReplayResult
+
+# One snapshot entry: (live parameter, its group index, pre-update value, gradient, state).
+Entry = tuple[torch.Tensor, int, torch.Tensor, Optional[torch.Tensor], dict[str, Any]]
+
+
+def _tensors(snapshot: list[Entry]) -> list[torch.Tensor]:
+    """Every tensor of a snapshot in one fixed order (what the source broadcasts)."""
+    return [x for _, _, value, grad, entries in snapshot
+            for x in [value, grad] + [e for _, e in sorted(entries.items()) if isinstance(e, torch.Tensor)]]
+
+
+class OptimizerReplay:
+    def __init__(self, optimizer: torch.optim.Optimizer, slice_size: int, peers: Any, pipelined: bool,
+                 device: torch.device, determinism: Determinism) -> None:
+        self._optimizer = optimizer
+        self._params = [p for g in optimizer.param_groups for p in g["params"]]
+        self._size = slice_size
+        self.slices = max(1, math.ceil(len(self._params) / slice_size))
+        self._peers = peers
+        self._pipelined = pipelined
+        self._device = device
+        self._determinism = determinism
+
+    def slice_params(self, s: int) -> list[torch.nn.Parameter]:
+        return self._params[s * self._size:(s + 1) * self._size]
+
+    def snapshot(self, s: int) -> list[Entry]:
+        """Copies of slice `s` (values, gradients, state) just before the live update."""
+        snap = []
+        state = self._optimizer.state
+        group_of = {id(p): gi for gi, g in enumerate(self._optimizer.param_groups) for p in g["params"]}
+        for p in self.slice_params(s):
+            entries = {k: (local(v).detach().clone() if isinstance(v, torch.Tensor) else v)
+                       for k, v in state.get(p, {}).items()}
+            grad = None if p.grad is None else local(p.grad).detach().clone()
+            snap.append((p, group_of[id(p)], local(p).detach().clone(), grad, entries))
+        return snap
+
+    def contract(self, s: int, snapshot: Optional[list[Entry]]) -> list[str]:
+        """What peers must agree on before replaying slice `s`."""
+        # Shards of one parameter may differ in size between peers (uneven FSDP/HSDP
+        # sharding; the replay takes the source's sizes): only the global shape must match.
+        def shape(p: torch.Tensor, t: torch.Tensor) -> str:
+            return f"ndim{t.dim()}" if is_sharded(p) else str(list(t.shape))
+
+        if snapshot is None:
+            return ["no-snapshot"] + [f"{local(p).dtype}{list(p.shape)}{shape(p, local(p))}" for p in self.slice_params(s)]
+        fields = []
+        for p, gi, value, grad, entries in snapshot:
+            fields.append(f"g{gi}:{value.dtype}{list(p.shape)}{shape(p, value)}:grad={grad is not None}:" + ",".join(
+                f"{k}={shape(p, v) if isinstance(v, torch.Tensor) else type(v).__name__}"
+                for k, v in sorted(entries.items())))
+        return fields
+
+    def run(self, recipe: str, step: int, snapshot: Optional[list[Entry]], surfaces: dict[str, Any],
+            result: ReplayResult) -> None:
+        s = int(recipe.split(".")[1])
+        replicated = not self._peers.materialize  # pure FSDP shards have no peer copy to compare
+        if replicated:  # the live updated parameters, local shards for HSDP
+            surfaces[f"{recipe}.params"] = fingerprint([local(p).detach() for p in self.slice_params(s)],
+                                                       self._pipelined, live=True)
+        if snapshot is None:
+            if replicated:
+                surfaces[f"{recipe}.state"] = fingerprint([local(v) for p in self.slice_params(s)
+                                                           for k, v in sorted(self._optimizer.state.get(p, {}).items())
+                                                           if isinstance(v, torch.Tensor)], self._pipelined, live=True)
+            return
+        if replicated:
+            surfaces[f"{recipe}.state"] = fingerprint([v for _, _, value, _, entries in snapshot
+                                                       for v in [value] + [e for k, e in sorted(entries.items())
+                                                                           if isinstance(e, torch.Tensor)]],
+                                                      self._pipelined, live=True)  # overwritten by the broadcast
+        if any(grad is None for _, _, _, grad, _ in snapshot):
+            return  # parameters without gradients were not updated: nothing to replay
+        # The source peer's pre-update values, gradients and state, then the same update on
+        # isolated copies everywhere.
+        source = self._peers.ranks[step % len(self._peers.ranks)]
+        t = Timer(self._pipelined)
+        with t(self._device):
+            if self._peers.data is not None:
+                if any(is_sharded(p) for p, *_ in snapshot):  # shards may be uneven: the source's sizes
+                    snapshot = self._with_source_shapes(snapshot, source)
+                broadcast_flat(_tensors(snapshot), source, self._peers.data)
+        result.add_collective("broadcast_optimizer_state", recipe, t)
+        copies: list = []
+
+        def replay() -> None:  # purely local: may run twice (see Determinism)
+            copies.clear()
+            groups_of: dict[int, list] = {}
+            for _, gi, value, grad, entries in snapshot:
+                c = torch.nn.Parameter(value.clone())
+                c.grad = grad.clone()
+                copies.append((c, gi, entries))
+                groups_of.setdefault(gi, []).append(c)
+            replay_opt = self._fresh_optimizer(groups_of)
+            for c, _, entries in copies:
+                replay_opt.state[c] = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in entries.items()}
+            replay_opt.step()
+
+        compute = Timer(self._pipelined)
+        with compute(self._device):
+            self._determinism.run(recipe, _core.replay_seed(recipe, step), replay)
+        result.compute_seconds[recipe] = compute
+        surfaces[f"{recipe}.update"] = fingerprint([c for c, _, _ in copies], self._pipelined)
+
+    def _with_source_shapes(self, snapshot: list[Entry], source: int) -> list[Entry]:
+        """The snapshot with buffers of the source peer's shard sizes, to receive its values."""
+        shaped = iter(adopt_shapes(_tensors(snapshot), source, self._peers.data))
+        out = []
+        for p, gi, _, _, entries in snapshot:
+            value, grad = next(shaped), next(shaped)
+            entries = {k: (next(shaped) if isinstance(e, torch.Tensor) else e) for k, e in sorted(entries.items())}
+            out.append((p, gi, value, grad, entries))
+        return out
+
+    def _fresh_optimizer(self, groups_of: dict[int, list]) -> torch.optim.Optimizer:
+        """An optimizer of the live one's class over the copies, with each live group's
+        hyper-parameters."""
+        live_groups = self._optimizer.param_groups
+        first = next(iter(groups_of))
+        opt = type(self._optimizer)(groups_of[first], lr=live_groups[first]["lr"])
+        opt.param_groups[0].update({k: v for k, v in live_groups[first].items() if k != "params"})
+        for gi, ps in groups_of.items():
+            if gi == first:
+                continue
+            opt.add_param_group({"params": ps, **{k: v for k, v in live_groups[gi].items() if k != "params"}})
+        return opt
