@@ -32,7 +32,7 @@ import torch.distributed as dist
 from lm_resiliency.fault_injection import (FaultCampaign, FaultInjectionRecord, enable_fault_injection, evaluate,
                                            write_localization_artifact)
 from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig, localization_results, occurrence_windows
-from lm_resiliency.workloads import TrainConfig, build, spawn, train_step
+from lm_resiliency.workloads import TrainConfig, build, run_as_rank, spawn, train_step, under_torchrun
 from model_args import add_model_args, decoder_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -140,12 +140,8 @@ def main() -> int:
     p.set_defaults(dim=64, layers=2, seq=32, vocab=128)
     ns = p.parse_args()
     backend = ns.backend or ("nccl" if ns.device == "cuda" else "gloo")
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        dist.init_process_group(backend)
-        try:
-            rank = rank_main(ns)
-        finally:
-            dist.destroy_process_group()
+    if under_torchrun():
+        rank = run_as_rank(rank_main, backend, ns)
         return compare(ns.out) if rank == 0 else 0
     spawn(rank_main, ns.world_size, args=(ns,), backend=backend)
     return compare(ns.out)

@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
-from lm_resiliency.workloads import Decoder, SyntheticTokens, spawn
+from lm_resiliency.workloads import Decoder, SyntheticTokens, run_as_rank, spawn, under_torchrun
 from model_args import add_model_args, decoder_config
 
 
@@ -125,13 +125,9 @@ def main() -> None:
     p.add_argument("--dtype", default="float32")
     ns = p.parse_args()
     args = dict(vars(ns), cadences=[int(c) for c in ns.cadences.split(",")])
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun: NCCL on CUDA, one GPU per rank
-        dist.init_process_group("nccl" if ns.device == "cuda" else "gloo")
-        try:
-            medians, checks, signing = body(args)
-            world = dist.get_world_size()
-        finally:
-            dist.destroy_process_group()
+    if under_torchrun():  # NCCL on CUDA, one GPU per rank
+        (medians, checks, signing), world = run_as_rank(lambda: (body(args), dist.get_world_size()),
+                                                        "nccl" if ns.device == "cuda" else "gloo")
         if int(os.environ["RANK"]) != 0:
             return
         where = (f"{world} ranks on {torch.cuda.get_device_name()} (NCCL)" if ns.device == "cuda"

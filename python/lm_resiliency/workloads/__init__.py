@@ -3,7 +3,7 @@ trained under DDP, FSDP2 or HSDP on CPU (gloo) or CUDA (NCCL). Tests, the demo a
 benchmarks use it; ``python -m lm_resiliency.workloads --help`` runs it."""
 
 from lm_resiliency.workloads.data import SyntheticTokens
-from lm_resiliency.workloads.launch import spawn
+from lm_resiliency.workloads.launch import run_as_rank, spawn, under_torchrun
 from lm_resiliency.workloads.model import Decoder, DecoderConfig
 from lm_resiliency.workloads.train import TrainConfig, TrainResult, build, train, train_step
 
@@ -14,7 +14,9 @@ __all__ = [
     "TrainConfig",
     "TrainResult",
     "build",
+    "run_as_rank",
     "spawn",
     "train",
     "train_step",
+    "under_torchrun",
 ]

@@ -7,12 +7,9 @@ spawns ``--world-size`` local ranks.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
-import torch.distributed as dist
-
-from lm_resiliency.workloads.launch import spawn
+from lm_resiliency.workloads.launch import run_as_rank, spawn, under_torchrun
 from lm_resiliency.workloads.model import DecoderConfig
 from lm_resiliency.workloads.train import PARALLEL_MODES, TrainConfig, train
 
@@ -42,12 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     ns = p.parse_args(argv)
     cfg = _config(ns)
     backend = ns.backend or ("nccl" if ns.device == "cuda" else "gloo")
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        dist.init_process_group(backend)
-        try:
-            result = train(cfg)
-        finally:
-            dist.destroy_process_group()
+    if under_torchrun():
+        result = run_as_rank(train, backend, cfg)
         results = [result] if result.rank == 0 else []
     else:
         if not 1 <= ns.world_size <= 8:

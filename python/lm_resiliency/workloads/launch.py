@@ -23,6 +23,21 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
+def under_torchrun() -> bool:
+    """Whether this process is one rank of a world started by torchrun (or alike)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def run_as_rank(fn: Callable[..., Any], backend: str, *args: Any) -> Any:
+    """``fn(*args)`` inside the process group of a torchrun-started world (created from the
+    environment, destroyed afterwards); its value."""
+    dist.init_process_group(backend)
+    try:
+        return fn(*args)
+    finally:
+        dist.destroy_process_group()
+
+
 def _worker(rank: int, world_size: int, store_path: str, backend: str, fn: Callable[..., Any],
             args: Sequence[Any], env: dict[str, str], results: Any, timeout_s: float) -> None:
     os.environ.update(env)
