@@ -1,6 +1,7 @@
 # LM Resiliency: every target does its own set-up and can be run again safely.
 #   make demo   set-up, build, then a 4-rank CPU (gloo) DDP run with one corrupted rank
 #   make test   set-up, build, C++ tests (ctest), Python tests (pytest)
+#   make test-fast  the same without the tests that spawn multi-rank worlds
 #   make bench  set-up, build with benchmarks, CPU benchmark ratios
 #   make deps   Debian packages and the .venv only
 
@@ -22,7 +23,7 @@ PIP_BUILD_FLAGS := --no-build-isolation --no-deps -q \
 FUZZ_SECONDS ?= 120
 FUZZ_APT_PACKAGES := clang libclang-rt-14-dev
 
-.PHONY: deps apt apt-install venv build demo test test-cpp test-python bench fuzz clean
+.PHONY: deps apt apt-install venv build demo test test-fast test-cpp test-python bench fuzz clean
 
 deps: apt venv
 
@@ -60,6 +61,9 @@ test-python: build
 	$(PY) -m pytest -q tests/python
 
 test: test-cpp test-python
+
+test-fast: test-cpp
+	$(PY) -m pytest -q -m "not distributed" tests/python
 
 bench: build
 	$(PY) bench/run_cpu_bench.py --build-dir $(BUILD_DIR)

@@ -99,7 +99,9 @@ def body(args):
         for cadence in args["cadences"]:
             harness = None
             if cadence > 0:
-                harness = ReplayHarness(model, opt, ReplayHarnessConfig(check_interval=cadence), completed_iterations=step)
+                harness = ReplayHarness(model, opt, ReplayHarnessConfig(check_interval=cadence,
+                                                                        timing_repeats=args["timing_repeats"]),
+                                        completed_iterations=step)
             samples[cadence].append(timed(model, opt, data, args["steps"], step, device))
             step += args["steps"]
             if harness is not None:
@@ -123,6 +125,7 @@ def main() -> None:
     p.add_argument("--cadences", default="0,100,25,10,1")
     add_model_args(p)
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--timing-repeats", type=int, default=None, help="ReplayHarnessConfig.timing_repeats (default: its own)")
     ns = p.parse_args()
     args = dict(vars(ns), cadences=[int(c) for c in ns.cadences.split(",")])
     if under_torchrun():  # NCCL on CUDA, one GPU per rank
@@ -140,7 +143,7 @@ def main() -> None:
         where = f"{ns.ranks} CPU ranks (gloo, 1 thread each)"
     base = medians[0]
     print(f"reference decoder dim={ns.dim} layers={ns.layers} seq={ns.seq} batch={ns.batch} {ns.dtype}, {where}; "
-          f"median of {ns.rounds} interleaved blocks of {ns.steps} steps")
+          f"median of {ns.rounds} interleaved blocks of {ns.steps} steps; timing_repeats={ns.timing_repeats or 'default'}")
     print(f"{'cadence':>8} {'ms/step':>9} {'overhead':>9} {'checks':>7}")
     for c in args["cadences"]:
         label = "off" if c == 0 else str(c)

@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "bindings.h"
+#include "lmr/campaign/attribution.h"
 #include "lmr/campaign/compare.h"
 #include "lmr/campaign/journal.h"
 #include "lmr/common/error.h"
@@ -228,6 +229,33 @@ void registerCampaign(nb::module_& m) {
   m.def("localization_artifact_json", [parseResults](const std::vector<std::string>& results) {
     return localizationArtifactJson(parseResults(results), 2);
   });
+
+  using AttributionTuple = std::tuple<std::int64_t, std::int64_t, std::string, std::string, bool>;
+  m.def(
+      "occurrence_windows",
+      [](const Campaign& c, const std::vector<InjectionRecord>& records, const std::vector<std::int64_t>& recoveries) {
+        std::vector<std::tuple<std::string, std::int64_t, std::optional<std::int64_t>, std::vector<std::int64_t>,
+                               std::vector<std::int64_t>>>
+            out;
+        for (auto& w : occurrenceWindows(c, records, recoveries))
+          out.emplace_back(w.occurrence_id, w.first, w.last, w.ranks, w.state_ranks);
+        return out;
+      },
+      nb::arg("campaign"), nb::arg("records"), nb::arg("recoveries"),
+      "[(occurrence_id, first, last or None, ranks, state_ranks)] of every activated occurrence.");
+  m.def(
+      "explain_attributions",
+      [](const Campaign& c, const std::vector<InjectionRecord>& records, const std::vector<AttributionTuple>& items,
+         const std::vector<std::int64_t>& recoveries) {
+        std::vector<Attribution> attributions;
+        for (const auto& [step, rank, source, kind, state] : items) attributions.push_back({step, rank, source, kind, state});
+        std::vector<std::pair<std::string, std::string>> out;
+        for (const Explained& e : explainAttributions(c, records, attributions, recoveries))
+          out.emplace_back(std::string(name(e.explanation)), e.occurrence_id);
+        return out;
+      },
+      nb::arg("campaign"), nb::arg("records"), nb::arg("attributions"), nb::arg("recoveries"),
+      "[(explanation, occurrence_id)] for [(step, rank, source, kind, state)].");
 }
 
 }  // namespace lmr::python

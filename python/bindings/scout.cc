@@ -8,6 +8,7 @@
 #include "bindings.h"
 #include "lmr/common/error.h"
 #include "lmr/common/keyed_hash.h"
+#include "lmr/common/sched.h"
 #include "lmr/mesh/mesh.h"
 #include "lmr/replay/replay.h"
 
@@ -68,6 +69,23 @@ void registerScout(nb::module_& m) {
         return static_cast<std::int64_t>(keyedHash(0, "replay.seed", {recipe}, step) >> 1);
       },
       "The RNG seed every peer uses to replay `recipe` after `step` (from the keyed hash).");
+  m.def(
+      "thread_times",
+      []() -> std::optional<std::pair<std::int64_t, std::int64_t>> {
+        const auto t = sched::threadTimes();
+        if (!t) return std::nullopt;
+        return std::make_pair(t->cpu_ns, t->wait_ns);
+      },
+      "(CPU ns, run-queue wait ns) of the calling thread, or None where the kernel does not say.");
+  m.def(
+      "active_ns",
+      [](std::int64_t wall, std::pair<std::int64_t, std::int64_t> before, std::pair<std::int64_t, std::int64_t> after) {
+        return sched::activeNs(wall, {before.first, before.second}, {after.first, after.second});
+      },
+      nb::arg("wall_ns"), nb::arg("before"), nb::arg("after"),
+      "An interval's time without the scheduler's share: wall - wait, clamped to [CPU time, wall].");
+  m.def("replay_is_state_source", [](const std::string& source) { return replay::isStateSource(source); },
+        "Whether an evidence surface compares held state (params, state) rather than recomputed values.");
   m.def("contract_digest", [](const std::vector<std::string>& fields) {
     const std::string d = replay::contractDigest(fields);
     return nb::bytes(d.data(), d.size());
@@ -75,15 +93,19 @@ void registerScout(nb::module_& m) {
 
   nb::class_<replay::StragglerTracker>(m, "StragglerTracker")
       .def("__init__",
-           [](replay::StragglerTracker* t, const consensus::TimingOptions& timing, std::int64_t rounds, std::int64_t window) {
-             new (t) replay::StragglerTracker(replay::StragglerOptions{timing, rounds, window});
+           [](replay::StragglerTracker* t, const consensus::TimingOptions& timing, std::int64_t rounds,
+              std::int64_t checks, std::int64_t window) {
+             new (t) replay::StragglerTracker(replay::StragglerOptions{timing, rounds, checks, window});
            },
-           nb::arg("timing"), nb::arg("confirmation_rounds"), nb::arg("temporal_window"))
-      .def("observe", [](replay::StragglerTracker& t, const std::string& recipe, std::int64_t step,
-                         const std::vector<double>& seconds, const std::vector<std::int64_t>& ranks) {
-        auto v = t.observe(recipe, step, seconds, ranks);
-        return std::make_pair(v.check, v.confirmed);
-      });
+           nb::arg("timing"), nb::arg("confirmation_rounds"), nb::arg("confirmation_checks"), nb::arg("temporal_window"))
+      .def("observe",
+           [](replay::StragglerTracker& t, const std::string& recipe, std::int64_t step,
+              const std::vector<std::vector<double>>& repetitions, const std::vector<std::int64_t>& ranks) {
+             auto v = t.observe(recipe, step, repetitions, ranks);
+             return std::make_tuple(v.check, v.confirmed, v.outlier_checks);
+           },
+           nb::arg("recipe"), nb::arg("step"), nb::arg("repetitions"), nb::arg("peer_ranks"),
+           "(timing consensus on each peer's fastest repetition, confirmed by position, outlier checks in the window).");
 }
 
 }  // namespace lmr::python

@@ -6,7 +6,9 @@ in between. The harness replays a rotating set of modules after every optimizer 
 strict majority of peers names the odd rank. At the end the campaign is scored: every
 injected occurrence against what the harness reported.
 
-Exit status 0 when every occurrence was localized and nothing was blamed outside them.
+Exit status 0 when every occurrence was localized and every attribution is explained: by
+an occurrence active at that step, or as the residual of a state fault that has ended (the
+corrupted replica stays diverged until a recovery).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import sys
 import torch.distributed as dist
 
 from lm_resiliency.fault_injection import FaultCampaign, FaultInjectionRecord, enable_fault_injection, evaluate
-from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig, localization_results
+from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig, explain_attributions, localization_results
 from lm_resiliency.workloads.launch import spawn
 from lm_resiliency.workloads.train import TrainConfig, build, train_step
 
@@ -65,14 +67,25 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Training the reference decoder: DDP, 4 CPU ranks (gloo), {ns.steps} steps, replay after every step.\n")
     per_rank = spawn(rank_main, 4, args=(ns.campaign, ns.steps))
     records = [FaultInjectionRecord.from_dict(r) for rank in per_rank for r in rank["records"]]
-    results = per_rank[0]["results"]
-    report = evaluate(campaign, records, localization_results(campaign, records, results, per_rank[0]["boundary_times"]))
+    checks = per_rank[0]["results"]
+    report = evaluate(campaign, records, localization_results(campaign, records, checks, per_rank[0]["boundary_times"]))
     print()
     print(report.table(), end="")
-    totals = report.totals
-    ok = totals["all_localized"] and totals["unmatched_results"] == 0
-    print("\nEvery injected occurrence was localized to its rank; nothing was blamed outside them." if ok
-          else "\nSome occurrences were not localized (see the reasons above).")
+    explained = explain_attributions(campaign, records, checks)
+    residual = [a for a in explained if a.explanation == "residual"]
+    unexplained = [a for a in explained if a.explanation == "unexplained"]
+    if residual:
+        first, last = residual[0].step, residual[-1].step
+        print(f"residual: {len(residual)} attributions at steps {first}-{last} are the lasting divergence of "
+              f"{', '.join(sorted({a.occurrence_id for a in residual}))} (state faults that ended), not false positives")
+    missed = [o for o in report.occurrences if not o["skipped"] and not o["localized"]]
+    ok = not missed and not unexplained
+    if ok:
+        print("\nEvery injected occurrence was localized to its rank; nothing was blamed outside them.")
+    for o in missed:
+        print(f"\nNOT LOCALIZED: {o['occurrence_id']}: {'; '.join(o['reasons']) or 'no check attributed it'}")
+    for a in unexplained:
+        print(f"\nFALSE ATTRIBUTION: {a.describe()}")
     return 0 if ok else 1
 
 

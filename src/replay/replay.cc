@@ -54,6 +54,12 @@ Plan fullPlan(std::int64_t step, std::int64_t layers, std::int64_t slices) {
   return p;
 }
 
+bool isStateSource(std::string_view source) noexcept {
+  const std::size_t dot = source.rfind('.');
+  const std::string_view last = dot == std::string_view::npos ? source : source.substr(dot + 1);
+  return last == "params" || last == "state";
+}
+
 std::string contractDigest(const std::vector<std::string>& fields) {
   Sha256 h;
   h.update("lmr.replay.contract.v1");
@@ -65,26 +71,43 @@ std::string contractDigest(const std::vector<std::string>& fields) {
 
 StragglerTracker::StragglerTracker(StragglerOptions options) : options_(std::move(options)) {
   if (options_.confirmation_rounds < 1) throw InvalidArgument("confirmation_rounds must be >= 1");
+  if (options_.confirmation_checks < options_.confirmation_rounds)
+    throw InvalidArgument("confirmation_checks must be >= confirmation_rounds");
   if (options_.temporal_window < 1) throw InvalidArgument("temporal_window must be >= 1");
 }
 
+double fastestRepetition(const std::vector<double>& repetitions) {
+  if (repetitions.empty()) throw InvalidArgument("a peer's replay timing needs at least one repetition");
+  return *std::min_element(repetitions.begin(), repetitions.end());
+}
+
 StragglerTracker::Verdict StragglerTracker::observe(const std::string& recipe, std::int64_t step,
-                                                    const std::vector<double>& seconds,
+                                                    const std::vector<std::vector<double>>& repetitions,
                                                     const std::vector<std::int64_t>& peer_ranks) {
+  std::vector<double> seconds;
+  seconds.reserve(repetitions.size());
+  for (const auto& reps : repetitions) seconds.push_back(fastestRepetition(reps));
   Verdict v;
   v.check = consensus::timing(seconds, options_.timing, peer_ranks);
   v.confirmed.assign(seconds.size(), false);
+  v.outlier_checks.assign(seconds.size(), 0);
+  const bool conclusive = v.check.status != consensus::Status::kInconclusive;
   for (std::size_t i = 0; i < seconds.size(); ++i) {
-    const std::int64_t rank = v.check.peer_ranks[i];
-    Streak& s = streaks_[{recipe, rank}];
+    History& h = history_[{recipe, v.check.peer_ranks[i]}];
     const bool outlier = v.check.status == consensus::Status::kAttributed && v.check.bitmap[i];
-    if (!outlier) {
-      s = Streak{};
-      continue;
+    if (conclusive) {
+      if (!outlier && h.confirmed) {
+        h = History{};  // the episode ended: a new one needs fresh evidence
+      } else {
+        h.rounds.push_back(Round{step, outlier});
+      }
     }
-    if (s.count == 0 || step - s.first_step >= options_.temporal_window) s = Streak{0, step};
-    ++s.count;
-    v.confirmed[i] = s.count >= options_.confirmation_rounds;
+    while (!h.rounds.empty() && (static_cast<std::int64_t>(h.rounds.size()) > options_.confirmation_checks ||
+                                 step - h.rounds.front().step >= options_.temporal_window))
+      h.rounds.pop_front();
+    for (const Round& r : h.rounds) v.outlier_checks[i] += r.outlier ? 1 : 0;
+    v.confirmed[i] = outlier && v.outlier_checks[i] >= options_.confirmation_rounds;
+    if (conclusive) h.confirmed = v.confirmed[i];
   }
   return v;
 }

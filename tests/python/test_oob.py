@@ -350,6 +350,17 @@ def test_missing_daemon_binary_is_a_clear_error(tmp_path):
 
 
 @needs_daemon
+def test_daemon_help_prints_usage():
+    import subprocess
+    for flag in ("--help", "-h"):
+        run = subprocess.run([find_daemon(), flag], capture_output=True, text=True, timeout=30)
+        assert run.returncode == 0, run.stderr
+        assert "usage: lmr-oobd" in run.stdout and "--segment=NAME" in run.stdout
+    run = subprocess.run([find_daemon(), "--bogus"], capture_output=True, text=True, timeout=30)
+    assert run.returncode == 2 and "unknown option --bogus" in run.stderr
+
+
+@needs_daemon
 def test_daemon_start_failure_is_reported_with_its_reason(tmp_path):
     model = torch.nn.Sequential()
     model.layers = torch.nn.ModuleList([torch.nn.Linear(2, 2)])

@@ -97,6 +97,13 @@ void tell(int fd, const std::string& line) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::cout << "lmr-oobd: the out-of-band observer of one training process (started by lm_resiliency)\n" << kUsage;
+      return 0;
+    }
+  }
   int ready_fd = -1;
   try {
     const Args args = parse(argc, argv);

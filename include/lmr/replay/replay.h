@@ -4,9 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "lmr/consensus/consensus.h"
@@ -47,38 +49,67 @@ Plan planAt(const Cadence& cadence, std::int64_t step, std::int64_t layers, std:
 // Every recipe once (manual checks).
 Plan fullPlan(std::int64_t step, std::int64_t layers, std::int64_t slices);
 
+// Whether the evidence surface `source` ("hidden.1.params", "optimizer.0.state", ...)
+// compares held state (parameters, optimizer state) rather than recomputed values. State
+// surfaces are compared among the peers holding the same state; a replica whose state
+// diverged keeps showing there until training recovers.
+bool isStateSource(std::string_view source) noexcept;
+
 // The readiness contract as 16 bytes: SHA-256 of a length-prefixed encoding of the fields
 // (optimizer step, recipe set, layer and shape identity, capture step, tensor metadata).
 // Peers compare it with exact C3 before any recipe collective.
 std::string contractDigest(const std::vector<std::string>& fields);
 
 struct StragglerOptions {
-  consensus::TimingOptions timing;      // per-check outlier test
-  std::int64_t confirmation_rounds = 3;  // consecutive outlier checks needed
-  std::int64_t temporal_window = 1000;   // the rounds must fall within this many steps
+  consensus::TimingOptions timing;        // per-check outlier test
+  std::int64_t confirmation_rounds = 3;  // k: outlier checks needed ...
+  std::int64_t confirmation_checks = 5;  // n: ... among this many most recent checks of the recipe
+  std::int64_t temporal_window = 1000;   // checks more than this many steps old are forgotten
 };
 
-// Confirms stragglers across checks of one recipe class. A peer becomes a confirmed
-// straggler once it is an outlier in `confirmation_rounds` consecutive checks spanning at
-// most `temporal_window` steps; a check where it is not an outlier resets its streak. Not
-// thread-safe.
+// Confirms compute stragglers across the checks of one recipe (e.g. "hidden.3").
+//
+// A straggler is slow every time; a noisy host is slow sometimes. Two rules use that:
+// - Within a check, each peer times several repetitions of the replay; its evidence is the
+//   fastest one (noise only ever adds time, so the minimum is the run least disturbed).
+// - A peer is a confirmed straggler at a check when that check's timing consensus marks it
+//   as a slow outlier and it was an outlier in at least `confirmation_rounds` of the last
+//   `confirmation_checks` conclusive checks of the recipe (this one included) within
+//   `temporal_window` steps. So one noisy check does not break a confirmation in progress.
+// - A confirmed straggler stays reported only while each check's own evidence still says
+//   "slow": the first conclusive check that does not ends the episode and forgets its
+//   history, so a later confirmation needs `confirmation_rounds` fresh outlier checks.
+// A check whose timing consensus is Inconclusive (too few peers, or no strict minority of
+// outliers) is not counted for or against anyone. Not thread-safe.
 class StragglerTracker {
  public:
   explicit StragglerTracker(StragglerOptions options);
   struct Verdict {
-    consensus::TimingResult check;  // this check's timing consensus
+    consensus::TimingResult check;  // this check's timing consensus, on each peer's fastest repetition
     std::vector<bool> confirmed;    // by peer position
+    std::vector<std::int64_t> outlier_checks;  // by peer position: outlier checks in the current window
   };
-  // `seconds` by peer position for the recipe class `recipe` at `step`.
-  Verdict observe(const std::string& recipe, std::int64_t step, const std::vector<double>& seconds,
+  // `repetitions[i]`: the replay times (one or more) of peer position i for `recipe` at `step`.
+  // Throws InvalidArgument for an empty repetition list, or timings consensus rejects.
+  Verdict observe(const std::string& recipe, std::int64_t step, const std::vector<std::vector<double>>& repetitions,
                   const std::vector<std::int64_t>& peer_ranks);
+  const StragglerOptions& options() const { return options_; }
 
  private:
-  struct Streak {
-    std::int64_t count = 0, first_step = 0;
+  struct Round {
+    std::int64_t step = 0;
+    bool outlier = false;
+  };
+  struct History {
+    std::deque<Round> rounds;  // the recent conclusive checks, oldest first
+    bool confirmed = false;    // reported as confirmed at its last conclusive check
   };
   StragglerOptions options_;
-  std::map<std::pair<std::string, std::int64_t>, Streak> streaks_;  // (recipe, rank)
+  std::map<std::pair<std::string, std::int64_t>, History> history_;  // (recipe, rank)
 };
+
+// The per-check timing evidence of one peer: the fastest of its repetitions. Throws
+// InvalidArgument when `repetitions` is empty.
+double fastestRepetition(const std::vector<double>& repetitions);
 
 }  // namespace lmr::replay

@@ -32,20 +32,34 @@ class ReplayHarnessConfig:
     straggler_kappa: float = 3.0
     straggler_absolute_s: float = 0.005
     straggler_relative: float = 0.25
+    # Confirmation: a straggler is an outlier in `confirmation_rounds` of the last
+    # `confirmation_checks` checks of one recipe within `temporal_window` steps (lmr::replay).
     confirmation_rounds: int = 3
+    confirmation_checks: int = 5
     temporal_window: int = 1000
+    # Timed repetitions of each replay per check; a peer's evidence is its fastest one, so
+    # host noise (preemption) does not make a healthy peer look slow. None: 3 for CPU
+    # models, 1 for CUDA ones (GPU event time is not disturbed by host scheduling).
+    timing_repeats: Optional[int] = None
     on_result: Optional[Callable] = None  # called with each ReplayResult
     # Out-of-band hang and stall detection (an lmr-oobd daemon per process); None: off.
     hang_detection: Optional[HangDetectionConfig] = None
 
     def __post_init__(self) -> None:
         for name in ("check_interval", "embedding_interval", "hidden_interval", "output_interval", "optimizer_interval",
-                     "optimizer_slice_size", "confirmation_rounds", "temporal_window"):
+                     "optimizer_slice_size", "confirmation_rounds", "confirmation_checks", "temporal_window"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
                 raise InvalidArgumentError(f"ReplayHarnessConfig.{name} must be an integer, got {v!r}")
         if self.optimizer_slice_size < 1 or self.confirmation_rounds < 1 or self.temporal_window < 1:
             raise InvalidArgumentError("optimizer_slice_size, confirmation_rounds and temporal_window must be >= 1")
+        if self.confirmation_checks < self.confirmation_rounds:
+            raise InvalidArgumentError(f"ReplayHarnessConfig.confirmation_checks ({self.confirmation_checks}) must be >= "
+                                       f"confirmation_rounds ({self.confirmation_rounds})")
+        if self.timing_repeats is not None and (isinstance(self.timing_repeats, bool)
+                                                or not isinstance(self.timing_repeats, int) or self.timing_repeats < 1):
+            raise InvalidArgumentError(f"ReplayHarnessConfig.timing_repeats must be None or an integer >= 1, "
+                                       f"got {self.timing_repeats!r}")
         for name in ("straggler_kappa", "straggler_absolute_s", "straggler_relative"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:

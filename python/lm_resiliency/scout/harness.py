@@ -17,28 +17,27 @@ import torch.distributed as dist
 
 from lm_resiliency import _core
 from lm_resiliency.consensus import exact
-from lm_resiliency.fault_injection.builtin import REPLAY_COPY
 from lm_resiliency.frameworks import select_adapter
 from lm_resiliency.manager_api import OrchestrationHooks
 from lm_resiliency.scout import groups
-from lm_resiliency.scout.capture import Capture, tensors_of
+from lm_resiliency.scout.capture import Capture
 from lm_resiliency.scout.config import ReplayHarnessConfig
+from lm_resiliency.scout.guard import Guard, WarnOnce, describe, log
+from lm_resiliency.scout.module_replay import ModuleReplay
 from lm_resiliency.scout.oob.monitor import HangMonitor
-from lm_resiliency.scout.pending import StartedCheck, fingerprint
 from lm_resiliency.scout.optimizer_replay import OptimizerReplay
-from lm_resiliency.scout.replay import (Determinism, Timer, broadcast_flat, call_with_hooks, first_tensor, full_copy,
-                                        local, swapped_parameters)
+from lm_resiliency.scout.pending import StartedCheck, recipe_of
+from lm_resiliency.scout.replay import Determinism
 from lm_resiliency.scout.result import ReplayResult, SurfaceResult
-
-
-# Surfaces compared among state peers (replicas holding the same state); every other
-# surface is replayed compute, compared among all compute peers.
-_STATE_SURFACES = {"params", "state"}
 
 
 class ReplayHarness:
     """Attach to a model and optimizer; it runs by itself at the optimizer boundary.
-    ``check()`` runs the full catalog now (manual mode, ``check_interval=0``)."""
+    ``check()`` runs the full catalog now (manual mode, ``check_interval=0``).
+
+    Nothing a check does raises out of the training step: an error inside a check makes
+    the affected recipe Inconclusive on every peer (``inconclusive_reasons``), with a
+    warning logged once per recipe (scout/guard.py)."""
 
     def __init__(self, model: Any, optimizer: Any, config: Optional[ReplayHarnessConfig] = None,
                  completed_iterations: int = 0, hooks: Optional[OrchestrationHooks] = None) -> None:
@@ -52,21 +51,27 @@ class ReplayHarness:
         timing = _core.TimingOptions(kappa=float(self.config.straggler_kappa),
                                      absolute_threshold=float(self.config.straggler_absolute_s),
                                      relative_threshold=float(self.config.straggler_relative))
-        self._tracker = _core.StragglerTracker(timing, self.config.confirmation_rounds, self.config.temporal_window)
+        self._tracker = _core.StragglerTracker(timing, self.config.confirmation_rounds, self.config.confirmation_checks,
+                                               self.config.temporal_window)
         self._device = next(iter(model.parameters())).device
         self._determinism = Determinism(self.config.deterministic, self._device)
         # Pipelined: a check's fingerprints and times are read at the next boundary (see
         # scout/pending.py); on by default on CUDA.
         self._pipelined = self.config.pipelined if self.config.pipelined is not None else self._device.type == "cuda"
+        repeats = self.config.timing_repeats or (1 if self._device.type == "cuda" else 3)
+        self._replaying = [False]
+        self._module_replay = ModuleReplay(self._peers, self._pipelined, self._device, self._determinism,
+                                           self.config.compare_parameters, repeats, self._replaying)
         self._optimizer_replay = OptimizerReplay(optimizer, self.config.optimizer_slice_size, self._peers,
-                                                 self._pipelined, self._device, self._determinism)
+                                                 self._pipelined, self._device, self._determinism, repeats)
         self._side_stream = torch.cuda.Stream(self._device) if self._pipelined and self._device.type == "cuda" else None
         self._pending: Optional[StartedCheck] = None
         self._completed = completed_iterations
-        self._replaying = [False]
         self._captures: dict[str, Capture] = {}
         self._last_captures: dict[str, Capture] = {}
         self._snapshot: Optional[list] = None
+        self._snapshot_error: Optional[str] = None
+        self._warn = WarnOnce()
         self.results: list[ReplayResult] = []
         self.boundary_times: dict[int, float] = {completed_iterations: time.time()}
         self._adapter.wrap_step(self._wrap)
@@ -111,7 +116,10 @@ class ReplayHarness:
             iteration = self._completed + 1
             plan = self._plan(iteration)
             if plan[3] is not None:
-                self._snapshot = self._optimizer_replay.snapshot(plan[3])
+                try:
+                    self._snapshot = self._optimizer_replay.snapshot(plan[3])
+                except Exception as e:  # noqa: BLE001 - the recipe becomes Inconclusive on every peer
+                    self._snapshot, self._snapshot_error = None, f"replay_error: {describe(e)}"
             result = original(*args, **kwargs)
             self._completed = iteration
             self.boundary_times[iteration] = time.time()
@@ -129,8 +137,17 @@ class ReplayHarness:
                     self._pending = started
                 else:
                     self._record(self._finish(started))
+        except Exception as e:  # noqa: BLE001 - last resort: the step the user called must not fail
+            self._pending = None
+            log.exception("SCOUT check after step %d failed; its result is Inconclusive", step)
+            reason = f"replay_error: {describe(e)}"
+            failed = ReplayResult(step=step, peer_ranks=list(self._peers.ranks), status="Inconclusive",
+                                  wall_time=time.time())
+            failed.inconclusive_reasons = {"check": reason}
+            failed.inconclusive_recipes = ["check"]
+            self._record(failed)
         finally:
-            self._snapshot = None
+            self._snapshot, self._snapshot_error = None, None
             for c in self._last_captures.values():
                 c.remove()
             self._last_captures = captures if self.config.check_interval == 0 else {}
@@ -157,8 +174,14 @@ class ReplayHarness:
 
     def _record(self, result: ReplayResult) -> None:
         self.results.append(result)
+        for recipe, reason in result.inconclusive_reasons.items():
+            if reason.startswith(("replay_error", "unsupported_argument", "capture_error")):
+                self._warn(recipe, reason)
         if self.config.on_result is not None:
-            self.config.on_result(result)
+            try:
+                self.config.on_result(result)
+            except Exception:  # noqa: BLE001 - a failing callback must not fail the step either
+                log.exception("ReplayHarnessConfig.on_result raised at step %d", result.step)
 
     def close(self) -> None:
         """Detaches. A pipelined check still open is finished first (its vote is a
@@ -186,12 +209,30 @@ class ReplayHarness:
         dist.all_gather_object(out, payload, group=self._peers.votes)
         return out
 
-    def _world_min(self, value: int) -> int:
-        if self._peers.world_votes is None:
-            return value
-        t = torch.tensor([value], dtype=torch.int64)
+    def _world_all(self, flags: list[bool]) -> list[bool]:
+        """Whether each flag holds on every rank of the world (one collective)."""
+        if self._peers.world_votes is None or not flags:
+            return flags
+        t = torch.tensor([int(f) for f in flags], dtype=torch.int64)
         dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self._peers.world_votes)
-        return int(t.item())
+        return [bool(v) for v in t.tolist()]
+
+    def _contract(self, step: int, recipe: str, modules: dict, captures: dict[str, Capture],
+                  snapshot: Optional[list], prepared: dict) -> tuple[list[str], Optional[str]]:
+        """The readiness contract of one recipe on this rank, and why it is not ready here
+        (None when it is)."""
+        if recipe.startswith("optimizer"):
+            if self._snapshot_error is not None:
+                return [f"step={step}", recipe, "error"], self._snapshot_error
+            return [f"step={step}", recipe] + self._optimizer_replay.contract(int(recipe.split(".")[1]), snapshot), None
+        path, module, _ = modules[recipe]
+        cap = captures.get(recipe)
+        fields = [f"step={step}", recipe, path, type(module).__name__, f"capture={cap.step if cap else 'none'}"]
+        if cap is None or not cap.captured:
+            return fields + [cap.reason if cap and cap.reason else "missing"], (
+                cap.reason if cap and cap.reason else "missing_capture: the module was not called in the iteration")
+        prepared[recipe] = self._module_replay.prepare(module, cap)
+        return fields + prepared[recipe].contract(), None
 
     def _start(self, step: int, plan: tuple, captures: dict[str, Capture], snapshot: Optional[list]) -> StartedCheck:
         """Readiness, then every ready recipe's replay; fingerprints and times are taken
@@ -200,32 +241,42 @@ class ReplayHarness:
         modules = self._modules_for(plan)
         recipes = list(modules) + ([f"optimizer.{plan[3]}"] if plan[3] is not None else [])
         # Readiness: peers compare a compact contract; a recipe runs only where every peer
-        # of every group is ready (materialization collectives cross groups).
-        contracts = {}
+        # of every group is ready (materialization collectives cross groups). Everything
+        # that can fail locally before the recipe's collectives happens here.
+        contracts, reasons, prepared = {}, {}, {}
         for recipe in recipes:
-            if recipe.startswith("optimizer"):
-                fields = [f"step={step}", recipe] + self._optimizer_replay.contract(int(recipe.split(".")[1]), snapshot)
-            else:
-                path, module, _ = modules[recipe]
-                cap = captures.get(recipe)
-                fields = [f"step={step}", recipe, path, type(module).__name__,
-                          f"capture={cap.step if cap else 'none'}"] + (cap.meta() if cap else ["missing"])
+            try:
+                fields, reason = self._contract(step, recipe, modules, captures, snapshot, prepared)
+            except Exception as e:  # noqa: BLE001 - not ready on this rank, hence on every rank
+                fields, reason = [f"step={step}", recipe, "error"], f"replay_error: {describe(e)}"
             contracts[recipe] = _core.contract_digest(fields)
-        gathered = self._vote(contracts)
-        # Agreeing on "missing" is still not ready: the contract says so on every peer.
-        ready = {r for r in recipes if exact([g[r] for g in gathered], self._peers.ranks).status.name == "Agree"
-                 and (r.startswith("optimizer") or (captures.get(r) is not None and captures[r].captured))}
-        ready = {r for r in recipes if self._world_min(int(r in ready)) == 1}
-        result.inconclusive_recipes = [r for r in recipes if r not in ready]
-        surfaces: dict[str, bytes] = {}
+            if reason is not None:
+                reasons[recipe] = reason
+        gathered = self._vote({"contracts": contracts, "reasons": reasons})
+        local_ready = []
+        for recipe in recipes:
+            why = next((f"{g['reasons'][recipe]} (rank {rank})" for rank, g in zip(self._peers.ranks, gathered)
+                        if recipe in g["reasons"]), None)
+            if why is None and exact([g["contracts"][recipe] for g in gathered], self._peers.ranks).status.name != "Agree":
+                why = "contract_mismatch: peers captured different calls (step, module or tensor shapes)"
+            if why is not None:
+                result.inconclusive_reasons[recipe] = why
+            local_ready.append(why is None)
+        ready = {r for r, ok in zip(recipes, self._world_all(local_ready)) if ok}
+        for recipe in recipes:
+            if recipe not in ready:
+                result.inconclusive_recipes.append(recipe)
+                result.inconclusive_reasons.setdefault(recipe, "not_ready_elsewhere: a peer group was not ready")
+        surfaces: dict[str, Any] = {}
+        guard = Guard()
         for recipe in recipes:
             if recipe not in ready:
                 continue
             if recipe.startswith("optimizer"):
-                self._optimizer_replay.run(recipe, step, snapshot, surfaces, result)
+                self._optimizer_replay.run(recipe, step, snapshot, surfaces, result, guard)
             else:
-                path, module, layer = modules[recipe]
-                self._module_recipe(recipe, module, captures[recipe], step, surfaces, result)
+                _, _, layer = modules[recipe]
+                self._module_replay.run(recipe, prepared[recipe], step, surfaces, result, guard)
                 for kind in ("invocation", "params", "output", "input_grad", "param_grad"):
                     if layer is not None:
                         result.layer_of_source[f"{recipe}.{kind}"] = layer
@@ -234,45 +285,57 @@ class ReplayHarness:
         if self._pipelined and self._device.type == "cuda":
             done = torch.cuda.Event()
             done.record()
-        return StartedCheck(step, result, surfaces, done)
+        return StartedCheck(step, result, surfaces, guard, done)
 
     def _finish(self, started: StartedCheck) -> ReplayResult:
-        """One vote for every fingerprint and every replay time of the check, then C3."""
+        """One vote for every fingerprint, replay time and local error of the check, then C3."""
         step, result = started.step, started.result
         surfaces = started.wait(self._side_stream)
-        votes = self._vote({"surfaces": surfaces, "seconds": result.compute_seconds})
-        sdc = [False] * len(self._peers.ranks)
+        votes = self._vote({"surfaces": surfaces, "reps": result.compute_repetitions, "errors": started.guard.errors})
+        # A recipe that failed anywhere is Inconclusive everywhere, its evidence dropped.
+        failed: dict[str, str] = {}
+        for rank, v in zip(self._peers.ranks, votes):
+            for recipe, text in v["errors"].items():
+                failed.setdefault(recipe, f"replay_error: {text} (rank {rank})")
+        for recipe, reason in failed.items():
+            result.inconclusive_reasons[recipe] = reason
+            if recipe not in result.inconclusive_recipes:
+                result.inconclusive_recipes.append(recipe)
         n = len(self._peers.ranks)
-        for name in sorted(surfaces):
+        sdc = [False] * n
+        names = sorted({name for v in votes for name in v["surfaces"] if recipe_of(name) not in failed})
+        for name in names:
             # State surfaces are compared within each group of peers holding the same
             # state, replayed compute among all compute peers; every rank evaluates every
             # group, so all reach the same result.
-            if name.rsplit(".", 1)[-1] in _STATE_SURFACES:
+            if _core.replay_is_state_source(name):
                 groups_of_positions = [[self._peers.ranks.index(r) for r in g] for g in self._peers.state_groups]
             else:
                 groups_of_positions = [list(range(n))]
             status, bitmap, evidence = "Agree", [False] * n, [""] * n
+            split = False  # some group disagreed without a majority
             for positions in groups_of_positions:
                 r = exact([votes[i]["surfaces"].get(name, b"") for i in positions],
                           [self._peers.ranks[i] for i in positions])
                 for i, bad, e in zip(positions, r.bitmap, r.evidence):
                     bitmap[i], evidence[i] = bad, e.hex()
+                split = split or r.status.name == "Inconclusive"
                 if r.status.name == "Attributed" or (r.status.name == "Inconclusive" and status == "Agree"):
                     status = r.status.name
             result.c3_results[name] = SurfaceResult(status, bitmap, evidence)
             if any(bitmap):
                 sdc = [a or b for a, b in zip(sdc, bitmap)]
                 result.sdc_sources.append(name)
-            if status == "Inconclusive" or (status == "Attributed" and any(
-                    exact([votes[i]["surfaces"].get(name, b"") for i in positions]).status.name == "Inconclusive"
-                    for positions in groups_of_positions)):
+            if split:
                 result.inconclusive_recipes.append(name)
+                result.inconclusive_reasons[name] = "no_majority: the peers disagree and no strict majority agrees"
         result.sdc_bitmap = sdc
-        confirmed = [False] * len(self._peers.ranks)
-        candidates = [False] * len(self._peers.ranks)
+        confirmed, candidates = [False] * n, [False] * n
         for recipe in result.checked_recipe_ids:
-            seconds = [float(v["seconds"].get(recipe, 0.0)) for v in votes]
-            check, ok = self._tracker.observe(recipe, step, seconds, self._peers.ranks)
+            reps = [v["reps"].get(recipe) for v in votes]
+            if recipe in failed or not all(reps):
+                continue  # no timing from some peer (a recipe with nothing to replay)
+            check, ok, _ = self._tracker.observe(recipe, step, reps, self._peers.ranks)
             confirmed = [a or b for a, b in zip(confirmed, ok)]
             candidates = [a or b for a, b in zip(candidates, check.bitmap)]
         result.straggler_bitmap, result.straggler_candidates = confirmed, candidates
@@ -281,80 +344,3 @@ class ReplayHarness:
         elif result.inconclusive_recipes:
             result.status = "Inconclusive"
         return result
-
-    # --- module recipe ---------------------------------------------------------------
-
-    def _module_recipe(self, recipe: str, module: torch.nn.Module, cap: Capture, step: int,
-                       surfaces: dict[str, bytes], result: ReplayResult) -> None:
-        source = self._peers.ranks[step % len(self._peers.ranks)]
-        args, kwargs = cap.args, cap.kwargs
-        inputs = tensors_of((args, kwargs))
-        t = Timer(self._pipelined)
-        with t(self._device):
-            if self._peers.data is not None:
-                broadcast_flat(inputs, source, self._peers.data)
-        result.add_collective("broadcast_inputs", recipe, t)
-        seed = _core.replay_seed(recipe, step)
-        surfaces[f"{recipe}.invocation"] = fingerprint(inputs, self._pipelined, seed.to_bytes(8, "little"))
-
-        # Parameters: the evidence each peer holds, and full tensors to run with.
-        gather = Timer(self._pipelined)
-        gathered = False
-        full: dict[str, torch.Tensor] = {}
-        evidence: list[torch.Tensor] = []
-        for name, p in module.named_parameters():
-            if hasattr(p, "device_mesh"):
-                with gather(self._device):
-                    full[name] = full_copy(p)
-                gathered = True
-                evidence.append(full[name] if self._peers.materialize else local(p).detach())
-            else:
-                full[name] = p.detach().clone()
-                evidence.append(full[name])
-        if gathered:
-            result.add_collective("fsdp_parameter_all_gather", recipe, gather)
-        if self.config.compare_parameters:
-            # Copied when pipelined: live shards change with training, and the full copies
-            # are overwritten with the source's values just below.
-            surfaces[f"{recipe}.params"] = fingerprint(evidence, self._pipelined, live=True)
-        # Compute is replayed with the source's parameters too, so a peer whose state
-        # diverged (a separate, state-surface finding) does not mask a compute fault.
-        t = Timer(self._pipelined)
-        with t(self._device):
-            if self._peers.data is not None:
-                broadcast_flat(list(full.values()), source, self._peers.data)
-        result.add_collective("broadcast_parameters", recipe, t)
-
-        def replay() -> None:  # purely local: may run twice (see Determinism)
-            leaves = {n: v.requires_grad_(v.is_floating_point()) for n, v in full.items()}
-            for v in leaves.values():
-                v.grad = None
-                setattr(v, REPLAY_COPY, True)
-            def prepare(value: Any) -> Any:
-                if isinstance(value, torch.Tensor):
-                    c = value.detach().clone()
-                    return c.requires_grad_(True) if c.is_floating_point() else c
-                if isinstance(value, (tuple, list)):
-                    return type(value)(prepare(v) for v in value)
-                if isinstance(value, dict):
-                    return {k: prepare(v) for k, v in value.items()}
-                return value
-            r_args, r_kwargs = prepare(args), prepare(kwargs)
-            with swapped_parameters(module, leaves), torch.enable_grad():
-                out = first_tensor(call_with_hooks(module, r_args, r_kwargs))
-                grad_out = torch.randn(out.shape, dtype=out.dtype, device=out.device)
-                if out.requires_grad:
-                    torch.autograd.backward(out, grad_out)
-            surfaces[f"{recipe}.output"] = fingerprint([out], self._pipelined)
-            surfaces[f"{recipe}.input_grad"] = fingerprint([x.grad for x in tensors_of((r_args, r_kwargs))
-                                                            if x.is_floating_point()], self._pipelined)
-            surfaces[f"{recipe}.param_grad"] = fingerprint([v.grad for v in leaves.values()], self._pipelined)
-
-        compute = Timer(self._pipelined)
-        self._replaying[0] = True
-        try:
-            with compute(self._device):
-                self._determinism.run(recipe, seed, replay)
-        finally:
-            self._replaying[0] = False
-        result.compute_seconds[recipe] = compute

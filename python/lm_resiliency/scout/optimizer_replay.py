@@ -6,7 +6,7 @@ compare their live updated parameters and the pre-update state (the state surfac
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -27,7 +27,7 @@ def _tensors(snapshot: list[Entry]) -> list[torch.Tensor]:
 
 class OptimizerReplay:
     def __init__(self, optimizer: torch.optim.Optimizer, slice_size: int, peers: Any, pipelined: bool,
-                 device: torch.device, determinism: Determinism) -> None:
+                 device: torch.device, determinism: Determinism, repeats: int = 1) -> None:
         self._optimizer = optimizer
         self._params = [p for g in optimizer.param_groups for p in g["params"]]
         self._size = slice_size
@@ -36,6 +36,7 @@ class OptimizerReplay:
         self._pipelined = pipelined
         self._device = device
         self._determinism = determinism
+        self._repeats = repeats
 
     def slice_params(self, s: int) -> list[torch.nn.Parameter]:
         return self._params[s * self._size:(s + 1) * self._size]
@@ -69,25 +70,27 @@ class OptimizerReplay:
         return fields
 
     def run(self, recipe: str, step: int, snapshot: Optional[list[Entry]], surfaces: dict[str, Any],
-            result: ReplayResult) -> None:
+            result: ReplayResult, guard: Callable) -> None:
+        """The recipe's collectives run in the same order on every peer; local work runs in
+        `guard(recipe)` (see scout/module_replay.py)."""
         s = int(recipe.split(".")[1])
         replicated = not self._peers.materialize  # pure FSDP shards have no peer copy to compare
-        if replicated:  # the live updated parameters, local shards for HSDP
-            surfaces[f"{recipe}.params"] = fingerprint([local(p).detach() for p in self.slice_params(s)],
-                                                       self._pipelined, live=True)
-        if snapshot is None:
-            if replicated:
+        with guard(recipe):
+            if replicated:  # the live updated parameters, local shards for HSDP
+                surfaces[f"{recipe}.params"] = fingerprint([local(p).detach() for p in self.slice_params(s)],
+                                                           self._pipelined, live=True)
+            if snapshot is None and replicated:
                 surfaces[f"{recipe}.state"] = fingerprint([local(v) for p in self.slice_params(s)
                                                            for k, v in sorted(self._optimizer.state.get(p, {}).items())
                                                            if isinstance(v, torch.Tensor)], self._pipelined, live=True)
+            elif replicated:
+                surfaces[f"{recipe}.state"] = fingerprint([v for _, _, value, _, entries in snapshot
+                                                           for v in [value] + [e for k, e in sorted(entries.items())
+                                                                               if isinstance(e, torch.Tensor)]],
+                                                          self._pipelined, live=True)  # overwritten by the broadcast
+        # Parameters without gradients were not updated (the contract shows it on every peer).
+        if snapshot is None or any(grad is None for _, _, _, grad, _ in snapshot):
             return
-        if replicated:
-            surfaces[f"{recipe}.state"] = fingerprint([v for _, _, value, _, entries in snapshot
-                                                       for v in [value] + [e for k, e in sorted(entries.items())
-                                                                           if isinstance(e, torch.Tensor)]],
-                                                      self._pipelined, live=True)  # overwritten by the broadcast
-        if any(grad is None for _, _, _, grad, _ in snapshot):
-            return  # parameters without gradients were not updated: nothing to replay
         # The source peer's pre-update values, gradients and state, then the same update on
         # isolated copies everywhere.
         source = self._peers.ranks[step % len(self._peers.ranks)]
@@ -113,11 +116,15 @@ class OptimizerReplay:
                 replay_opt.state[c] = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in entries.items()}
             replay_opt.step()
 
-        compute = Timer(self._pipelined)
-        with compute(self._device):
-            self._determinism.run(recipe, _core.replay_seed(recipe, step), replay)
-        result.compute_seconds[recipe] = compute
-        surfaces[f"{recipe}.update"] = fingerprint([c for c, _, _ in copies], self._pipelined)
+        with guard(recipe):
+            timers = []
+            for _ in range(self._repeats):
+                timer = Timer(self._pipelined)
+                with timer(self._device):
+                    self._determinism.run(recipe, _core.replay_seed(recipe, step), replay)
+                timers.append(timer)
+            result.compute_repetitions[recipe] = timers
+            surfaces[f"{recipe}.update"] = fingerprint([c for c, _, _ in copies], self._pipelined)
 
     def _with_source_shapes(self, snapshot: list[Entry], source: int) -> list[Entry]:
         """The snapshot with buffers of the source peer's shard sizes, to receive its values."""

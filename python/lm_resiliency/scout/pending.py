@@ -47,21 +47,39 @@ def seconds(value: Any) -> float:
     return float(getattr(value, "seconds", value))
 
 
+def recipe_of(surface: str) -> str:
+    """"hidden.1" for "hidden.1.output", "embedding" for "embedding.output"."""
+    return surface.rsplit(".", 1)[0]
+
+
 @dataclasses.dataclass
 class StartedCheck:
     step: int
     result: ReplayResult
     surfaces: dict[str, Any]  # bytes or Fingerprints
+    guard: Any  # scout/guard.py Guard: the errors of this rank's local work so far
     done: Optional[Any] = None  # a CUDA event recorded after the check's GPU work
 
     def wait(self, side_stream: Optional[Any]) -> dict[str, bytes]:
         """Waits for the check's GPU work (only for it), then fingerprints on `side_stream`,
-        and turns the result's timers into seconds."""
+        and turns the result's timers into seconds (a recipe's evidence: its fastest
+        repetition). A failure is kept in the guard for the recipe it belongs to."""
         if self.done is not None:
             self.done.synchronize()
+        surfaces: dict[str, bytes] = {}
         with torch.cuda.stream(side_stream) if side_stream is not None else contextlib.nullcontext():
-            surfaces = {k: v.resolve() if isinstance(v, Fingerprints) else v for k, v in self.surfaces.items()}
-        self.result.compute_seconds = {k: seconds(v) for k, v in self.result.compute_seconds.items()}
+            for name, value in self.surfaces.items():
+                with self.guard(recipe_of(name)):
+                    surfaces[name] = value.resolve() if isinstance(value, Fingerprints) else value
+        reps: dict[str, list[float]] = {}
+        for recipe, timers in self.result.compute_repetitions.items():
+            with self.guard(recipe):
+                reps[recipe] = [seconds(t) for t in timers]
+        self.result.compute_repetitions = reps
+        self.result.compute_seconds = {k: min(v) for k, v in reps.items() if v}
         for timing in self.result.collective_timings:
-            timing["seconds"] = seconds(timing["seconds"])
+            try:
+                timing["seconds"] = seconds(timing["seconds"])
+            except Exception:  # noqa: BLE001 - a timing that cannot be read is left out
+                timing["seconds"] = None
         return surfaces

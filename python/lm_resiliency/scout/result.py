@@ -8,6 +8,10 @@ import json
 from typing import Any, Optional
 
 
+# The model component each recipe family replays, in the kit's vocabulary.
+COMPONENTS = {"embedding": "embedding", "hidden": "transformer_block", "output": "output"}
+
+
 @dataclasses.dataclass
 class SurfaceResult:
     """C3 over one evidence surface (e.g. ``hidden.3.output``)."""
@@ -30,9 +34,13 @@ class ReplayResult:
     c3_results: dict[str, SurfaceResult] = dataclasses.field(default_factory=dict)
     checked_recipe_ids: list[str] = dataclasses.field(default_factory=list)
     inconclusive_recipes: list[str] = dataclasses.field(default_factory=list)
+    # Why each Inconclusive recipe or surface is so: missing_capture, unsupported_argument,
+    # contract_mismatch, replay_error (with the rank and the exception), no_majority, ...
+    inconclusive_reasons: dict[str, str] = dataclasses.field(default_factory=dict)
     straggler_bitmap: list[bool] = dataclasses.field(default_factory=list)
     straggler_candidates: list[bool] = dataclasses.field(default_factory=list)
-    compute_seconds: dict[str, float] = dataclasses.field(default_factory=dict)  # this rank, per recipe
+    compute_seconds: dict[str, float] = dataclasses.field(default_factory=dict)  # this rank: fastest repetition per recipe
+    compute_repetitions: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # this rank: every repetition
     collective_timings: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     layer_of_source: dict[str, int] = dataclasses.field(default_factory=dict)
     wall_time: float = 0.0
@@ -66,10 +74,10 @@ class ReplayResult:
         by_family: dict[tuple[str, Optional[int]], list[str]] = {}
         for source in self.sdc_sources:
             family = source.split(".")[0]
-            component = {"embedding": "embedding", "hidden": "transformer_block", "output": "output"}.get(family)
-            by_family.setdefault((component or family, self.layer_of_source.get(source)), []).append(source)
-        ranks = self.sdc_ranks
+            by_family.setdefault((COMPONENTS.get(family, family), self.layer_of_source.get(source)), []).append(source)
         for (component, layer), sources in sorted(by_family.items(), key=lambda kv: str(kv[0])):
+            bitmaps = [self.c3_results[s].bitmap for s in sources if s in self.c3_results] or [self.sdc_bitmap]
+            ranks = [r for i, r in enumerate(self.peer_ranks) if any(b[i] for b in bitmaps)]
             entry = {"kind": "sdc", "ranks": ranks, "sources": sources, "layer_id": layer}
             if component in ("embedding", "transformer_block", "output"):
                 entry["components"] = [component]

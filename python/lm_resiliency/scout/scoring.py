@@ -1,70 +1,115 @@
 """Turning replay results into the fault-injection kit's neutral LocalizationResults, so a
 campaign run with the harness can be scored.
 
-This is the evaluation side: it pairs each injected occurrence with the first check that
-attributed something while the occurrence was active (by iteration only), and reports
-that check's evidence unchanged. Attributions outside every occurrence's window come
-back as results for "unexplained@<step>", which the scoring lists as unmatched.
+This is the evaluation side. Every rank a check names through one evidence surface is an
+attribution; ``lmr::campaign::explainAttributions`` says what explains it: an occurrence
+active at that step, the *residual* of a weight, bias or optimizer-state occurrence that has
+ended (the corrupted values fed real updates, so that replica stays diverged until training
+recovers from a checkpoint), or nothing. Each occurrence is paired with the first check
+that attributed something to it, and that check's evidence for it becomes its
+LocalizationResults; unexplained attributions come back as results for
+"unexplained@<step>", which the scoring lists as unmatched. Residuals are not results: they
+are reported by ``explain_attributions``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Iterable, Optional, Sequence
 
+from lm_resiliency import _core
 from lm_resiliency.fault_injection.campaign import FaultCampaign
 from lm_resiliency.fault_injection.ground_truth import FaultInjectionRecord, LocalizationResult
-from lm_resiliency.scout.result import ReplayResult
+from lm_resiliency.scout.result import COMPONENTS, ReplayResult
 
 
-def _window(campaign: FaultCampaign, incident_id: str, first: int) -> tuple[int, float]:
-    incident = next(i for i in campaign.incidents if i["incident_id"] == incident_id)
-    lifetime = incident["lifetime"]
-    if "iterations" in lifetime:
-        return first, first + lifetime["iterations"] - 1
-    if lifetime.get("matching_calls") == 1:
-        return first, first
-    return first, math.inf
+@dataclasses.dataclass(frozen=True)
+class Attribution:
+    """One rank named by one evidence source at one check, and what explains it."""
+
+    step: int
+    rank: int
+    source: str  # e.g. "hidden.1.output"; "timing" for a confirmed straggler
+    kind: str  # "sdc" or "straggler"
+    explanation: str = "unexplained"  # "occurrence", "residual" or "unexplained"
+    occurrence_id: str = ""  # the occurrence it belongs to, or whose residual it is
+    check: int = dataclasses.field(default=-1, repr=False, compare=False)  # index of the ReplayResult
+
+    def describe(self) -> str:
+        what = {"occurrence": f"explained by {self.occurrence_id}", "residual": f"residual of {self.occurrence_id}",
+                "unexplained": "matched no occurrence"}[self.explanation]
+        return f"step {self.step} rank {self.rank} {self.kind} via {self.source}: {what}"
 
 
-def _convert(occurrence_id: str, result: ReplayResult, latency_ms: Optional[float]) -> list[LocalizationResult]:
+def attributions_of(results: Sequence[ReplayResult]) -> list[Attribution]:
+    """Every (check, source, rank) a check attributed, in check order."""
     out = []
-    for entry in result.localization():
-        out.append(LocalizationResult(occurrence_id, True, failed_ranks=tuple(entry["ranks"]), kind=entry["kind"],
-                                      components=tuple(entry["components"]) if "components" in entry else None,
-                                      layer_id=entry.get("layer_id"), latency_ms=latency_ms))
+    for i, r in enumerate(results):
+        for source in r.sdc_sources:
+            bitmap = r.c3_results[source].bitmap if source in r.c3_results else r.sdc_bitmap
+            out.extend(Attribution(r.step, rank, source, "sdc", check=i) for rank, bad in zip(r.peer_ranks, bitmap) if bad)
+        out.extend(Attribution(r.step, rank, "timing", "straggler", check=i) for rank in r.straggler_ranks)
     return out
 
 
-def occurrence_windows(campaign: FaultCampaign, records: Iterable[FaultInjectionRecord]) -> dict[str, tuple[int, float]]:
+def explain_attributions(campaign: FaultCampaign, records: Iterable[FaultInjectionRecord],
+                         results: Sequence[ReplayResult], recoveries: Sequence[int] = ()) -> list[Attribution]:
+    """Every attribution of `results` with its explanation (lmr::campaign). `recoveries`:
+    iterations at which training resumed from a checkpoint (they end residuals)."""
+    found = attributions_of(results)
+    explained = _core.explain_attributions(
+        campaign._core, [r._core for r in records],
+        [(a.step, a.rank, a.source, a.kind, _core.replay_is_state_source(a.source)) for a in found], list(recoveries))
+    return [dataclasses.replace(a, explanation=e, occurrence_id=o) for a, (e, o) in zip(found, explained)]
+
+
+def occurrence_windows(campaign: FaultCampaign, records: Iterable[FaultInjectionRecord],
+                       recoveries: Sequence[int] = ()) -> dict[str, tuple[int, float]]:
     """The iterations (first, last; last may be infinite) during which each injected
     occurrence was active, by occurrence id. Occurrences that never fired are left out."""
-    windows: dict[str, tuple[int, float]] = {}
-    for record in records:
-        d = record.to_dict()
-        if d["status"] != "skipped_probability" and d["actual_iteration"] is not None:
-            windows.setdefault(d["occurrence_id"], _window(campaign, d["incident_id"], d["actual_iteration"]))
-    return windows
+    return {oid: (first, math.inf if last is None else last)
+            for oid, first, last, _, _ in _core.occurrence_windows(campaign._core, [r._core for r in records],
+                                                                    list(recoveries))}
+
+
+def _results_for(occurrence_id: str, check: ReplayResult, mine: list[Attribution],
+                 latency_ms: Optional[float]) -> list[LocalizationResult]:
+    """The check's evidence about one occurrence: one result per (kind, component, layer)."""
+    groups: dict[tuple, set[int]] = {}
+    for a in mine:
+        if a.kind == "straggler":
+            key: tuple = ("straggler", None, None)
+        else:
+            component = COMPONENTS.get(a.source.split(".")[0])
+            key = ("sdc", component, check.layer_of_source.get(a.source))
+        groups.setdefault(key, set()).add(a.rank)
+    return [LocalizationResult(occurrence_id, True, failed_ranks=tuple(sorted(ranks)), kind=kind,
+                               components=(component,) if component else None, layer_id=layer, latency_ms=latency_ms)
+            for (kind, component, layer), ranks in sorted(groups.items(), key=lambda kv: str(kv[0]))]
 
 
 def localization_results(campaign: FaultCampaign, records: Iterable[FaultInjectionRecord],
-                         results: Sequence[ReplayResult],
-                         boundary_times: Optional[dict[int, float]] = None) -> list[LocalizationResult]:
+                         results: Sequence[ReplayResult], boundary_times: Optional[dict[int, float]] = None,
+                         recoveries: Sequence[int] = ()) -> list[LocalizationResult]:
     """LocalizationResults for every injected occurrence the checks attributed, plus the
-    attributions no occurrence explains. `boundary_times` (ReplayHarness.boundary_times)
-    gives latencies from arming to detection."""
-    attributed = [r for r in results if r.status == "Attributed"]
-    windows = occurrence_windows(campaign, records)
+    attributions nothing explains. `boundary_times` (ReplayHarness.boundary_times) gives
+    latencies from arming to detection."""
+    records = list(records)
+    explained = explain_attributions(campaign, records, results, recoveries)
+    windows = occurrence_windows(campaign, records, recoveries)
     out: list[LocalizationResult] = []
-    for occurrence_id, (first, last) in windows.items():
-        hit = next((r for r in attributed if first <= r.step <= last), None)
-        if hit is None:
+    for occurrence_id, (first, _) in windows.items():
+        mine = [a for a in explained if a.explanation == "occurrence" and a.occurrence_id == occurrence_id]
+        if not mine:
             continue
+        check = results[mine[0].check]
         latency = None
         if boundary_times and (first - 1) in boundary_times:
-            latency = round((hit.wall_time - boundary_times[first - 1]) * 1000.0, 3)
-        out.extend(_convert(occurrence_id, hit, latency))
-    for r in attributed:
-        if not any(first <= r.step <= last for first, last in windows.values()):
-            out.extend(_convert(f"unexplained@{r.step}", r, None))
+            latency = round((check.wall_time - boundary_times[first - 1]) * 1000.0, 3)
+        out.extend(_results_for(occurrence_id, check, [a for a in mine if a.check == mine[0].check], latency))
+    unexplained = [a for a in explained if a.explanation == "unexplained"]
+    for index in sorted({a.check for a in unexplained}):
+        check = results[index]
+        out.extend(_results_for(f"unexplained@{check.step}", check, [a for a in unexplained if a.check == index], None))
     return out

@@ -84,6 +84,14 @@ TEST(Replay, CadenceAndRotation) {
   EXPECT_THROW(replay::planAt(bad, 1, 4, 1), InvalidArgument);
 }
 
+TEST(Replay, StateSourcesAreParamsAndState) {
+  EXPECT_TRUE(replay::isStateSource("hidden.1.params"));
+  EXPECT_TRUE(replay::isStateSource("optimizer.0.state"));
+  EXPECT_FALSE(replay::isStateSource("optimizer.0.update"));
+  EXPECT_FALSE(replay::isStateSource("embedding.output"));
+  EXPECT_FALSE(replay::isStateSource("params.output"));
+}
+
 TEST(Replay, ContractDigestIsFieldExact) {
   const auto a = replay::contractDigest({"step=10", "hidden.1", "f32[2,16,64]"});
   EXPECT_EQ(a.size(), 16u);
@@ -92,31 +100,93 @@ TEST(Replay, ContractDigestIsFieldExact) {
   EXPECT_NE(replay::contractDigest({"ab", "c"}), replay::contractDigest({"a", "bc"}));  // length-prefixed
 }
 
-TEST(Replay, StragglersNeedConfirmationRounds) {
+// One repetition per peer: the timings as the tracker's repetition lists.
+std::vector<std::vector<double>> once(const std::vector<double>& seconds) {
+  std::vector<std::vector<double>> out;
+  for (double s : seconds) out.push_back({s});
+  return out;
+}
+
+replay::StragglerOptions kOfN(std::int64_t k, std::int64_t n, std::int64_t window = 100) {
   replay::StragglerOptions o;
-  o.confirmation_rounds = 3;
-  o.temporal_window = 100;
-  replay::StragglerTracker t(o);
-  const std::vector<std::int64_t> ranks = {0, 1, 2, 3};
-  const std::vector<double> slow2 = {0.10, 0.10, 0.40, 0.10};
-  const std::vector<double> even = {0.10, 0.10, 0.10, 0.10};
-  EXPECT_FALSE(t.observe("hidden", 10, slow2, ranks).confirmed[2]);
-  EXPECT_FALSE(t.observe("hidden", 20, slow2, ranks).confirmed[2]);
-  EXPECT_FALSE(t.observe("hidden", 30, even, ranks).confirmed[2]);  // a healthy check resets the streak
-  EXPECT_FALSE(t.observe("hidden", 40, slow2, ranks).confirmed[2]);
-  EXPECT_FALSE(t.observe("hidden", 50, slow2, ranks).confirmed[2]);
-  const auto v = t.observe("hidden", 60, slow2, ranks);
+  o.confirmation_rounds = k;
+  o.confirmation_checks = n;
+  o.temporal_window = window;
+  return o;
+}
+
+const std::vector<std::int64_t> kRanks = {0, 1, 2, 3};
+const std::vector<double> kSlow2 = {0.10, 0.10, 0.40, 0.10};
+const std::vector<double> kEven = {0.10, 0.10, 0.10, 0.10};
+
+TEST(Replay, StragglersNeedKOfTheLastNChecks) {
+  replay::StragglerTracker t(kOfN(3, 5));
+  EXPECT_FALSE(t.observe("hidden.0", 10, once(kSlow2), kRanks).confirmed[2]);
+  EXPECT_FALSE(t.observe("hidden.0", 20, once(kSlow2), kRanks).confirmed[2]);
+  // One check disturbed by noise (the straggler looked normal) does not break the build-up.
+  EXPECT_FALSE(t.observe("hidden.0", 30, once(kEven), kRanks).confirmed[2]);
+  const auto v = t.observe("hidden.0", 40, once(kSlow2), kRanks);
   EXPECT_TRUE(v.confirmed[2]);
+  EXPECT_EQ(v.outlier_checks[2], 3);
   EXPECT_EQ(v.check.status, consensus::Status::kAttributed);
   EXPECT_FALSE(v.confirmed[0]);
+  EXPECT_TRUE(t.observe("hidden.0", 50, once(kSlow2), kRanks).confirmed[2]);
+  // Recipes are tracked apart.
+  EXPECT_FALSE(t.observe("hidden.1", 50, once(kSlow2), kRanks).confirmed[2]);
+}
+
+TEST(Replay, ConfirmedStragglerIsReportedOnlyWhileItsCheckSaysSlow) {
+  replay::StragglerTracker t(kOfN(3, 5));
+  for (std::int64_t step : {1, 2, 3}) t.observe("hidden.0", step, once(kSlow2), kRanks);
+  EXPECT_TRUE(t.observe("hidden.0", 4, once(kSlow2), kRanks).confirmed[2]);
+  // It recovered: not reported, and one noisy outlier right after is not a confirmation.
+  EXPECT_FALSE(t.observe("hidden.0", 5, once(kEven), kRanks).confirmed[2]);
+  auto v = t.observe("hidden.0", 6, once(kSlow2), kRanks);
+  EXPECT_FALSE(v.confirmed[2]);
+  EXPECT_EQ(v.outlier_checks[2], 1);
+  EXPECT_FALSE(t.observe("hidden.0", 7, once(kSlow2), kRanks).confirmed[2]);
+  EXPECT_TRUE(t.observe("hidden.0", 8, once(kSlow2), kRanks).confirmed[2]);  // three fresh rounds
+}
+
+TEST(Replay, NoisyOutliersOnHealthyPeersNeverConfirm) {
+  replay::StragglerTracker t(kOfN(3, 5));
+  // A different peer is noisy each time, and none twice within five checks of a recipe.
+  for (std::int64_t step = 1; step <= 40; ++step) {
+    std::vector<double> s = kEven;
+    s[step % 4] = 0.40;
+    if (step % 3 != 0) s = kEven;
+    const auto v = t.observe("hidden.0", step, once(s), kRanks);
+    for (bool c : v.confirmed) EXPECT_FALSE(c) << step;
+  }
+}
+
+TEST(Replay, FastestRepetitionIsThePeersEvidence) {
+  replay::StragglerTracker t(kOfN(1, 1));
+  // Peer 1 had one noisy repetition; peer 2 is slow in all of them.
+  const std::vector<std::vector<double>> reps = {{0.10, 0.11}, {0.90, 0.10}, {0.40, 0.41}, {0.10, 0.12}};
+  const auto v = t.observe("hidden.0", 1, reps, kRanks);
+  EXPECT_EQ(v.check.evidence, (std::vector<double>{0.10, 0.10, 0.40, 0.10}));
+  EXPECT_EQ(v.confirmed, (std::vector<bool>{false, false, true, false}));
+  EXPECT_THROW(t.observe("hidden.0", 2, {{0.1}, {}, {0.1}, {0.1}}, kRanks), InvalidArgument);
+  EXPECT_DOUBLE_EQ(replay::fastestRepetition({0.3, 0.2, 0.5}), 0.2);
+}
+
+TEST(Replay, StragglerRoundsExpireAndNeedThreePeers) {
+  replay::StragglerTracker t(kOfN(3, 5));
   // Rounds spread wider than the window do not confirm.
-  replay::StragglerTracker slow_rounds(o);
-  EXPECT_FALSE(slow_rounds.observe("output", 10, slow2, ranks).confirmed[2]);
-  EXPECT_FALSE(slow_rounds.observe("output", 80, slow2, ranks).confirmed[2]);
-  EXPECT_FALSE(slow_rounds.observe("output", 150, slow2, ranks).confirmed[2]);
+  EXPECT_FALSE(t.observe("output", 10, once(kSlow2), kRanks).confirmed[2]);
+  EXPECT_FALSE(t.observe("output", 80, once(kSlow2), kRanks).confirmed[2]);
+  EXPECT_FALSE(t.observe("output", 150, once(kSlow2), kRanks).confirmed[2]);
+  // Inconclusive checks (here: rank 2 compared with one other peer) count neither way.
+  replay::StragglerTracker u(kOfN(3, 3));
+  u.observe("x", 1, once(kSlow2), kRanks);
+  u.observe("x", 2, once(kSlow2), kRanks);
+  EXPECT_EQ(u.observe("x", 3, once({0.1, 0.1}), {2, 3}).check.status, consensus::Status::kInconclusive);
+  EXPECT_TRUE(u.observe("x", 4, once(kSlow2), kRanks).confirmed[2]);
   // Two peers can never confirm anyone.
-  replay::StragglerTracker two(o);
-  for (int i = 1; i <= 5; ++i) EXPECT_FALSE(two.observe("x", i, {0.1, 0.9}, {0, 1}).confirmed[1]);
+  replay::StragglerTracker two(kOfN(3, 5));
+  for (int i = 1; i <= 5; ++i) EXPECT_FALSE(two.observe("x", i, once({0.1, 0.9}), {0, 1}).confirmed[1]);
+  EXPECT_THROW(replay::StragglerTracker(kOfN(3, 2)), InvalidArgument);
 }
 
 }  // namespace

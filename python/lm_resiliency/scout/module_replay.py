@@ -1,0 +1,141 @@
+"""The module recipes of a replay check (embedding, a hidden layer, the output head): one
+source peer's captured inputs and parameters are broadcast, every peer replays the module's
+forward and backward on isolated copies, and the fingerprints are compared.
+
+A recipe has three parts. ``prepare`` is local and runs before the readiness vote, so a
+failure there (an argument that cannot be isolated, say) makes the recipe not ready on
+every peer. ``run`` then enters the recipe's collectives in the same order on every peer,
+whatever happens locally: the local work between them (fingerprints, the replay itself)
+runs inside ``guard(recipe)``, which keeps the first error for the check's final vote
+instead of raising.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import torch
+
+from lm_resiliency import _core
+from lm_resiliency.fault_injection.builtin import REPLAY_COPY
+from lm_resiliency.scout.arguments import leaves, map_tensors
+from lm_resiliency.scout.capture import Capture
+from lm_resiliency.scout.pending import fingerprint
+from lm_resiliency.scout.replay import (Determinism, Timer, broadcast_flat, call_with_hooks, first_tensor, full_copy,
+                                        local, swapped_parameters)
+from lm_resiliency.scout.result import ReplayResult
+
+
+@dataclasses.dataclass
+class Prepared:
+    """What a module recipe replays, checked locally before the readiness vote."""
+
+    module: torch.nn.Module
+    args: tuple
+    kwargs: dict
+    inputs: list  # the captured tensors, broadcast from the source
+    parameters: list  # (name relative to the module, parameter)
+
+    def contract(self) -> list[str]:
+        return ([f"{t.dtype}{list(t.shape)}" for t in self.inputs]
+                + [f"{n}:{p.dtype}{list(p.shape)}" for n, p in self.parameters])
+
+
+class ModuleReplay:
+    def __init__(self, peers: Any, pipelined: bool, device: torch.device, determinism: Determinism,
+                 compare_parameters: bool, repeats: int, replaying: list) -> None:
+        self._peers = peers
+        self._pipelined = pipelined
+        self._device = device
+        self._determinism = determinism
+        self._compare_parameters = compare_parameters
+        self._repeats = repeats
+        self._replaying = replaying  # shared with the captures: replay calls are not captured
+
+    def prepare(self, module: torch.nn.Module, capture: Capture) -> Prepared:
+        return Prepared(module, capture.args, capture.kwargs, capture.inputs(), list(module.named_parameters()))
+
+    def run(self, recipe: str, prep: Prepared, step: int, surfaces: dict[str, Any], result: ReplayResult,
+            guard: Callable) -> None:
+        source = self._peers.ranks[step % len(self._peers.ranks)]
+        t = Timer(self._pipelined)
+        with t(self._device):
+            if self._peers.data is not None:
+                broadcast_flat(prep.inputs, source, self._peers.data)
+        result.add_collective("broadcast_inputs", recipe, t)
+        seed = _core.replay_seed(recipe, step)
+        with guard(recipe):
+            surfaces[f"{recipe}.invocation"] = fingerprint(prep.inputs, self._pipelined, seed.to_bytes(8, "little"))
+
+        # Parameters: the evidence each peer holds, and full tensors to run with.
+        gather = Timer(self._pipelined)
+        gathered = False
+        full: dict[str, torch.Tensor] = {}
+        evidence: list[torch.Tensor] = []
+        for name, p in prep.parameters:
+            if hasattr(p, "device_mesh"):
+                with gather(self._device):
+                    full[name] = full_copy(p)
+                gathered = True
+                evidence.append(full[name] if self._peers.materialize else local(p).detach())
+            else:
+                full[name] = p.detach().clone()
+                evidence.append(full[name])
+        if gathered:
+            result.add_collective("fsdp_parameter_all_gather", recipe, gather)
+        if self._compare_parameters:
+            with guard(recipe):
+                # Copied when pipelined: live shards change with training, and the full
+                # copies are overwritten with the source's values just below.
+                surfaces[f"{recipe}.params"] = fingerprint(evidence, self._pipelined, live=True)
+        # Compute is replayed with the source's parameters too, so a peer whose state
+        # diverged (a separate, state-surface finding) does not mask a compute fault.
+        t = Timer(self._pipelined)
+        with t(self._device):
+            if self._peers.data is not None:
+                broadcast_flat(list(full.values()), source, self._peers.data)
+        result.add_collective("broadcast_parameters", recipe, t)
+        with guard(recipe):
+            self._replay(recipe, prep, full, seed, surfaces, result)
+
+    def _replay(self, recipe: str, prep: Prepared, full: dict[str, torch.Tensor], seed: int,
+                surfaces: dict[str, Any], result: ReplayResult) -> None:
+        """Forward and backward `repeats` times on fresh copies (purely local); the last
+        repetition's values are fingerprinted, every repetition is timed."""
+        def fresh(t: torch.Tensor) -> torch.Tensor:
+            c = t.detach().clone()
+            return c.requires_grad_(True) if c.is_floating_point() else c
+
+        outcome: list = []
+
+        def replay() -> None:  # may run twice (see Determinism)
+            outcome.clear()
+            leaves_ = {n: v.requires_grad_(v.is_floating_point()) for n, v in full.items()}
+            for v in leaves_.values():
+                v.grad = None
+                setattr(v, REPLAY_COPY, True)
+            r_args, r_kwargs = map_tensors(prep.args, fresh, "args"), map_tensors(prep.kwargs, fresh, "kwargs")
+            inputs = [x for x in leaves((r_args, r_kwargs)) if x.is_floating_point()]  # before the call adds any
+            with swapped_parameters(prep.module, leaves_), torch.enable_grad():
+                out = first_tensor(call_with_hooks(prep.module, r_args, r_kwargs))
+                grad_out = torch.randn(out.shape, dtype=out.dtype, device=out.device)
+                if out.requires_grad:
+                    torch.autograd.backward(out, grad_out)
+            outcome.extend([out, [x.grad for x in inputs], [v.grad for v in leaves_.values()]])
+
+        timers = []
+        self._replaying[0] = True
+        try:
+            for _ in range(self._repeats):
+                timer = Timer(self._pipelined)
+                with timer(self._device):
+                    self._determinism.run(recipe, seed, replay)
+                timers.append(timer)
+        finally:
+            self._replaying[0] = False
+        result.compute_repetitions[recipe] = timers
+        out, input_grads, param_grads = outcome
+        surfaces[f"{recipe}.output"] = fingerprint([out], self._pipelined)
+        surfaces[f"{recipe}.input_grad"] = fingerprint(input_grads, self._pipelined)
+        surfaces[f"{recipe}.param_grad"] = fingerprint(param_grads, self._pipelined)

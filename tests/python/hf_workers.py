@@ -1,0 +1,87 @@
+"""Hugging Face transformers models (built from a small config, random weights, no
+download) training under DDP or FSDP2 with the replay harness and a fault campaign; the
+cache transformers creates by default (use_cache=True) is left as it is."""
+
+import torch
+import torch.distributed as dist
+
+import lm_resiliency as lmr
+from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
+from injection_util import campaign, incident
+
+VOCAB = 128
+
+
+def hf_model(kind):
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=64,
+                                      bos_token_id=0, eos_token_id=0)
+        model = transformers.GPT2LMHeadModel(cfg)
+        return model, list(model.transformer.h)
+    cfg = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=172, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64,
+                                   bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    model = transformers.LlamaForCausalLM(cfg)
+    return model, list(model.model.layers)
+
+
+# A parameter of block 0 per model, for the weight fault.
+WEIGHT = {"gpt2": "attn.c_attn.weight", "llama": "self_attn.q_proj.weight"}
+
+
+def hf_campaign(kind, parallel):
+    window = {"iterations": 4}
+    block = {"component": "transformer_block", "index": 1}
+    incidents = [
+        incident("block", [3], "tensor_corruption", {"rank": 1, **block, "surface": "output"},
+                 {"operation": "sign_flip", "scope": "row"}, window),
+        incident("embedding", [9], "tensor_corruption", {"rank": 2, "component": "embedding", "surface": "output"},
+                 {"operation": "scale", "factor": 3.0, "scope": "row"}, window),
+        incident("head", [15], "tensor_corruption", {"rank": 3, "component": "output", "surface": "output"},
+                 {"operation": "single_bitflip", "magnitude": "large", "scope": "1%"}, window),
+    ]
+    if parallel == "ddp":  # replicated weights: a strict majority of copies exists
+        incidents.append(incident("weight", [21], "tensor_corruption",
+                                  {"rank": 0, "component": "transformer_block", "index": 0, "surface": "weight"},
+                                  {"operation": "scale", "factor": 4.0, "scope": "1%", "parameter": WEIGHT[kind]},
+                                  {"until": "campaign_end"}))
+    return campaign(*incidents)
+
+
+def wrap(model, blocks, parallel):
+    if parallel == "ddp":
+        return torch.nn.parallel.DistributedDataParallel(model)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("dp_shard",))
+    for block in blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def train(kind, parallel, steps):
+    model, blocks = hf_model(kind)
+    assert model.config.use_cache  # transformers' default: every block receives a cache
+    model = wrap(model, blocks, parallel)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    harness = ReplayHarness(model, opt, ReplayHarnessConfig(check_interval=1))
+    session = lmr.enable_fault_injection(model, opt, campaign=hf_campaign(kind, parallel))
+    losses = []
+    for step in range(steps):
+        g = torch.Generator().manual_seed(1000 * step + dist.get_rank())
+        ids = torch.randint(0, VOCAB, (4, 16), generator=g)
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(float(out.loss))
+    session.close()
+    harness.close()
+    return {"records": [r.to_dict() for r in session.records()], "results": [r.to_dict() for r in harness.results],
+            "boundary_times": harness.boundary_times, "losses": losses}

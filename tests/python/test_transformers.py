@@ -1,0 +1,36 @@
+"""Models we did not write: transformers' GPT-2 and Llama, from a config with random
+weights, under DDP and FSDP2 on 4 CPU ranks with the harness attached and transformers'
+default use_cache=True; every occurrence of their campaigns is localized."""
+
+import pytest
+
+import hf_workers
+from lm_resiliency.fault_injection import FaultCampaign, FaultInjectionRecord, evaluate
+from lm_resiliency.scout import explain_attributions, localization_results
+from lm_resiliency.workloads import spawn
+from test_scout import replay_results
+
+pytestmark = pytest.mark.distributed
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_transformers_model_campaign_is_localized(kind, parallel):
+    steps = 24
+    per_rank = spawn(hf_workers.train, 4, args=(kind, parallel, steps), timeout=600)
+    c = FaultCampaign.from_json(hf_workers.hf_campaign(kind, parallel))
+    records = [FaultInjectionRecord.from_dict(r) for rank in per_rank for r in rank["records"]]
+    results = replay_results(per_rank[0]["results"])
+    assert all(len(out["losses"]) == steps for out in per_rank)
+    assert len(results) == steps
+    # Every recipe ran (the cache was copied, not refused), including every hidden layer.
+    checked = {rid for r in results for rid in r.checked_recipe_ids}
+    assert {"embedding", "hidden.0", "hidden.1", "output"} <= checked, checked
+    report = evaluate(c, records, localization_results(c, records, results, per_rank[0]["boundary_times"]))
+    for occurrence in report.occurrences:
+        assert occurrence["localized"], (occurrence["occurrence_id"], occurrence["reasons"], report.table())
+    unexplained = [a.describe() for a in explain_attributions(c, records, results) if a.explanation == "unexplained"]
+    assert not unexplained and report.totals["unmatched_results"] == 0, unexplained
+    # Outside the fault windows the checks agree (no replay error, nothing skipped).
+    quiet = [r for r in results if r.step in (1, 2, 7, 8)]
+    assert quiet and all(r.status == "Agree" for r in quiet), [r.to_json() for r in quiet]
