@@ -54,12 +54,16 @@ class CacheModel(nn.Module):
         return self.output(x), cache
 
 
-def train_cache_model(steps, with_lock=False):
+def train_cache_model(steps, with_lock=False, on_result=None, break_finish=False):
     """Single process, a check after every step; returns (results, final caches' lengths)."""
     torch.manual_seed(0)
     model = CacheModel(with_lock=with_lock)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    harness = ReplayHarness(model, opt, ReplayHarnessConfig(check_interval=1))
+    harness = ReplayHarness(model, opt, ReplayHarnessConfig(check_interval=1, on_result=on_result))
+    if break_finish:
+        def broken(started):
+            raise ConnectionError("peer went away")
+        harness._finish = broken
     lengths = []
     for step in range(steps):
         ids = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(step))

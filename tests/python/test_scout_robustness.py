@@ -32,6 +32,20 @@ def test_argument_that_cannot_be_copied_skips_the_recipe_and_says_why():
         assert "embedding" in r.checked_recipe_ids and "output" in r.checked_recipe_ids  # the rest still runs
 
 
+def test_failing_callback_or_vote_never_raises_out_of_the_step(caplog):
+    def callback(result):
+        raise ValueError("user callback bug")
+
+    with caplog.at_level("WARNING", logger="lm_resiliency.scout"):
+        results, lengths = w.train_cache_model(3, on_result=callback)
+    assert len(results) == 3 and lengths == [3] * 3
+    assert sum("on_result raised" in r.getMessage() for r in caplog.records) == 3
+    # Whatever escapes a check (here its vote) leaves an Inconclusive result, no exception.
+    results, _ = w.train_cache_model(3, break_finish=True)
+    assert [r.status for r in results] == ["Inconclusive"] * 3
+    assert all(r.inconclusive_reasons["check"] == "replay_error: ConnectionError: peer went away" for r in results)
+
+
 @pytest.mark.distributed
 def test_replay_that_raises_on_one_rank_is_inconclusive_on_every_rank():
     steps = 8

@@ -132,20 +132,13 @@ class ReplayHarness:
         try:
             self._finish_pending()
             if self.config.check_interval != 0 and any(x not in (False, None) for x in plan):
-                started = self._start(step, plan, captures, self._snapshot)
-                if self._pipelined:
+                started = self._contained(step, lambda: self._start(step, plan, captures, self._snapshot))
+                if started is not None and self._pipelined:
                     self._pending = started
-                else:
-                    self._record(self._finish(started))
-        except Exception as e:  # noqa: BLE001 - last resort: the step the user called must not fail
-            self._pending = None
-            log.exception("SCOUT check after step %d failed; its result is Inconclusive", step)
-            reason = f"replay_error: {describe(e)}"
-            failed = ReplayResult(step=step, peer_ranks=list(self._peers.ranks), status="Inconclusive",
-                                  wall_time=time.time())
-            failed.inconclusive_reasons = {"check": reason}
-            failed.inconclusive_recipes = ["check"]
-            self._record(failed)
+                elif started is not None:
+                    result = self._contained(step, lambda: self._finish(started))
+                    if result is not None:
+                        self._record(result)
         finally:
             self._snapshot, self._snapshot_error = None, None
             for c in self._last_captures.values():
@@ -156,6 +149,21 @@ class ReplayHarness:
                     c.remove()
             self._arm(step + 1)
 
+    def _contained(self, step: int, body: Any) -> Any:
+        """`body()`, or, when it raises, None after recording an Inconclusive result for the
+        check (the last resort: the recipes' own errors are contained in them and voted on;
+        this catches what escapes, e.g. a failed vote). No collective runs after it."""
+        try:
+            return body()
+        except Exception as e:  # noqa: BLE001 - the step the user called must not fail
+            log.exception("SCOUT check after step %d failed; its result is Inconclusive", step)
+            failed = ReplayResult(step=step, peer_ranks=list(self._peers.ranks), status="Inconclusive",
+                                  wall_time=time.time())
+            failed.inconclusive_recipes = ["check"]
+            failed.inconclusive_reasons = {"check": f"replay_error: {describe(e)}"}
+            self._record(failed)
+            return None
+
     def check(self) -> ReplayResult:
         """Runs the full catalog now on the last iteration's captures (collective: every
         rank calls it). The optimizer recipe needs a pre-update snapshot, which a manual
@@ -163,14 +171,18 @@ class ReplayHarness:
         self._finish_pending()
         step = self._completed
         plan = _core.replay_full_plan(max(step, 1), len(self._layers), self._optimizer_replay.slices)
-        result = self._finish(self._start(step, plan, self._last_captures, None))
+        result = self._contained(step, lambda: self._finish(self._start(step, plan, self._last_captures, None)))
+        if result is None:
+            return self.results[-1]
         self._record(result)
         return result
 
     def _finish_pending(self) -> None:
         pending, self._pending = self._pending, None
         if pending is not None:
-            self._record(self._finish(pending))
+            result = self._contained(pending.step, lambda: self._finish(pending))
+            if result is not None:
+                self._record(result)
 
     def _record(self, result: ReplayResult) -> None:
         self.results.append(result)
