@@ -3,6 +3,7 @@ data-parallel LLM training. The engine is C++ (``lm_resiliency._core``); this pa
 thin PyTorch-facing layer."""
 
 from lm_resiliency import _core
+from lm_resiliency.attach import Attachment, attach
 from lm_resiliency.consensus import (
     ExactResult,
     Status,
@@ -41,6 +42,8 @@ from lm_resiliency.signature import Signature, signature
 __version__ = _core.__version__
 
 __all__ = [
+    "Attachment",
+    "attach",
     "CallbackFaultExecutor",
     "CampaignReport",
     "FaultExecutionResult",

@@ -9,6 +9,7 @@ from typing import Optional, Union
 import torch
 import torch.distributed as dist
 
+from lm_resiliency.common import cuda_only_group
 from lm_resiliency._core import ExactResult, Signature, Status, TimingOptions, TimingResult, exact, timing
 from lm_resiliency.errors import InvalidArgumentError
 
@@ -34,7 +35,7 @@ def group_ranks(group: Optional[dist.ProcessGroup] = None) -> list[int]:
 
 def _gather_device(group: Optional[dist.ProcessGroup]) -> torch.device:
     # NCCL moves only CUDA tensors; every other backend here takes CPU tensors.
-    if dist.get_backend(group) == "nccl":
+    if cuda_only_group(group):
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 

@@ -13,14 +13,6 @@ from lm_resiliency.errors import InvalidArgumentError, UnsupportedError
 __all__ = ["Signature", "signature"]
 
 
-def _is_dtensor(tensor: torch.Tensor) -> bool:
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # pragma: no cover - torch built without distributed
-        return False
-    return isinstance(tensor, DTensor)
-
-
 def signature(tensor: torch.Tensor) -> Signature:
     """Signature of ``tensor``: ``.content`` (16 bytes, the values in logical order),
     ``.meta`` (dtype, shape, strides) and ``.digest`` (both combined; what peers compare).
@@ -34,8 +26,6 @@ def signature(tensor: torch.Tensor) -> Signature:
     """
     if not isinstance(tensor, torch.Tensor):
         raise InvalidArgumentError(f"signature() needs a torch.Tensor, got {type(tensor).__name__}")
-    if _is_dtensor(tensor):
-        raise InvalidArgumentError("signature() got a DTensor; sign its local shard with tensor.to_local()")
     if type(tensor) is not torch.Tensor and not isinstance(tensor, torch.nn.Parameter):
         # Functional collectives return AsyncCollectiveTensor wrappers (DTensor.full_tensor()
         # does): their bytes exist only once waited for. Other subclasses keep their data
@@ -43,7 +33,8 @@ def signature(tensor: torch.Tensor) -> Signature:
         trigger_wait = getattr(tensor, "trigger_wait", None)
         if not callable(trigger_wait):
             raise InvalidArgumentError(
-                f"signature() needs a plain torch.Tensor, got the tensor subclass {type(tensor).__name__}")
+                f"signature() needs a plain torch.Tensor, got the tensor subclass {type(tensor).__name__} "
+                "(sign the plain tensor it holds, e.g. a sharded parameter's local shard)")
         tensor = trigger_wait()
     if tensor.layout != torch.strided:
         raise InvalidArgumentError(f"signature() needs a dense tensor, got layout {tensor.layout}; use .to_dense()")

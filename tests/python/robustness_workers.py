@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import lm_resiliency as lmr
-from lm_resiliency.fault_injection.builtin import REPLAY_COPY
+from lm_resiliency.common import REPLAY_COPY
 from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
 from lm_resiliency.workloads import TrainConfig, build, train_step
 from injection_util import campaign, incident

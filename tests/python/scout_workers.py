@@ -84,14 +84,15 @@ def straggler():
 
 
 def full_copies_match(parallel):
-    """replay.full_copy against DTensor.full_tensor for every parameter, uneven shards included."""
+    """The adapter's full_copy against DTensor.full_tensor for every parameter, uneven shards included."""
     import torch
 
-    from lm_resiliency.scout.replay import full_copy
+    from lm_resiliency.frameworks import select_adapter
 
     cfg = TrainConfig(parallel=parallel, steps=0)
     cfg.model = dataclasses.replace(cfg.model, ffn_hidden=171, vocab_size=130)
-    model, _, _, _ = build(cfg)
-    params = [p for p in model.parameters() if hasattr(p, "device_mesh")]
-    return len(params) > 0 and all(torch.equal(full_copy(p), p.full_tensor()) for p in params)
+    model, opt, _, _ = build(cfg)
+    adapter = select_adapter(model, opt)
+    params = [p for p in model.parameters() if adapter.is_sharded(p)]
+    return len(params) > 0 and all(torch.equal(adapter.full_copy(p), p.full_tensor()) for p in params)
 

@@ -18,24 +18,18 @@ from typing import Any, Callable, Optional
 import torch
 
 from lm_resiliency import _core
+from lm_resiliency.common import REPLAY_COPY
+from lm_resiliency.frameworks import FrameworkAdapter
 from lm_resiliency.fault_injection.effect import ActiveEffect
 from lm_resiliency.fault_injection.executors import FaultRequest
 from lm_resiliency.fault_injection.targets import ResolvedTarget
 
-# Attribute a replay sets on the parameter copies it runs a module with, so effects that
-# follow parameters (gradient faults) act on replays as they act on training.
-REPLAY_COPY = "_lmr_replay_copy"
 
 DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float64: "float64"}
 
 
 class Unsupported(Exception):
     """A tensor the built-in effects cannot touch (sparse, empty, non-strided, integer)."""
-
-
-def local_tensor(t: torch.Tensor) -> torch.Tensor:
-    """The rank-local part of a DTensor (FSDP2/HSDP shards), the tensor itself otherwise."""
-    return t.to_local() if hasattr(t, "device_mesh") and hasattr(t, "to_local") else t
 
 
 def _check(t: Any, needs_float: bool = True) -> torch.Tensor:
@@ -130,7 +124,7 @@ class History:
         self.invalid = ""
 
     def record(self, iteration: int, t: torch.Tensor, indices: list[int]) -> None:
-        flat = local_tensor(t).detach().reshape(-1)
+        flat = t.detach().reshape(-1)  # callers pass the rank-local part (adapter.local)
         self.entries = self.entries[-1:] + [(iteration, flat.numel(), flat[indices].to("cpu", copy=True).contiguous())]
 
     def previous(self, kind: str, iteration: int, numel: int) -> torch.Tensor:
@@ -244,17 +238,19 @@ class ActivationEffect(_HookedEffect):
 
 
 class GradientEffect(_HookedEffect):
-    """A parameter's gradient. Plain tensors: a tensor hook on each backward (before DDP's
-    all-reduce sees it). DTensors (FSDP2/HSDP): the rank-local gradient shard just before
-    the optimizer step, since FSDP assigns sharded gradients without autograd hooks."""
+    """A parameter's gradient. Where an autograd hook sees the gradient this rank
+    contributes (adapter.gradient_hook_is_final: replicated parameters, before DDP's
+    all-reduce sees it), a tensor hook on each backward; otherwise (sharded parameters) the
+    rank-local gradient just before the optimizer step."""
 
     idle_reason = "no gradient was corrupted (no backward reached the parameter)"
 
-    def __init__(self, request: FaultRequest, target: ResolvedTarget, clock: Callable[[], int],
-                 history: Optional[History]) -> None:
+    def __init__(self, request: FaultRequest, target: ResolvedTarget, adapter: FrameworkAdapter,
+                 clock: Callable[[], int], history: Optional[History]) -> None:
         super().__init__(request, target)
+        self.adapter = adapter
         self.transform = _TensorTransform(Action(request), history, clock)
-        self.sharded = hasattr(target.parameter, "device_mesh")
+        self.sharded = not adapter.gradient_hook_is_final(target.parameter)
         self.follow_handle = None
 
     def deactivate(self) -> Any:
@@ -295,13 +291,13 @@ class GradientEffect(_HookedEffect):
     def before_step(self) -> None:
         p = self.target.parameter
         if self.sharded and p.grad is not None:
-            local = local_tensor(p.grad)
+            local = self.adapter.local(p.grad)
             with torch.no_grad():
                 local.copy_(self._apply(local))
 
 
-def optimizer_state_tensor(optimizer: torch.optim.Optimizer, parameter: torch.Tensor, key: Optional[str]) -> torch.Tensor:
-    state = optimizer.state.get(parameter)
+def optimizer_state_tensor(adapter: FrameworkAdapter, parameter: torch.Tensor, key: Optional[str]) -> torch.Tensor:
+    state = adapter.optimizer_state(parameter)
     if not state:
         raise Unsupported("the optimizer has no state for this parameter yet (it appears after the first step)")
     if key is not None:
@@ -319,10 +315,10 @@ class StateEffect(ActiveEffect):
     """Weights, biases and optimizer state, mutated in place at activation and retired at
     expiry by removing the injected delta (exact restore where nothing changed since)."""
 
-    def __init__(self, request: FaultRequest, target: ResolvedTarget, optimizer: torch.optim.Optimizer,
+    def __init__(self, request: FaultRequest, target: ResolvedTarget, adapter: FrameworkAdapter,
                  history: Optional[History]) -> None:
         super().__init__(request, "safe_in_process")
-        self.target, self.optimizer, self.history = target, optimizer, history
+        self.target, self.adapter, self.history = target, adapter, history
         self.action = Action(request)
         self.applied = None
         self.tensor: Optional[torch.Tensor] = None
@@ -330,12 +326,12 @@ class StateEffect(ActiveEffect):
     def _tensor(self) -> torch.Tensor:
         p = self.target.parameter
         if self.target.surface == "optimizer_state":
-            return optimizer_state_tensor(self.optimizer, p, self.target.state_key)
+            return optimizer_state_tensor(self.adapter, p, self.target.state_key)
         return p
 
     def _edit(self, fn: Callable[[torch.Tensor], Any]) -> Any:
         """Runs fn on a contiguous host tensor holding the local values, then writes back."""
-        local = local_tensor(self.tensor).detach()
+        local = self.adapter.local(self.tensor).detach()
         if local.is_cuda:
             torch.cuda.synchronize(local.device)  # no asynchronous reader of the old values
         in_place = local.device.type == "cpu" and local.is_contiguous()
@@ -350,7 +346,7 @@ class StateEffect(ActiveEffect):
         try:
             self.tensor = _check(self._tensor())
             if self.action.kind in ("stale_state", "duplicate"):
-                local = local_tensor(self.tensor)
+                local = self.adapter.local(self.tensor)
                 values = self.history.previous("stale_state", 1 << 62, local.numel())
                 idx = self.action.indices(local)
                 self.applied = self._edit(lambda host: _core.overwrite(_bytes(host), DTYPES[host.dtype], idx,
@@ -412,9 +408,9 @@ class HistoryObserver:
     its trigger: the selected elements of each call's input, output or gradient, or a
     snapshot of the state at installation. The effect takes the history over when armed."""
 
-    def __init__(self, request: FaultRequest, target: ResolvedTarget, optimizer: torch.optim.Optimizer,
+    def __init__(self, request: FaultRequest, target: ResolvedTarget, adapter: FrameworkAdapter,
                  clock: Callable[[], int]) -> None:
-        self.request, self.target, self.optimizer, self.clock = request, target, optimizer, clock
+        self.request, self.target, self.adapter, self.clock = request, target, adapter, clock
         self.action = Action(request)
         self.history = History()
         self.handle = None
@@ -434,20 +430,20 @@ class HistoryObserver:
             self.handle = m.register_forward_hook(lambda _m, _i, out: self._observe(out))
         elif surface == "input":
             self.handle = m.register_forward_pre_hook(lambda _m, args: self._observe(args[0]) if args else None)
-        elif surface == "gradient" and not hasattr(self.target.parameter, "device_mesh"):
+        elif surface == "gradient" and self.adapter.gradient_hook_is_final(self.target.parameter):
             self.handle = self.target.parameter.register_hook(lambda g: self._observe(g))
         elif surface in ("weight", "bias", "optimizer_state"):
             try:
                 t = self.target.parameter if surface != "optimizer_state" else optimizer_state_tensor(
-                    self.optimizer, self.target.parameter, self.target.state_key)
-                self._observe(local_tensor(t))
+                    self.adapter, self.target.parameter, self.target.state_key)
+                self._observe(self.adapter.local(t))
             except Unsupported as e:
                 self.history.invalid = str(e)
 
     def before_step(self) -> None:
         p = self.target.parameter
-        if self.target.surface == "gradient" and hasattr(p, "device_mesh") and p.grad is not None:
-            self._observe(local_tensor(p.grad))
+        if self.target.surface == "gradient" and not self.adapter.gradient_hook_is_final(p) and p.grad is not None:
+            self._observe(self.adapter.local(p.grad))
 
     def remove(self) -> None:
         if self.handle is not None:
@@ -455,7 +451,7 @@ class HistoryObserver:
             self.handle = None
 
 
-def make_effect(request: FaultRequest, target: ResolvedTarget, optimizer: torch.optim.Optimizer,
+def make_effect(request: FaultRequest, target: ResolvedTarget, adapter: FrameworkAdapter,
                 clock: Callable[[], int], history: Optional[History], stop: threading.Event) -> ActiveEffect:
     """The built-in effect for a (type, surface) that isBuiltInEffect accepts."""
     kind, surface = str(request.failure_type), target.surface
@@ -464,5 +460,5 @@ def make_effect(request: FaultRequest, target: ResolvedTarget, optimizer: torch.
     if surface in ("input", "output"):
         return ActivationEffect(request, target, clock, history)
     if surface == "gradient":
-        return GradientEffect(request, target, clock, history)
-    return StateEffect(request, target, optimizer, history)
+        return GradientEffect(request, target, adapter, clock, history)
+    return StateEffect(request, target, adapter, history)

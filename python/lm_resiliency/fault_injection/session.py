@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 import torch.distributed as dist
 
 from lm_resiliency import _core
+from lm_resiliency.attach import FAULT_INJECTION, Attachment, attach
 from lm_resiliency.errors import InvalidArgumentError, PeerFailureError
 from lm_resiliency.fault_injection import builtin
 from lm_resiliency.fault_injection.campaign import FailureType, FaultCampaign, RecordStatus, SafetyClass
@@ -32,7 +33,6 @@ from lm_resiliency.fault_injection.ground_truth import (
 )
 from lm_resiliency.fault_injection.state import CampaignStateStore, MemoryCampaignStateStore
 from lm_resiliency.fault_injection.targets import ResolvedTarget, resolve
-from lm_resiliency.frameworks import FrameworkAdapter, select_adapter
 
 __all__ = ["FaultInjectionSession", "enable_fault_injection"]
 
@@ -49,11 +49,14 @@ class FaultInjectionSession:
     """The live side of a campaign on this rank. Create it with
     :func:`enable_fault_injection`; it needs no call in the training loop."""
 
-    def __init__(self, adapter: FrameworkAdapter, campaign: FaultCampaign, store: CampaignStateStore,
+    def __init__(self, attachment: Attachment, campaign: FaultCampaign, store: CampaignStateStore,
                  executors: Sequence[FaultExecutor], rank: int, world: Optional[int], completed: int) -> None:
         self.campaign = campaign
         self.rank = rank
-        self._adapter = adapter
+        self._attachment = attachment
+        self._adapter = attachment.adapter
+        self._handles: list = []
+        self._in_step: Optional[tuple[int, bool]] = None  # (iteration, scheduled) between before and after
         self._store = store
         self._executors = list(executors)
         self._world = world
@@ -158,46 +161,66 @@ class FaultInjectionSession:
             if not self._store.compare_and_swap(None, fresh):
                 raise InvalidArgumentError("the state store changed while the campaign was being enabled")
             self._journal = fresh
-        self._adapter.wrap_step(self._wrap)
-        self._adapter.watch_loads(lambda: self._mark_replaced(("weight", "bias")), lambda: self._mark_replaced(("optimizer_state",)))
+        self._handles.append(self._attachment.add_listener(self, FAULT_INJECTION))
+        self._handles.append(self._attachment.on_load(
+            lambda kind: self._mark_replaced(("weight", "bias") if kind == "model" else ("optimizer_state",))))
         with self._lock:
             self._boundary(self._completed)
 
     # --- the optimizer boundary ------------------------------------------------------
 
-    def _wrap(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def step(*args: Any, **kwargs: Any) -> Any:
-            with self._lock:
-                if self._closed:
-                    return original(*args, **kwargs)
-                iteration = self._completed + 1
-                scheduled = self._schedule.next_due() == iteration + 1
-                failure: Optional[BaseException] = None
-                try:
-                    hooks, self._step_hooks = self._step_hooks, []
-                    for hook in hooks:
-                        hook()
-                    for armed in self._armed:
-                        armed.effect.before_step()
-                    for observer in self._observers.values():
-                        observer.before_step()
-                    result = original(*args, **kwargs)
-                except BaseException as e:  # noqa: BLE001 - re-raised below after cleanup
-                    failure = e
-                if scheduled and self._distributed:
-                    failed = [r for r, f in enumerate(self._gather(failure is not None)) if f]
-                    if failed and failure is None:
-                        self._abort()
-                        raise PeerFailureError(f"the optimizer step of iteration {iteration} failed on rank(s) "
-                                               f"{failed}; the fault-injection session was closed")
-                if failure is not None:
-                    self._abort()
-                    raise failure
-                self._completed = iteration
-                self._boundary(iteration)
-                return result
+    # The optimizer boundary, as a listener of the job's attachment (lm_resiliency/attach.py),
+    # outermost: effects are armed around every other consumer. The lock is held from
+    # before_step to after_step / step_failed.
 
-        return step
+    def before_step(self) -> None:
+        self._lock.acquire()
+        iteration = self._completed + 1
+        self._in_step = (iteration, self._schedule.next_due() == iteration + 1)
+        hooks, self._step_hooks = self._step_hooks, []
+        for hook in hooks:
+            hook()
+        for armed in self._armed:
+            armed.effect.before_step()
+        for observer in self._observers.values():
+            observer.before_step()
+
+    def after_step(self) -> None:
+        try:
+            iteration, scheduled = self._in_step
+            self._peers_in_step(iteration, scheduled, failed_here=False)
+            self._completed = iteration
+            self._boundary(iteration)
+        finally:
+            self._in_step = None
+            self._lock.release()
+
+    def step_skipped(self) -> None:
+        """The framework skipped the update (overflow): not a completed iteration; the
+        armed effects stay for the retried one."""
+        self._in_step = None
+        self._lock.release()
+
+    def step_failed(self, error: BaseException) -> None:
+        try:
+            if self._in_step is not None:
+                iteration, scheduled = self._in_step
+                if scheduled and self._distributed:
+                    self._gather(True)
+            self._abort()
+        finally:
+            self._in_step = None
+            self._lock.release()
+
+    def _peers_in_step(self, iteration: int, scheduled: bool, failed_here: bool) -> None:
+        """At a boundary where something is due, every rank learns whether the step failed
+        anywhere (the ranks that failed abort in step_failed, the others here)."""
+        if scheduled and self._distributed:
+            failed = [r for r, f in enumerate(self._gather(failed_here)) if f]
+            if failed:
+                self._abort()
+                raise PeerFailureError(f"the optimizer step of iteration {iteration} failed on rank(s) "
+                                       f"{failed}; the fault-injection session was closed")
 
     def _boundary(self, completed: int) -> None:
         self._expire(completed)
@@ -215,7 +238,7 @@ class FaultInjectionSession:
                 continue
             if fault["type"] in ("stale_state", "duplicate"):
                 request = self._request(incident, f, position, position + self._origin, 1)
-                observer = builtin.HistoryObserver(request, self._targets[(incident, f)], self._adapter.optimizer,
+                observer = builtin.HistoryObserver(request, self._targets[(incident, f)], self._adapter,
                                                    lambda: self._completed + 1)
                 observer.install()
                 self._observers[(incident, f, position)] = observer
@@ -244,7 +267,7 @@ class FaultInjectionSession:
             history = observer.history
         elif fault["type"] in ("stale_state", "duplicate"):
             history = builtin.History()  # nothing observed: the effect will fail verification
-        return builtin.make_effect(request, self._targets[(incident, fault_index)], self._adapter.optimizer,
+        return builtin.make_effect(request, self._targets[(incident, fault_index)], self._adapter,
                                    lambda: self._completed + 1, history, self._stop)
 
     def _arm(self, due: list, iteration: int) -> None:
@@ -354,7 +377,8 @@ class FaultInjectionSession:
         for observer in self._observers.values():
             observer.remove()
         self._observers.clear()
-        self._adapter.restore()
+        while self._handles:
+            self._handles.pop().remove()
         self._closed = True
 
     # --- public API --------------------------------------------------------------------
@@ -451,12 +475,12 @@ def enable_fault_injection(model: Any, optimizer: Any, *, campaign: Union[FaultC
             raise InvalidArgumentError(f"rank={rank} but this process is rank {dist.get_rank()}; leave rank unset")
     my_rank = dist.get_rank() if distributed else (rank or 0)
     world = dist.get_world_size() if distributed else None
-    adapter = select_adapter(model, optimizer)
+    attachment = attach(model, optimizer)
     if completed_iterations is not None:
         completed = _strict_int(completed_iterations, "completed_iterations")
     else:
-        completed = adapter.completed_iterations() or 0
-    session = FaultInjectionSession(adapter, campaign, store, executors, my_rank, world, completed)
+        completed = attachment.adapter.completed_iterations() or 0
+    session = FaultInjectionSession(attachment, campaign, store, executors, my_rank, world, completed)
     try:
         session._enable()
     except BaseException:

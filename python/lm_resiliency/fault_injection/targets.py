@@ -27,13 +27,9 @@ class ResolvedTarget:
     key: str = ""  # identity of the touched object, for overlap and alias checks
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") and hasattr(t, "device_mesh") else t
-
-
-def storage_key(p: torch.Tensor) -> str:
+def storage_key(adapter: FrameworkAdapter, p: torch.Tensor) -> str:
     """Equal for aliases of one parameter storage, whatever the selector spelling."""
-    local = _local(p.detach())
+    local = adapter.local(p.detach())
     return f"{local.untyped_storage().data_ptr():x}+{local.storage_offset()}"
 
 
@@ -58,10 +54,11 @@ def resolve(adapter: FrameworkAdapter, fault: dict[str, Any], where: str) -> Res
         out.key = f"{surface}:{target.get('resource') or target.get('path') or target.get('operation') or ''}"
         return out
     try:
-        modules = adapter.named_modules()
+        part = target.get("model_part", 0)
+        modules = adapter.named_modules(part)
         logical = None
         if "component" in target:
-            logical = adapter.resolve_component(target["component"], target.get("index"), target.get("metadata", {}))
+            logical = adapter.component(target["component"], target.get("index"), part, target.get("metadata", {}))
         if "module_path" in target:
             path = _strip(target["module_path"], modules)
             module = modules[path]
@@ -85,15 +82,15 @@ def resolve(adapter: FrameworkAdapter, fault: dict[str, Any], where: str) -> Res
             if surface == "gradient" and not out.parameter.requires_grad:
                 raise InvalidArgumentError(f"{out.module_path}.{name} does not require grad: no gradient to corrupt")
             if surface == "optimizer_state":
-                if not any(out.parameter is p for g in adapter.optimizer.param_groups for p in g["params"]):
+                if not any(out.parameter is p for p, _ in adapter.optimizer_parameters()):
                     raise InvalidArgumentError(f"{out.module_path}.{name} is not optimised by this optimizer")
                 out.state_key = parameters.get("state_key")
         if surface in ("weight", "bias"):
-            out.key = f"param:{storage_key(out.parameter)}"
+            out.key = f"param:{storage_key(adapter, out.parameter)}"
         elif surface == "gradient":
-            out.key = f"grad:{storage_key(out.parameter)}"
+            out.key = f"grad:{storage_key(adapter, out.parameter)}"
         elif surface == "optimizer_state":
-            out.key = f"optim:{storage_key(out.parameter)}:{out.state_key or '*'}"
+            out.key = f"optim:{storage_key(adapter, out.parameter)}:{out.state_key or '*'}"
         else:
             out.key = f"module:{out.module_path}:{surface}"
         return out

@@ -1,50 +1,48 @@
-"""Framework adapters: the only place that knows a training framework's structure.
+"""Framework adapters: the only place that knows a training framework.
 
-An adapter finds the model's modules (transformer blocks by global index, embedding,
-output head, experts), owns the optimizer boundary (it wraps the step itself, so a failed
-step is seen too) and reports checkpoint loads. ``pytorch.py`` serves plain PyTorch,
-DDP, FSDP2 and HSDP; TorchTitan, Megatron Core and DeepSpeed adapters implement the same
-interface.
+``select_adapter(model, optimizer)`` asks each registered adapter, in order, whether it
+``matches`` the training objects and returns the first that does. The order puts the
+frameworks that wrap plain PyTorch first (TorchTitan, DeepSpeed, Megatron Core: each is
+also made of ``torch.nn`` modules), then plain PyTorch (single process, DDP, FSDP2, HSDP).
+This release ships the PyTorch adapter; the others register here as they land.
+``register_adapter`` adds one (say, your own) ahead of plain PyTorch. The interface is
+``frameworks/base.py``; docs/adapters.md is the author's guide.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Protocol
+from typing import Any
 
-import torch
+from lm_resiliency.errors import InvalidArgumentError
+from lm_resiliency.frameworks.base import FrameworkAdapter
+from lm_resiliency.frameworks.pytorch import PyTorchAdapter
 
-__all__ = ["FrameworkAdapter", "select_adapter"]
+__all__ = ["FrameworkAdapter", "PyTorchAdapter", "adapters", "register_adapter", "select_adapter"]
+
+_registry: list[type[FrameworkAdapter]] = [PyTorchAdapter]
 
 
-class FrameworkAdapter(Protocol):
-    name: str
-    optimizer: Any
+def adapters() -> list[type[FrameworkAdapter]]:
+    """The registered adapter classes, in the order select_adapter tries them."""
+    return list(_registry)
 
-    def named_modules(self) -> dict[str, torch.nn.Module]: ...
 
-    def resolve_component(self, component: str, index: Optional[int], metadata: dict) -> tuple[str, torch.nn.Module]: ...
-
-    def wrap_step(self, make_wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None: ...
-
-    def watch_loads(self, on_model_load: Callable[[], None], on_optimizer_load: Callable[[], None]) -> None: ...
-
-    def completed_iterations(self) -> Optional[int]: ...
-
-    def replay_modules(self) -> tuple[tuple[str, torch.nn.Module], dict[int, tuple[str, torch.nn.Module]],
-                                      tuple[str, torch.nn.Module]]: ...
-
-    def mesh_dims(self, world_size: int) -> list[tuple[str, int, str]]: ...
-
-    def blocks(self) -> dict[int, torch.nn.Module]: ...
-
-    def publish_internal_collectives(self, on_collective: Callable[[str, Any, Optional[torch.Tensor]], None],
-                                     on_done: Callable[[], None]) -> bool: ...
-
-    def restore(self) -> None: ...
+def register_adapter(cls: type[FrameworkAdapter]) -> None:
+    """Adds an adapter, tried before those registered earlier but after none of the
+    frameworks it may wrap: always ahead of plain PyTorch, which matches any nn.Module."""
+    if not (isinstance(cls, type) and issubclass(cls, FrameworkAdapter)):
+        raise InvalidArgumentError(f"{cls!r} is not a FrameworkAdapter subclass")
+    if cls in _registry:
+        return
+    _registry.insert(max(0, len(_registry) - 1) if _registry[-1] is PyTorchAdapter else len(_registry), cls)
 
 
 def select_adapter(model: Any, optimizer: Any) -> FrameworkAdapter:
-    """The adapter for these training objects (plain PyTorch for now)."""
-    from lm_resiliency.frameworks.pytorch import PyTorchAdapter
-
-    return PyTorchAdapter(model, optimizer)
+    """The adapter of these training objects; InvalidArgumentError naming the adapters
+    tried (and what they were given) when none matches."""
+    for cls in _registry:
+        if cls.matches(model, optimizer):
+            return cls(model, optimizer)
+    tried = ", ".join(cls.name for cls in _registry)
+    raise InvalidArgumentError(f"no framework adapter matches a model of type {type(model).__name__} with an optimizer "
+                               f"of type {type(optimizer).__name__} (tried: {tried})")

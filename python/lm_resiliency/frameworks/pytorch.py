@@ -1,5 +1,6 @@
-"""Plain PyTorch (single process, DDP, FSDP2 ``fully_shard``, HSDP): module lookup and the
-optimizer boundary."""
+"""The adapter of plain PyTorch: a single process, DDP, FSDP2 (``fully_shard``) and HSDP
+(FSDP2 on a 2-D DeviceMesh), with any ``torch.optim.Optimizer``. The interface and its
+contracts are in frameworks/base.py."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ import functools
 from typing import Any, Callable, Optional
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 from lm_resiliency.errors import InvalidArgumentError
+from lm_resiliency.frameworks.base import FrameworkAdapter, MeshDim
+from lm_resiliency.handle import Handle, Handles
 
 _LAYER_LISTS = ("layers", "h", "blocks", "layer")
 _LAYER_INDEX_ATTRS = ("layer_id", "global_layer_index", "global_layer_idx")
@@ -26,7 +30,22 @@ def _unwrap(model: nn.Module) -> nn.Module:
     return model
 
 
-class PyTorchAdapter:
+def _replaces(owner: Any, attribute: str, replacement: Any) -> Handle:
+    """Sets an instance attribute; the handle puts back what was there (or nothing)."""
+    had = attribute in vars(owner)
+    previous = vars(owner).get(attribute)
+    setattr(owner, attribute, replacement)
+
+    def undo() -> None:
+        if had:
+            setattr(owner, attribute, previous)
+        else:
+            vars(owner).pop(attribute, None)
+
+    return Handle(undo)
+
+
+class PyTorchAdapter(FrameworkAdapter):
     name = "pytorch"
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -34,18 +53,20 @@ class PyTorchAdapter:
             raise InvalidArgumentError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise InvalidArgumentError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
-        self.wrapped = model
-        self.model = _unwrap(model)
-        self.optimizer = optimizer
-        self._restores: list[Callable[[], None]] = []
+        super().__init__(model, optimizer)
+        self.module = _unwrap(model)
+
+    @classmethod
+    def matches(cls, model: Any, optimizer: Any) -> bool:
+        return isinstance(model, nn.Module) and isinstance(optimizer, torch.optim.Optimizer)
 
     # --- structure -----------------------------------------------------------------
 
-    def named_modules(self) -> dict[str, nn.Module]:
-        return dict(self.model.named_modules())
+    def model_parts(self) -> list[nn.Module]:
+        return [self.module]
 
     def _layers(self) -> tuple[str, dict[int, nn.Module]]:
-        lists = [(path, m) for path, m in self.model.named_modules()
+        lists = [(path, m) for path, m in self.module.named_modules()
                  if isinstance(m, (nn.ModuleList, nn.ModuleDict)) and path.rsplit(".", 1)[-1] in _LAYER_LISTS and len(m) > 0]
         if not lists:
             raise InvalidArgumentError("cannot find the transformer blocks (no ModuleList named layers/h/blocks/layer); "
@@ -67,12 +88,15 @@ class PyTorchAdapter:
         return path, by_index
 
     def _path_of(self, module: nn.Module) -> str:
-        for path, m in self.model.named_modules():
+        for path, m in self.module.named_modules():
             if m is module:
                 return path
         raise InvalidArgumentError("module is not part of the model")
 
-    def resolve_component(self, component: str, index: Optional[int], metadata: dict) -> tuple[str, nn.Module]:
+    def component(self, kind: str, index: Optional[int] = None, model_part: int = 0,
+                  metadata: Optional[dict] = None) -> tuple[str, nn.Module]:
+        self._part(model_part)
+        component, metadata = kind, metadata or {}
         if component == "transformer_block":
             _, blocks = self._layers()
             if index not in blocks:
@@ -80,24 +104,24 @@ class PyTorchAdapter:
                                            f"(have {sorted(blocks)[:8]}{'...' if len(blocks) > 8 else ''})")
             return self._path_of(blocks[index]), blocks[index]
         if component == "embedding":
-            embeddings = [(p, m) for p, m in self.model.named_modules() if isinstance(m, nn.Embedding)]
+            embeddings = [(p, m) for p, m in self.module.named_modules() if isinstance(m, nn.Embedding)]
             if len(embeddings) > 1:
                 embeddings = [(p, m) for p, m in embeddings if any(h in p.lower() for h in _TOKEN_EMBEDDING_HINTS)]
             if len(embeddings) != 1:
                 raise InvalidArgumentError("ambiguous or missing token embedding; give module_path")
             return embeddings[0]
         if component == "output":
-            heads = [(p, m) for p, m in self.model.named_modules()
+            heads = [(p, m) for p, m in self.module.named_modules()
                      if isinstance(m, nn.Linear) and p.rsplit(".", 1)[-1] in _OUTPUT_NAMES]
             if len(heads) != 1:
                 raise InvalidArgumentError("ambiguous or missing output head (a Linear named output/lm_head/head); "
                                            "give module_path")
             return heads[0]
         if component == "expert":
-            for p, m in self.model.named_modules():
+            for p, m in self.module.named_modules():
                 if any(getattr(m, a, None) == index for a in _EXPERT_INDEX_ATTRS):
                     return p, m
-            experts = [(p, m) for p, m in self.model.named_modules()
+            experts = [(p, m) for p, m in self.module.named_modules()
                        if isinstance(m, nn.ModuleList) and p.rsplit(".", 1)[-1] == "experts"]
             ep_rank, local_count = metadata.get("expert_parallel_rank"), metadata.get("num_local_experts")
             if len(experts) != 1 or not isinstance(ep_rank, int) or not isinstance(local_count, int):
@@ -109,31 +133,131 @@ class PyTorchAdapter:
             return f"{experts[0][0]}.{local}", experts[0][1][local]
         raise InvalidArgumentError(f"unknown component {component!r}; give module_path")
 
-    def replay_modules(self) -> tuple[tuple[str, nn.Module], dict[int, tuple[str, nn.Module]], tuple[str, nn.Module]]:
-        """(embedding, {global layer index: block}, output head) for dense replay."""
-        embedding = self.resolve_component("embedding", None, {})
+    def blocks(self, model_part: Optional[int] = None) -> dict[int, tuple[str, nn.Module]]:
+        if model_part is not None:
+            self._part(model_part)
         _, blocks = self._layers()
-        output = self.resolve_component("output", None, {})
-        return embedding, {i: (self._path_of(b), b) for i, b in sorted(blocks.items())}, output
+        return {i: (self._path_of(b), b) for i, b in sorted(blocks.items())}
 
-    def blocks(self) -> dict[int, nn.Module]:
-        """The transformer blocks by global layer index."""
-        return dict(sorted(self._layers()[1].items()))
+    def mesh_dims(self, world_size: int) -> list[MeshDim]:
+        """A DTensor parameter's DeviceMesh (Replicate placement: replicate, Shard: shard),
+        else one replicated dimension over the world (DDP, or a plain model in a DP job)."""
+        for p in self.module.parameters():
+            mesh = getattr(p, "device_mesh", None)
+            if mesh is None:
+                continue
+            names = mesh.mesh_dim_names or tuple(f"dim{i}" for i in range(mesh.ndim))
+            return [(name, int(size), "replicate" if placement.is_replicate() else "shard")
+                    for name, size, placement in zip(names, mesh.shape, p.placements)]
+        return [("dp", world_size, "replicate")]
+
+    # --- tensors ---------------------------------------------------------------------
+
+    def is_sharded(self, tensor: torch.Tensor) -> bool:
+        return hasattr(tensor, "device_mesh") and hasattr(tensor, "to_local")
+
+    def local(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.to_local() if self.is_sharded(tensor) else tensor
+
+    def full_copy(self, parameter: torch.Tensor) -> torch.Tensor:
+        """The FSDP2/HSDP layouts (Shard(0) on one mesh dimension, Replicate on the others)
+        are gathered with one c10d all_gather_into_tensor of padded shards (DTensor pads
+        the same way: every shard but the trailing ones holds ceil(n / k) rows); other
+        layouts use DTensor.full_tensor(). full_tensor() goes through functional
+        collectives, which crash (SIGSEGV in wait_tensor, torch 2.11) on gloo groups of
+        CUDA tensors."""
+        if not self.is_sharded(parameter):
+            return parameter.detach().clone()
+        p = parameter
+        placements = list(p.placements)
+        sharded = [i for i, pl in enumerate(placements) if pl.is_shard()]
+        if (len(sharded) != 1 or placements[sharded[0]].dim != 0 or p.dim() == 0
+                or not all(pl.is_shard() or pl.is_replicate() for pl in placements)):
+            return p.full_tensor().detach().clone()
+        dim = sharded[0]
+        k = p.device_mesh.size(dim)
+        shard = p.to_local().detach()
+        rows = -(-p.shape[0] // k)
+        padded = shard.new_zeros((rows,) + tuple(shard.shape[1:]))
+        padded[:shard.shape[0]].copy_(shard)
+        gathered = shard.new_empty((rows * k,) + tuple(shard.shape[1:]))
+        dist.all_gather_into_tensor(gathered, padded, group=p.device_mesh.get_group(dim))
+        return gathered[:p.shape[0]].clone() if rows * k != p.shape[0] else gathered
+
+    def is_framework_hook(self, hook: Any) -> bool:
+        """Hooks of torch.distributed (FSDP's unshard/reshard, DDP's)."""
+        fn = getattr(hook, "func", hook)  # functools.partial
+        fn = getattr(fn, "__func__", fn)  # bound method
+        owner = getattr(getattr(hook, "__self__", None), "__class__", None)
+        names = [getattr(fn, "__module__", "") or "", getattr(owner, "__module__", "") or ""]
+        return any(n.startswith("torch.distributed") for n in names)
+
+    def gradient_hook_is_final(self, parameter: torch.Tensor) -> bool:
+        # FSDP2 reduce-scatters unsharded gradients into the sharded .grad without an
+        # autograd hook on the parameter; DDP all-reduces after the tensor hook ran.
+        return not self.is_sharded(parameter)
+
+    # --- optimizer -------------------------------------------------------------------
+
+    def wrap_step(self, make_wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Handle:
+        original = self.optimizer.step
+        return _replaces(self.optimizer, "step", functools.wraps(original)(make_wrapper(original)))
+
+    def watch_loads(self, on_model_load: Callable[[], None], on_optimizer_load: Callable[[], None]) -> Handle:
+        handles = Handles()
+        for owner, callback in ((self.model, on_model_load), (self.optimizer, on_optimizer_load)):
+            original = owner.load_state_dict
+
+            def wrapper(*args, _original=original, _callback=callback, **kwargs):
+                try:
+                    return _original(*args, **kwargs)
+                finally:
+                    _callback()  # also when the load fails part-way: copied values stay copied
+
+            handles.add(_replaces(owner, "load_state_dict", wrapper))
+        return Handle(handles.remove)
+
+    def optimizer_parameters(self) -> list[tuple[torch.Tensor, int]]:
+        return [(p, gi) for gi, g in enumerate(self.optimizer.param_groups) for p in g["params"]]
+
+    def optimizer_state(self, parameter: torch.Tensor) -> dict[str, Any]:
+        return self.optimizer.state.get(parameter, {})
+
+    def optimizer_replay_support(self) -> Optional[str]:
+        return None  # a torch.optim.Optimizer class can be built again over copies
+
+    def replay_update(self, groups: dict[int, list[torch.Tensor]], states: dict[torch.Tensor, dict[str, Any]]) -> None:
+        """An optimizer of the live one's class over the copies, with each live group's
+        hyper-parameters, stepped once."""
+        live = self.optimizer.param_groups
+        first = next(iter(groups))
+        opt = type(self.optimizer)(groups[first], lr=live[first]["lr"])
+        opt.param_groups[0].update({k: v for k, v in live[first].items() if k != "params"})
+        for gi, ps in groups.items():
+            if gi != first:
+                opt.add_param_group({"params": ps, **{k: v for k, v in live[gi].items() if k != "params"}})
+        for copy, state in states.items():
+            opt.state[copy] = state
+        opt.step()
+
+    # --- communication ---------------------------------------------------------------
+
+    def internal_collectives(self) -> dict[str, int]:
+        return {"ddp_bucket": 32, "ddp_buffers": 33}
 
     def publish_internal_collectives(self, on_collective: Callable[[str, Any, Optional[torch.Tensor]], None],
-                                     on_done: Callable[[], None]) -> bool:
-        """Makes DDP's own collectives visible to hang detection: ``on_collective(name,
-        process_group, tensor)`` runs before the buffer broadcast at the start of forward
-        (``"ddp_buffers"``, tensor None) and before the averaging all-reduce of each gradient
-        bucket (``"ddp_bucket"``, a communication hook); ``on_done()`` runs on the autograd
-        thread once backward, DDP's wait for its buckets included, is over. False when the
-        model is not DDP or already has a communication hook (DDP takes one)."""
-        ddp = self.wrapped
+                                     on_done: Callable[[], None],
+                                     passthrough: Callable[[], Any]) -> tuple[Optional[Handle], Optional[str]]:
+        """DDP's own collectives: ``"ddp_buffers"`` (tensor None) before the buffer
+        broadcast at the start of forward, ``"ddp_bucket"`` before the averaging all-reduce
+        of each gradient bucket (a communication hook); ``on_done()`` on the autograd
+        thread once backward, DDP's wait for its buckets included, is over. DDP takes one
+        communication hook and cannot drop it: after the handle is removed the hook stays
+        and keeps all-reducing (the callbacks should then do nothing)."""
+        ddp = self.model
         if not isinstance(ddp, nn.parallel.DistributedDataParallel):
-            return False
+            return None, None
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-        from lm_resiliency.scout.oob.publisher import passthrough
 
         group = ddp.process_group
         pending = [False]
@@ -159,72 +283,10 @@ class PyTorchAdapter:
         try:
             ddp.register_comm_hook(None, hook)
         except RuntimeError:
-            return False
+            return None, "DDP already has a communication hook: its bucket all-reduces stay invisible to hang detection"
 
         def before_forward(module: nn.Module, args: Any) -> None:
             if ddp.will_sync_module_buffers():
                 on_collective("ddp_buffers", group, None)
 
-        handle = ddp.register_forward_pre_hook(before_forward)
-        self._restores.append(handle.remove)
-        return True
-
-    def mesh_dims(self, world_size: int) -> list[tuple[str, int, str]]:
-        """The data-parallel layout as (name, size, role) dims for lmr::mesh: a DTensor
-        parameter's DeviceMesh (Replicate placement: replicate, Shard: shard), else one
-        replicated dimension over the world (DDP, or a plain model in a DP job)."""
-        for p in self.model.parameters():
-            mesh = getattr(p, "device_mesh", None)
-            if mesh is None:
-                continue
-            names = mesh.mesh_dim_names or tuple(f"dim{i}" for i in range(mesh.ndim))
-            dims = []
-            for name, size, placement in zip(names, mesh.shape, p.placements):
-                role = "replicate" if placement.is_replicate() else "shard"
-                dims.append((name, int(size), role))
-            return dims
-        return [("dp", world_size, "replicate")]
-
-    # --- optimizer boundary and checkpoint loads -------------------------------------
-
-    def wrap_step(self, make_wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
-        """Replace ``optimizer.step`` (the instance attribute) by a wrapper around it."""
-        original = self.optimizer.step
-        had_attr = "step" in vars(self.optimizer)
-        self.optimizer.step = functools.wraps(original)(make_wrapper(original))
-
-        def undo() -> None:
-            if had_attr:
-                self.optimizer.step = original
-            else:
-                vars(self.optimizer).pop("step", None)
-
-        self._restores.append(undo)
-
-    def watch_loads(self, on_model_load: Callable[[], None], on_optimizer_load: Callable[[], None]) -> None:
-        for owner, callback in ((self.wrapped, on_model_load), (self.optimizer, on_optimizer_load)):
-            original = owner.load_state_dict
-            had_attr = "load_state_dict" in vars(owner)
-
-            def wrapper(*args, _original=original, _callback=callback, **kwargs):
-                try:
-                    return _original(*args, **kwargs)
-                finally:
-                    _callback()  # also when the load fails part-way: copied values stay copied
-
-            owner.load_state_dict = wrapper
-
-            def undo(_owner=owner, _original=original, _had=had_attr) -> None:
-                if _had:
-                    _owner.load_state_dict = _original
-                else:
-                    vars(_owner).pop("load_state_dict", None)
-
-            self._restores.append(undo)
-
-    def completed_iterations(self) -> Optional[int]:
-        return None  # plain PyTorch does not know; the caller passes completed_iterations=
-
-    def restore(self) -> None:
-        while self._restores:
-            self._restores.pop()()
+        return ddp.register_forward_pre_hook(before_forward), None

@@ -3,8 +3,9 @@ embedding, one hidden layer (rotating) and the output head on one peer's capture
 replays a rotating slice of the optimizer update, and lets equivalent peers vote on every
 fingerprint (exact C3) and on replay time (robust timing, confirmed over rounds).
 
-Attach it before enabling fault injection on the same optimizer, so a check at step k
-sees the effects active during iteration k.
+It listens at the job's attachment (lm_resiliency/attach.py) innermost: whatever order
+the consumers were created or closed in, the check after step k runs before the fault
+session moves to iteration k + 1, so it sees the effects active during iteration k.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import torch
 import torch.distributed as dist
 
 from lm_resiliency import _core
+from lm_resiliency.attach import REPLAY, attach
 from lm_resiliency.consensus import exact
-from lm_resiliency.frameworks import select_adapter
 from lm_resiliency.manager_api import OrchestrationHooks
 from lm_resiliency.scout import groups
 from lm_resiliency.scout.capture import Capture
@@ -42,8 +43,11 @@ class ReplayHarness:
     def __init__(self, model: Any, optimizer: Any, config: Optional[ReplayHarnessConfig] = None,
                  completed_iterations: int = 0, hooks: Optional[OrchestrationHooks] = None) -> None:
         self.config = config or ReplayHarnessConfig()
-        self._adapter = select_adapter(model, optimizer)
-        (self._emb_path, self._embedding), blocks, (self._out_path, self._output) = self._adapter.replay_modules()
+        self._attachment = attach(model, optimizer)
+        self._adapter = self._attachment.adapter
+        self._emb_path, self._embedding = self._adapter.component("embedding")
+        self._out_path, self._output = self._adapter.component("output")
+        blocks = self._adapter.blocks()
         self._blocks = blocks
         self._layers = sorted(blocks)
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
@@ -60,10 +64,16 @@ class ReplayHarness:
         self._pipelined = self.config.pipelined if self.config.pipelined is not None else self._device.type == "cuda"
         repeats = self.config.timing_repeats or (1 if self._device.type == "cuda" else 3)
         self._replaying = [False]
-        self._module_replay = ModuleReplay(self._peers, self._pipelined, self._device, self._determinism,
+        self._module_replay = ModuleReplay(self._adapter, self._peers, self._pipelined, self._device, self._determinism,
                                            self.config.compare_parameters, repeats, self._replaying)
-        self._optimizer_replay = OptimizerReplay(optimizer, self.config.optimizer_slice_size, self._peers,
+        self._optimizer_replay = OptimizerReplay(self._adapter, self.config.optimizer_slice_size, self._peers,
                                                  self._pipelined, self._device, self._determinism, repeats)
+        # Recipes the adapter cannot run, with why (the optimizer of a framework whose update
+        # cannot be replayed on copies); they are left out of every plan.
+        self.disabled_recipes: dict[str, str] = {}
+        if self._optimizer_replay.unsupported is not None:
+            self.disabled_recipes["optimizer"] = self._optimizer_replay.unsupported
+            log.warning("SCOUT optimizer recipe is off: %s", self._optimizer_replay.unsupported)
         self._side_stream = torch.cuda.Stream(self._device) if self._pipelined and self._device.type == "cuda" else None
         self._pending: Optional[StartedCheck] = None
         self._completed = completed_iterations
@@ -74,7 +84,8 @@ class ReplayHarness:
         self._warn = WarnOnce()
         self.results: list[ReplayResult] = []
         self.boundary_times: dict[int, float] = {completed_iterations: time.time()}
-        self._adapter.wrap_step(self._wrap)
+        self._plan_now: Optional[tuple] = None
+        self._handle = self._attachment.add_listener(self, REPLAY)
         self._arm(self._completed + 1)
         # The out-of-band path, when configured: a collective construction on every rank.
         self.hang_monitor: Optional[HangMonitor] = None
@@ -88,10 +99,12 @@ class ReplayHarness:
 
     # --- schedule ----------------------------------------------------------------------
 
-    def _plan(self, step: int) -> tuple:
-        if self.config.check_interval == 0:
-            return _core.replay_full_plan(step, len(self._layers), self._optimizer_replay.slices)
-        return _core.replay_plan(*self.config.cadence(), step, len(self._layers), self._optimizer_replay.slices)
+    def _plan(self, step: int, full: bool = False) -> tuple:
+        if full or self.config.check_interval == 0:
+            plan = _core.replay_full_plan(step, len(self._layers), self._optimizer_replay.slices)
+        else:
+            plan = _core.replay_plan(*self.config.cadence(), step, len(self._layers), self._optimizer_replay.slices)
+        return plan[:3] + (None,) if "optimizer" in self.disabled_recipes else plan
 
     def _modules_for(self, plan: tuple) -> dict[str, tuple[str, torch.nn.Module, Optional[int]]]:
         embedding, hidden, output, _ = plan
@@ -111,21 +124,32 @@ class ReplayHarness:
         for recipe, (path, module, _) in self._modules_for(self._plan(step)).items():
             self._captures[recipe] = Capture(module, path, step, self._replaying)
 
-    def _wrap(self, original: Any) -> Any:
-        def step(*args: Any, **kwargs: Any) -> Any:
-            iteration = self._completed + 1
-            plan = self._plan(iteration)
-            if plan[3] is not None:
-                try:
-                    self._snapshot = self._optimizer_replay.snapshot(plan[3])
-                except Exception as e:  # noqa: BLE001 - the recipe becomes Inconclusive on every peer
-                    self._snapshot, self._snapshot_error = None, f"replay_error: {describe(e)}"
-            result = original(*args, **kwargs)
-            self._completed = iteration
-            self.boundary_times[iteration] = time.time()
-            self._boundary(iteration, plan)
-            return result
-        return step
+    # --- the optimizer boundary (attachment listener, lm_resiliency/attach.py) ---------
+
+    def before_step(self) -> None:
+        """Just before the update: the pre-update snapshot the optimizer recipe needs."""
+        plan = self._plan_now = self._plan(self._completed + 1)
+        if plan[3] is not None:
+            try:
+                self._snapshot = self._optimizer_replay.snapshot(plan[3])
+            except Exception as e:  # noqa: BLE001 - the recipe becomes Inconclusive on every peer
+                self._snapshot, self._snapshot_error = None, f"replay_error: {describe(e)}"
+
+    def after_step(self) -> None:
+        iteration = self._completed + 1
+        plan = self._plan_now if self._plan_now is not None else self._plan(iteration)
+        self._plan_now = None
+        self._completed = iteration
+        self.boundary_times[iteration] = time.time()
+        self._boundary(iteration, plan)
+
+    def step_failed(self, error: BaseException) -> None:
+        """The update failed: no check; its captures stay for the next iteration."""
+        self._plan_now, self._snapshot, self._snapshot_error = None, None, None
+
+    def step_skipped(self) -> None:
+        """The framework skipped the update (overflow): not a completed iteration, no check."""
+        self.step_failed(RuntimeError("skipped"))
 
     def _boundary(self, step: int, plan: tuple) -> None:
         captures, self._captures = self._captures, {}
@@ -170,7 +194,7 @@ class ReplayHarness:
         check does not have: it compares the optimizer state and parameters instead."""
         self._finish_pending()
         step = self._completed
-        plan = _core.replay_full_plan(max(step, 1), len(self._layers), self._optimizer_replay.slices)
+        plan = self._plan(max(step, 1), full=True)
         result = self._contained(step, lambda: self._finish(self._start(step, plan, self._last_captures, None)))
         if result is None:
             return self.results[-1]
@@ -210,7 +234,8 @@ class ReplayHarness:
         for c in list(self._captures.values()) + list(self._last_captures.values()):
             c.remove()
         self._captures, self._last_captures = {}, {}
-        self._adapter.restore()
+        if getattr(self, "_handle", None) is not None:
+            self._handle.remove()
 
     # --- one check -----------------------------------------------------------------------
 

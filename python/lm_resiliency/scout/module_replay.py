@@ -18,12 +18,13 @@ from typing import Any, Callable
 import torch
 
 from lm_resiliency import _core
-from lm_resiliency.fault_injection.builtin import REPLAY_COPY
+from lm_resiliency.common import REPLAY_COPY
+from lm_resiliency.frameworks import FrameworkAdapter
 from lm_resiliency.scout.arguments import leaves, map_tensors
 from lm_resiliency.scout.capture import Capture
 from lm_resiliency.scout.pending import fingerprint
-from lm_resiliency.scout.replay import (Determinism, Timer, broadcast_flat, call_with_hooks, first_tensor, full_copy,
-                                        local, swapped_parameters)
+from lm_resiliency.scout.replay import (Determinism, Timer, broadcast_flat, call_with_hooks, first_tensor,
+                                        swapped_parameters)
 from lm_resiliency.scout.result import ReplayResult
 
 
@@ -43,8 +44,9 @@ class Prepared:
 
 
 class ModuleReplay:
-    def __init__(self, peers: Any, pipelined: bool, device: torch.device, determinism: Determinism,
-                 compare_parameters: bool, repeats: int, replaying: list) -> None:
+    def __init__(self, adapter: FrameworkAdapter, peers: Any, pipelined: bool, device: torch.device,
+                 determinism: Determinism, compare_parameters: bool, repeats: int, replaying: list) -> None:
+        self._adapter = adapter
         self._peers = peers
         self._pipelined = pipelined
         self._device = device
@@ -74,11 +76,11 @@ class ModuleReplay:
         full: dict[str, torch.Tensor] = {}
         evidence: list[torch.Tensor] = []
         for name, p in prep.parameters:
-            if hasattr(p, "device_mesh"):
+            if self._adapter.is_sharded(p):
                 with gather(self._device):
-                    full[name] = full_copy(p)
+                    full[name] = self._adapter.full_copy(p)
                 gathered = True
-                evidence.append(full[name] if self._peers.materialize else local(p).detach())
+                evidence.append(full[name] if self._peers.materialize else self._adapter.local(p).detach())
             else:
                 full[name] = p.detach().clone()
                 evidence.append(full[name])
@@ -118,7 +120,7 @@ class ModuleReplay:
             r_args, r_kwargs = map_tensors(prep.args, fresh, "args"), map_tensors(prep.kwargs, fresh, "kwargs")
             inputs = [x for x in leaves((r_args, r_kwargs)) if x.is_floating_point()]  # before the call adds any
             with swapped_parameters(prep.module, leaves_), torch.enable_grad():
-                out = first_tensor(call_with_hooks(prep.module, r_args, r_kwargs))
+                out = first_tensor(call_with_hooks(prep.module, r_args, r_kwargs, self._adapter.is_framework_hook))
                 grad_out = torch.randn(out.shape, dtype=out.dtype, device=out.device)
                 if out.requires_grad:
                     torch.autograd.backward(out, grad_out)

@@ -12,7 +12,8 @@ import torch
 
 from lm_resiliency import _core
 from lm_resiliency.scout.pending import fingerprint
-from lm_resiliency.scout.replay import Determinism, Timer, adopt_shapes, broadcast_flat, is_sharded, local
+from lm_resiliency.frameworks import FrameworkAdapter
+from lm_resiliency.scout.replay import Determinism, Timer, adopt_shapes, broadcast_flat
 from lm_resiliency.scout.result import ReplayResult
 
 # One snapshot entry: (live parameter, its group index, pre-update value, gradient, state).
@@ -26,10 +27,17 @@ def _tensors(snapshot: list[Entry]) -> list[torch.Tensor]:
 
 
 class OptimizerReplay:
-    def __init__(self, optimizer: torch.optim.Optimizer, slice_size: int, peers: Any, pipelined: bool,
+    """The adapter's optimizer facet gives the parameters, their state and the update
+    replay; where it cannot replay the update (`unsupported` is its reason), the harness
+    turns the optimizer recipe off."""
+
+    def __init__(self, adapter: FrameworkAdapter, slice_size: int, peers: Any, pipelined: bool,
                  device: torch.device, determinism: Determinism, repeats: int = 1) -> None:
-        self._optimizer = optimizer
-        self._params = [p for g in optimizer.param_groups for p in g["params"]]
+        self._adapter = adapter
+        self.unsupported = adapter.optimizer_replay_support()
+        params = adapter.optimizer_parameters()
+        self._params = [p for p, _ in params]
+        self._group_of = {id(p): gi for p, gi in params}
         self._size = slice_size
         self.slices = max(1, math.ceil(len(self._params) / slice_size))
         self._peers = peers
@@ -44,13 +52,12 @@ class OptimizerReplay:
     def snapshot(self, s: int) -> list[Entry]:
         """Copies of slice `s` (values, gradients, state) just before the live update."""
         snap = []
-        state = self._optimizer.state
-        group_of = {id(p): gi for gi, g in enumerate(self._optimizer.param_groups) for p in g["params"]}
+        local = self._adapter.local
         for p in self.slice_params(s):
             entries = {k: (local(v).detach().clone() if isinstance(v, torch.Tensor) else v)
-                       for k, v in state.get(p, {}).items()}
+                       for k, v in self._adapter.optimizer_state(p).items()}
             grad = None if p.grad is None else local(p.grad).detach().clone()
-            snap.append((p, group_of[id(p)], local(p).detach().clone(), grad, entries))
+            snap.append((p, self._group_of[id(p)], local(p).detach().clone(), grad, entries))
         return snap
 
     def contract(self, s: int, snapshot: Optional[list[Entry]]) -> list[str]:
@@ -58,9 +65,10 @@ class OptimizerReplay:
         # Shards of one parameter may differ in size between peers (uneven FSDP/HSDP
         # sharding; the replay takes the source's sizes): only the global shape must match.
         def shape(p: torch.Tensor, t: torch.Tensor) -> str:
-            return f"ndim{t.dim()}" if is_sharded(p) else str(list(t.shape))
+            return f"ndim{t.dim()}" if self._adapter.is_sharded(p) else str(list(t.shape))
 
         if snapshot is None:
+            local = self._adapter.local
             return ["no-snapshot"] + [f"{local(p).dtype}{list(p.shape)}{shape(p, local(p))}" for p in self.slice_params(s)]
         fields = []
         for p, gi, value, grad, entries in snapshot:
@@ -74,6 +82,7 @@ class OptimizerReplay:
         """The recipe's collectives run in the same order on every peer; local work runs in
         `guard(recipe)` (see scout/module_replay.py)."""
         s = int(recipe.split(".")[1])
+        local = self._adapter.local
         replicated = not self._peers.materialize  # pure FSDP shards have no peer copy to compare
         with guard(recipe):
             if replicated:  # the live updated parameters, local shards for HSDP
@@ -81,7 +90,7 @@ class OptimizerReplay:
                                                            self._pipelined, live=True)
             if snapshot is None and replicated:
                 surfaces[f"{recipe}.state"] = fingerprint([local(v) for p in self.slice_params(s)
-                                                           for k, v in sorted(self._optimizer.state.get(p, {}).items())
+                                                           for k, v in sorted(self._adapter.optimizer_state(p).items())
                                                            if isinstance(v, torch.Tensor)], self._pipelined, live=True)
             elif replicated:
                 surfaces[f"{recipe}.state"] = fingerprint([v for _, _, value, _, entries in snapshot
@@ -97,7 +106,7 @@ class OptimizerReplay:
         t = Timer(self._pipelined)
         with t(self._device):
             if self._peers.data is not None:
-                if any(is_sharded(p) for p, *_ in snapshot):  # shards may be uneven: the source's sizes
+                if any(self._adapter.is_sharded(p) for p, *_ in snapshot):  # uneven shards: the source's sizes
                     snapshot = self._with_source_shapes(snapshot, source)
                 broadcast_flat(_tensors(snapshot), source, self._peers.data)
         result.add_collective("broadcast_optimizer_state", recipe, t)
@@ -111,10 +120,8 @@ class OptimizerReplay:
                 c.grad = grad.clone()
                 copies.append((c, gi, entries))
                 groups_of.setdefault(gi, []).append(c)
-            replay_opt = self._fresh_optimizer(groups_of)
-            for c, _, entries in copies:
-                replay_opt.state[c] = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in entries.items()}
-            replay_opt.step()
+            self._adapter.replay_update(groups_of, {c: {k: (v.clone() if isinstance(v, torch.Tensor) else v)
+                                                        for k, v in entries.items()} for c, _, entries in copies})
 
         with guard(recipe):
             timers = []
@@ -135,16 +142,3 @@ class OptimizerReplay:
             entries = {k: (next(shaped) if isinstance(e, torch.Tensor) else e) for k, e in sorted(entries.items())}
             out.append((p, gi, value, grad, entries))
         return out
-
-    def _fresh_optimizer(self, groups_of: dict[int, list]) -> torch.optim.Optimizer:
-        """An optimizer of the live one's class over the copies, with each live group's
-        hyper-parameters."""
-        live_groups = self._optimizer.param_groups
-        first = next(iter(groups_of))
-        opt = type(self._optimizer)(groups_of[first], lr=live_groups[first]["lr"])
-        opt.param_groups[0].update({k: v for k, v in live_groups[first].items() if k != "params"})
-        for gi, ps in groups_of.items():
-            if gi == first:
-                continue
-            opt.add_param_group({"params": ps, **{k: v for k, v in live_groups[gi].items() if k != "params"}})
-        return opt

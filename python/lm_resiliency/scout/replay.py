@@ -13,18 +13,12 @@ from typing import Any, Callable, Iterator, TypeVar
 import torch
 import torch.nn as nn
 
-
-def is_framework_hook(hook: Any) -> bool:
-    """Hooks of torch.distributed (FSDP's unshard/reshard) must not run inside replay."""
-    fn = getattr(hook, "func", hook)  # functools.partial
-    fn = getattr(fn, "__func__", fn)  # bound method
-    owner = getattr(getattr(hook, "__self__", None), "__class__", None)
-    names = [getattr(fn, "__module__", "") or "", getattr(owner, "__module__", "") or ""]
-    return any(n.startswith("torch.distributed") for n in names)
+from lm_resiliency.common import cuda_only_group
 
 
-def call_with_hooks(module: nn.Module, args: tuple, kwargs: dict) -> Any:
-    """``module(*args, **kwargs)`` with the module's own forward hooks, minus framework hooks."""
+def call_with_hooks(module: nn.Module, args: tuple, kwargs: dict, is_framework_hook: Callable[[Any], bool]) -> Any:
+    """``module(*args, **kwargs)`` with the module's own forward hooks, minus the hooks
+    the framework adapter says are its own (parameter unshard/reshard, communication)."""
     for hid, hook in list(module._forward_pre_hooks.items()):
         if is_framework_hook(hook):
             continue
@@ -138,7 +132,7 @@ def broadcast_flat(tensors: list, src: int, group: Any) -> None:
         by_dtype.setdefault((t.dtype, t.device), []).append(t)
     # An NCCL group carries only CUDA tensors; CPU ones (AdamW's step counts) go through
     # the current CUDA device.
-    cuda_only = "nccl" in str(dist.get_backend(group)) and "cpu:" not in str(dist.get_backend(group))
+    cuda_only = cuda_only_group(group)
     for (dtype, device), ts in by_dtype.items():
         flat = torch.cat([t.reshape(-1) for t in ts]) if len(ts) > 1 else ts[0].reshape(-1).clone()
         if cuda_only and device.type == "cpu":
@@ -164,8 +158,7 @@ def adopt_shapes(tensors: list, src: int, group: Any) -> list:
     if not tensors:
         return tensors
     sizes = torch.tensor([d for t in tensors for d in t.shape] or [0], dtype=torch.int64)
-    backend = str(dist.get_backend(group))
-    if "nccl" in backend and "cpu:" not in backend:
+    if cuda_only_group(group):
         sizes = sizes.to(torch.device("cuda", torch.cuda.current_device()))
     dist.broadcast(sizes, src=src, group=group)
     sizes_list = sizes.tolist()
@@ -175,40 +168,6 @@ def adopt_shapes(tensors: list, src: int, group: Any) -> list:
         offset += t.dim()
         out.append(t if tuple(t.shape) == shape else torch.empty(shape, dtype=t.dtype, device=t.device))
     return out
-
-
-def full_copy(p: Any) -> torch.Tensor:
-    """A full copy of a DTensor parameter. The FSDP2/HSDP layouts (Shard(0) on one mesh
-    dimension, Replicate on the others) are gathered with one c10d all_gather_into_tensor
-    of padded shards (DTensor pads the same way: every shard but the trailing ones holds
-    ceil(n / k) rows); other layouts use DTensor.full_tensor(). full_tensor() goes through
-    functional collectives, which crash (SIGSEGV in wait_tensor, torch 2.11) on gloo
-    groups of CUDA tensors."""
-    import torch.distributed as dist
-
-    placements = list(p.placements)
-    sharded = [i for i, pl in enumerate(placements) if pl.is_shard()]
-    if (len(sharded) != 1 or placements[sharded[0]].dim != 0 or p.dim() == 0
-            or not all(pl.is_shard() or pl.is_replicate() for pl in placements)):
-        return p.full_tensor().detach().clone()
-    dim = sharded[0]
-    k = p.device_mesh.size(dim)
-    shard = p.to_local().detach()
-    rows = -(-p.shape[0] // k)
-    padded = shard.new_zeros((rows,) + tuple(shard.shape[1:]))
-    padded[:shard.shape[0]].copy_(shard)
-    gathered = shard.new_empty((rows * k,) + tuple(shard.shape[1:]))
-    dist.all_gather_into_tensor(gathered, padded, group=p.device_mesh.get_group(dim))
-    return gathered[:p.shape[0]].clone() if rows * k != p.shape[0] else gathered
-
-
-def is_sharded(t: torch.Tensor) -> bool:
-    """A DTensor (FSDP2/HSDP parameter or its optimizer state)."""
-    return hasattr(t, "device_mesh") and hasattr(t, "to_local")
-
-
-def local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if is_sharded(t) else t
 
 
 class _HostClock:

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from lm_resiliency import _core
 from lm_resiliency._atomic import write_text_atomic
 from lm_resiliency.errors import InvalidArgumentError, PeerFailureError
-from lm_resiliency.frameworks import select_adapter
+from lm_resiliency.attach import HANG_DETECTION, attach
 from lm_resiliency.manager_api import OrchestrationHooks
 from lm_resiliency.scout.oob import publisher as pub_mod
 from lm_resiliency.scout.oob.config import HangDetectionConfig, rendezvous_endpoint
@@ -67,16 +67,17 @@ class HangMonitor:
         self.state_dir = self.config.resolved_state_dir()
         os.makedirs(self.state_dir, exist_ok=True)
         executable = find_daemon(self.config.daemon_path)
-        self._adapter = select_adapter(model, optimizer)
+        self._attachment = attach(model, optimizer)
+        self._adapter = self._attachment.adapter
         self.group_name, self.group_ranks = self._peer_group()
         instance = self._agree_on_instance(distributed)
         token = os.urandom(16)
         segment = _core.oob_segment_name(f"{self.run_id}#{instance}", self.generation, os.getpid(), self.group_name,
                                          self.rank)
         self._writer = _core.ProgressWriter(segment, token)
-        self._publisher = pub_mod.Publisher(self._writer)
+        self._publisher = pub_mod.Publisher(self._writer, self._adapter.internal_collectives())
         pub_mod.push(self._publisher)
-        self._wrapped = False
+        self._step_handle = None
         try:
             self._install_publishers()
             self._daemon = Daemon(executable, self._daemon_args(segment, instance), self._log_path(),
@@ -87,8 +88,7 @@ class HangMonitor:
         self.report_stem = self._daemon.report_stem
         self._watcher = threading.Thread(target=self._watch, name="lmr-oob-reports", daemon=True)
         self._watcher.start()
-        self._adapter.wrap_step(self._wrap_step)
-        self._wrapped = True
+        self._step_handle = self._attachment.add_listener(self, HANG_DETECTION)
         atexit.register(self.close)  # an exception ending the program still stops the daemon
 
     # --- set-up ----------------------------------------------------------------------
@@ -140,7 +140,7 @@ class HangMonitor:
     def _install_publishers(self) -> None:
         writer = self._writer
         if self.config.publish_layers:
-            for index, block in self._adapter.blocks().items():
+            for index, (_, block) in self._adapter.blocks().items():
                 def pre(module: Any, args: Any, _i: int = index) -> None:
                     writer.layer_entered(_i)
                 self._handles.append(block.register_forward_pre_hook(pre))
@@ -158,26 +158,22 @@ class HangMonitor:
                 if not self._closed:
                     publisher.writer.collective_exited()
 
-            if not self._adapter.publish_internal_collectives(on_collective, on_done) and self._is_ddp():
-                _log.warning("DDP already has a communication hook: its bucket all-reduces stay invisible to hang "
-                             "detection")
+            handle, why_not = self._adapter.publish_internal_collectives(on_collective, on_done, pub_mod.passthrough)
+            if handle is not None:
+                self._handles.append(handle)
+            elif why_not:
+                _log.warning("%s", why_not)
 
-    def _is_ddp(self) -> bool:
-        import torch.nn as nn
-        return isinstance(getattr(self._adapter, "wrapped", None), nn.parallel.DistributedDataParallel)
+    # --- the optimizer boundary (attachment listener) ---------------------------------
 
-    # --- step boundary ---------------------------------------------------------------
+    def before_step(self) -> None:
+        if self.failure is not None:
+            raise PeerFailureError(f"hang detection is unavailable on rank {self.rank}: "
+                                   f"{self.failure.evidence.get('reason', 'lmr-oobd exited')}")
 
-    def _wrap_step(self, original: Any) -> Any:
-        def step(*args: Any, **kwargs: Any) -> Any:
-            if self.failure is not None:
-                raise PeerFailureError(f"hang detection is unavailable on rank {self.rank}: "
-                                       f"{self.failure.evidence.get('reason', 'lmr-oobd exited')}")
-            result = original(*args, **kwargs)
-            self._completed += 1
-            self._writer.step_completed(self._completed)
-            return result
-        return step
+    def after_step(self) -> None:
+        self._completed += 1
+        self._writer.step_completed(self._completed)
 
     # --- background threads ----------------------------------------------------------
 
@@ -246,9 +242,9 @@ class HangMonitor:
             h.remove()
         self._handles = []
         pub_mod.pop(self._publisher)
-        if self._wrapped:
-            self._adapter.restore()
-            self._wrapped = False
+        if self._step_handle is not None:
+            self._step_handle.remove()
+            self._step_handle = None
 
     def close(self) -> None:
         """Stops the daemon and the threads, removes every hook, unlinks the record."""

@@ -54,8 +54,8 @@ _OPS = {
     "reduce_scatter_single": (23, "input", None, "op", "tensor"),  # FSDP2's reduce-scatter
 }
 _ALWAYS_ASYNC = {"isend", "irecv"}
-# Collectives a framework runs outside the public Python calls (adapter-published).
-_INTERNAL_OPS = {"ddp_bucket": 32, "ddp_buffers": 33}
+# Collectives a framework runs outside the public Python calls are published by its adapter
+# (internal_collectives(): names with codes from 32 up).
 
 _lock = threading.Lock()
 _stack: list["Publisher"] = []
@@ -76,8 +76,9 @@ def _crc(text: str) -> int:
 class Publisher:
     """Owns the fingerprint bookkeeping around one ProgressWriter."""
 
-    def __init__(self, writer: Any) -> None:
+    def __init__(self, writer: Any, internal: Optional[dict[str, int]] = None) -> None:
         self.writer = writer
+        self._internal = dict(internal or {})  # the adapter's internal collectives: name -> code
         self._groups: dict[int, list] = {}  # id(group) -> [group, digest, sequence]
         self._meta: dict[tuple, int] = {}
         self._checkpoint_lock = threading.Lock()
@@ -130,7 +131,7 @@ class Publisher:
     def internal(self, name: str, group: Any, tensor: Optional[torch.Tensor]) -> None:
         """A framework collective starts (see the adapter's publish_internal_collectives);
         its end is published by the adapter or by the next layer or step."""
-        self.enter(_INTERNAL_OPS[name], group, self._tensor_meta(tensor, "tensor"), 0)
+        self.enter(self._internal[name], group, self._tensor_meta(tensor, "tensor"), 0)
 
     # --- DataLoader and checkpoint I/O ------------------------------------------------
 

@@ -1,0 +1,173 @@
+"""The framework-adapter interface: everything LM Resiliency needs to know about a training
+framework, in four facets. Nothing outside ``frameworks/`` knows a framework; an adapter
+is one file implementing this class (see docs/adapters.md).
+
+Conventions for every method: it runs on the training thread; "collective" means every
+rank of the job calls it at the same point (the callers guarantee that, the adapter may
+then run torch.distributed collectives); methods that install something return a
+``Handle`` whose ``remove()`` undoes exactly that install, and nothing else.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+import torch.nn as nn
+
+from lm_resiliency.errors import UnsupportedError
+from lm_resiliency.handle import Handle
+
+# (name, size, role) of one mesh dimension, role "replicate", "shard" or "model" (lmr::mesh).
+MeshDim = tuple[str, int, str]
+COMPONENTS = ("embedding", "transformer_block", "output", "expert")
+
+
+class FrameworkAdapter:
+    """Base class of the adapters. ``name`` says which framework; ``model`` and
+    ``optimizer`` are the objects the user passed."""
+
+    name = "abstract"
+
+    def __init__(self, model: Any, optimizer: Any) -> None:
+        self.model = model
+        self.optimizer = optimizer
+
+    @classmethod
+    def matches(cls, model: Any, optimizer: Any) -> bool:
+        """Whether these training objects belong to this framework. Cheap, no side effects,
+        never raises: the registry asks every adapter in turn."""
+        raise NotImplementedError
+
+    # --- structure -----------------------------------------------------------------
+    # Called at attach time and when a campaign is enabled; no collectives.
+
+    def model_parts(self) -> list[nn.Module]:
+        """The module trees this rank holds (one per pipeline stage chunk; one without
+        pipelining), in the order the manifest's ``model_part`` counts them."""
+        raise NotImplementedError
+
+    def named_modules(self, model_part: int = 0) -> dict[str, nn.Module]:
+        """Paths (as ``module_path`` in a manifest writes them) to modules of a model part."""
+        return dict(self._part(model_part).named_modules())
+
+    def blocks(self, model_part: Optional[int] = None) -> dict[int, tuple[str, nn.Module]]:
+        """The transformer blocks by global layer index (0-based, counted across pipeline
+        stages), with their paths; of one model part, or of every part this rank holds.
+        Raises InvalidArgumentError when the blocks cannot be found unambiguously."""
+        raise NotImplementedError
+
+    def component(self, kind: str, index: Optional[int] = None, model_part: int = 0,
+                  metadata: Optional[dict] = None) -> tuple[str, nn.Module]:
+        """(path, module) of a logical component: "embedding", "transformer_block" (by
+        global index), "output" (the language-model head) or "expert" (global index; the
+        manifest's metadata may map it). Raises InvalidArgumentError naming what is
+        missing or ambiguous."""
+        raise NotImplementedError
+
+    def mesh_dims(self, world_size: int) -> list[MeshDim]:
+        """The data-parallel layout of the job for lmr::mesh: which dimensions hold
+        replicas, which shards, which model-parallel coordinates."""
+        raise NotImplementedError
+
+    def completed_iterations(self) -> Optional[int]:
+        """Optimizer updates the framework says it has done (a resumed job), or None
+        when it does not know (the caller then passes ``completed_iterations=``)."""
+        return None
+
+    # --- tensors ---------------------------------------------------------------------
+
+    def is_sharded(self, tensor: torch.Tensor) -> bool:
+        """Whether this rank holds only a part of `tensor` (a parameter, its gradient or its
+        optimizer state). No collectives."""
+        return False
+
+    def local(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The part of `tensor` this rank holds, as a plain tensor sharing its storage.
+        No collectives."""
+        return tensor
+
+    def full_copy(self, parameter: torch.Tensor) -> torch.Tensor:
+        """A full copy of a parameter this rank holds a part of. Collective over the
+        parameter's shard group (every rank holding a part calls it for the same
+        parameters in the same order). Plain tensors: a clone, no collective."""
+        return parameter.detach().clone()
+
+    def is_framework_hook(self, hook: Any) -> bool:
+        """Whether a module hook belongs to the framework (parameter unshard/reshard,
+        communication) and must not run when a module is replayed on copied parameters."""
+        return False
+
+    def gradient_hook_is_final(self, parameter: torch.Tensor) -> bool:
+        """Whether an autograd hook on `parameter` sees the gradient that this rank
+        contributes (True for replicated parameters). False when the framework reduces
+        gradients without such a hook (sharded parameters): gradient effects then act on
+        the rank's local gradient just before the optimizer step."""
+        return True
+
+    # --- optimizer -------------------------------------------------------------------
+
+    def wrap_step(self, make_wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Handle:
+        """Replaces the optimizer boundary by ``make_wrapper(original)``. Only the
+        attachment (lm_resiliency/attach.py) calls it, once per job."""
+        raise NotImplementedError
+
+    def watch_loads(self, on_model_load: Callable[[], None], on_optimizer_load: Callable[[], None]) -> Handle:
+        """Calls back after every load of model or optimizer state (also a failed one).
+        Only the attachment calls it."""
+        raise NotImplementedError
+
+    def step_applied(self) -> bool:
+        """Whether the update that just returned changed the parameters. False for a
+        step the framework skipped (a loss-scale overflow): it is not a completed logical
+        iteration, and consumers see ``step_skipped`` instead of ``after_step``."""
+        return True
+
+    def optimizer_parameters(self) -> list[tuple[torch.Tensor, int]]:
+        """Every parameter the optimizer updates, with its group index, in a fixed order
+        that is the same on every rank."""
+        raise NotImplementedError
+
+    def optimizer_state(self, parameter: torch.Tensor) -> dict[str, Any]:
+        """The optimizer's state of `parameter` (live objects: callers copy), empty before
+        the first step."""
+        raise NotImplementedError
+
+    def optimizer_replay_support(self) -> Optional[str]:
+        """None when `replay_update` works for this optimizer; otherwise why the optimizer
+        recipe of a replay check is turned off (it is then skipped with this reason)."""
+        return "this framework's optimizer cannot be replayed on isolated copies"
+
+    def replay_update(self, groups: dict[int, list[torch.Tensor]], states: dict[torch.Tensor, dict[str, Any]]) -> None:
+        """Runs the optimizer's update once on isolated copies: `groups` maps a group index
+        to the copies (parameters with ``.grad`` set), `states` each copy to its state.
+        Purely local, no collectives; must not touch the live optimizer."""
+        raise UnsupportedError(self.optimizer_replay_support() or "replay_update is not implemented")
+
+    # --- communication ---------------------------------------------------------------
+
+    def internal_collectives(self) -> dict[str, int]:
+        """Names of the collectives the framework runs outside the public torch.distributed
+        calls, with stable codes (>= 32) for progress records."""
+        return {}
+
+    def publish_internal_collectives(self, on_collective: Callable[[str, Any, Optional[torch.Tensor]], None],
+                                     on_done: Callable[[], None],
+                                     passthrough: Callable[[], Any]) -> tuple[Optional[Handle], Optional[str]]:
+        """Makes the framework's internal collectives visible to hang detection:
+        ``on_collective(name, group, tensor)`` before each one starts, ``on_done()`` when
+        the framework's communication of the step is over. `passthrough()` is a context
+        manager for calls the adapter makes to torch.distributed itself (they are not
+        published again). Returns (a handle, None), or (None, why not) when the framework
+        has internal collectives it cannot publish, or (None, None) when it has none."""
+        return None, None
+
+    # --- helpers -----------------------------------------------------------------------
+
+    def _part(self, model_part: int) -> nn.Module:
+        parts = self.model_parts()
+        if isinstance(model_part, bool) or not isinstance(model_part, int) or not 0 <= model_part < len(parts):
+            from lm_resiliency.errors import InvalidArgumentError
+
+            raise InvalidArgumentError(f"model_part {model_part!r} is not one of this rank's {len(parts)} model part(s)")
+        return parts[model_part]

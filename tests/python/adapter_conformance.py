@@ -1,0 +1,172 @@
+"""The conformance suite every framework adapter must pass (docs/adapters.md).
+
+``check_adapter(adapter, step)`` runs on every rank of a job built with the framework,
+right after construction, with `step()` running one training step (forward, backward,
+the optimizer's update) of that job. It checks each facet of frameworks/base.py against
+the contracts written there, using nothing but the adapter and torch.distributed, and
+returns the names of the checks that ran. Collective: every rank calls it.
+"""
+
+import torch
+import torch.distributed as dist
+
+from lm_resiliency import _core
+from lm_resiliency.errors import InvalidArgumentError
+from lm_resiliency.frameworks import select_adapter
+from lm_resiliency.handle import Handle
+from lm_resiliency.signature import signature
+
+
+def _same_everywhere(value) -> bool:
+    if not (dist.is_available() and dist.is_initialized()):
+        return True
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return all(v == out[0] for v in out)
+
+
+def _raises(fn, exc=InvalidArgumentError) -> bool:
+    try:
+        fn()
+    except exc:
+        return True
+    return False
+
+
+def check_structure(adapter) -> None:
+    parts = adapter.model_parts()
+    assert parts and all(isinstance(p, torch.nn.Module) for p in parts)
+    blocks = adapter.blocks()
+    assert blocks and sorted(blocks) == list(blocks), "blocks are keyed by global layer index, in order"
+    modules = {}
+    for part in range(len(parts)):
+        modules.update(adapter.named_modules(part))
+    for index, (path, block) in blocks.items():
+        assert modules.get(path) is block, f"block {index} path {path!r} is not in named_modules()"
+        assert adapter.component("transformer_block", index)[1] is block
+    for kind in ("embedding", "output"):
+        path, module = adapter.component(kind)
+        assert modules.get(path) is module, kind
+    assert _raises(lambda: adapter.component("transformer_block", max(blocks) + 1000))
+    assert _raises(lambda: adapter.component("no_such_component"))
+    assert _raises(lambda: adapter.named_modules(len(parts)))
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    dims = adapter.mesh_dims(world)
+    assert dims and all(role in ("replicate", "shard", "model") for _, _, role in dims)
+    size = 1
+    for _, n, _ in dims:
+        size *= n
+    assert size == world, f"mesh {dims} does not cover the world of {world}"
+    assert _core.mesh_compute_groups(dims, world)  # lmr::mesh accepts it
+    assert _same_everywhere([list(d) for d in dims]) and _same_everywhere(sorted(blocks))
+
+
+def check_tensors(adapter) -> None:
+    params = [p for p, _ in adapter.optimizer_parameters()]
+    for p in params:
+        local = adapter.local(p)
+        assert type(local) in (torch.Tensor, torch.nn.Parameter), type(local)
+        assert adapter.is_sharded(p) or local is p
+        assert adapter.gradient_hook_is_final(p) in (True, False)
+        full = adapter.full_copy(p)  # collective for sharded parameters: same order on every rank
+        assert type(full) is torch.Tensor and tuple(full.shape) == tuple(p.shape)
+        assert full.data_ptr() != local.data_ptr(), "full_copy must not alias live storage"
+        flat, mine = full.reshape(-1), local.detach().reshape(-1)
+        row = max(1, full[0].numel()) if full.dim() else 1
+        m = mine.numel()
+        assert m == 0 or any(torch.equal(flat[o:o + m], mine) for o in range(0, flat.numel() - m + 1, row)), \
+            "the local part is a run of rows of the full copy"
+        assert _same_everywhere(signature(full).digest), "every rank gets the same full copy"
+    block = next(iter(adapter.blocks().values()))[1]
+
+    def user_hook(module, args):
+        return None
+
+    handle = block.register_forward_pre_hook(user_hook)
+    try:
+        assert not adapter.is_framework_hook(user_hook)
+        assert all(adapter.is_framework_hook(h) in (True, False) for h in block._forward_pre_hooks.values())
+    finally:
+        handle.remove()
+
+
+def check_optimizer(adapter, step) -> None:
+    params = adapter.optimizer_parameters()
+    ids = [id(p) for p, _ in params]
+    assert len(ids) == len(set(ids)), "each parameter once"
+    assert all(isinstance(gi, int) and gi >= 0 for _, gi in params)
+    assert _same_everywhere([(tuple(p.shape), gi) for p, gi in params])
+    # The boundary: a wrapper runs around the update, and its handle removes exactly it.
+    calls = []
+
+    def wrapper(original):
+        def wrapped(*args, **kwargs):
+            calls.append("in")
+            return original(*args, **kwargs)
+        return wrapped
+
+    handle = adapter.wrap_step(wrapper)
+    assert isinstance(handle, Handle)
+    # Snapshot just before the update (the replay must reproduce it exactly on copies).
+    snapshot = {}
+
+    def snapshotting(original):
+        def wrapped(*args, **kwargs):
+            for p, gi in params[:4]:
+                if p.grad is not None:
+                    snapshot[id(p)] = (p, gi, adapter.local(p).detach().clone(), adapter.local(p.grad).detach().clone(),
+                                       {k: (adapter.local(v).detach().clone() if isinstance(v, torch.Tensor) else v)
+                                        for k, v in adapter.optimizer_state(p).items()})
+            return original(*args, **kwargs)
+        return wrapped
+
+    step()  # first step: optimizer state appears
+    assert calls == ["in"]
+    assert adapter.step_applied() is True, "a plain training step is applied"
+    assert any(adapter.optimizer_state(p) for p, _ in params), "state after a step"
+    inner = adapter.wrap_step(snapshotting)
+    step()
+    inner.remove()
+    updated = {id(p): adapter.local(p).detach().clone() for p, *_ in snapshot.values()}
+    handle.remove()
+    step()
+    assert calls == ["in", "in"], "the handle removed the wrapper"
+    why = adapter.optimizer_replay_support()
+    if why is not None:
+        assert isinstance(why, str) and why
+        return
+    # Replaying the update on isolated copies gives the live result, bit for bit.
+    groups, states, copies = {}, {}, []
+    for p, gi, value, grad, state in snapshot.values():
+        c = torch.nn.Parameter(value.clone())
+        c.grad = grad.clone()
+        groups.setdefault(gi, []).append(c)
+        states[c] = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in state.items()}
+        copies.append((p, c, value))
+    assert copies, "some parameters had gradients"
+    before_live = [adapter.local(p).detach().clone() for p, _, _ in copies]
+    adapter.replay_update(groups, states)
+    for (p, c, value), live in zip(copies, before_live):
+        assert torch.equal(live, adapter.local(p).detach()), "replay_update must not touch the live parameters"
+        assert torch.equal(c.detach(), updated[id(p)]), "the replayed update equals the live one, bit for bit"
+
+
+def check_loads_and_communication(adapter) -> None:
+    seen = []
+    handle = adapter.watch_loads(lambda: seen.append("model"), lambda: seen.append("optimizer"))
+    adapter.optimizer.load_state_dict(adapter.optimizer.state_dict())
+    handle.remove()
+    adapter.optimizer.load_state_dict(adapter.optimizer.state_dict())
+    assert seen == ["optimizer"]
+    codes = adapter.internal_collectives()
+    assert all(isinstance(c, int) and c >= 32 for c in codes.values()) and len(set(codes.values())) == len(codes)
+
+
+def check_adapter(adapter, step) -> list[str]:
+    assert type(adapter).matches(adapter.model, adapter.optimizer)
+    assert type(select_adapter(adapter.model, adapter.optimizer)) is type(adapter)
+    check_structure(adapter)
+    check_tensors(adapter)
+    check_optimizer(adapter, step)
+    check_loads_and_communication(adapter)
+    return ["matches", "structure", "tensors", "optimizer", "loads", "communication"]
