@@ -1,4 +1,5 @@
 // Bindings of lmr::mesh and lmr::replay (the decisions behind the SCOUT replay harness).
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
@@ -11,6 +12,7 @@
 #include "lmr/common/sched.h"
 #include "lmr/mesh/mesh.h"
 #include "lmr/replay/replay.h"
+#include "lmr/replay/verdict.h"
 
 namespace nb = nanobind;
 
@@ -18,6 +20,18 @@ namespace lmr::python {
 namespace {
 
 using DimSpec = std::tuple<std::string, std::int64_t, std::string>;  // (name, size, role)
+
+// A peer's final vote as Python holds it: ({surface: fingerprint bytes}, {recipe: seconds},
+// {recipe: error text}).
+using VoteSpec = std::tuple<std::map<std::string, nb::bytes>, std::map<std::string, std::vector<double>>,
+                            std::map<std::string, std::string>>;
+
+replay::PeerLayout peerLayout(const std::vector<std::int64_t>& ranks,
+                              const std::vector<std::vector<std::int64_t>>& state_groups) {
+  return replay::PeerLayout{ranks, state_groups};
+}
+
+nb::bytes asBytes(const std::string& s) { return nb::bytes(s.data(), s.size()); }
 
 mesh::Layout layout(const std::vector<DimSpec>& dims, std::int64_t world) {
   std::vector<mesh::Dim> out;
@@ -89,6 +103,64 @@ void registerScout(nb::module_& m) {
   m.def("contract_digest", [](const std::vector<std::string>& fields) {
     const std::string d = replay::contractDigest(fields);
     return nb::bytes(d.data(), d.size());
+  });
+
+  nb::class_<replay::SurfaceVerdict>(m, "SurfaceVerdict")
+      .def_ro("status", &replay::SurfaceVerdict::status)
+      .def_ro("bitmap", &replay::SurfaceVerdict::bitmap)
+      .def_prop_ro("evidence",
+                   [](const replay::SurfaceVerdict& v) {
+                     std::vector<nb::bytes> out;
+                     for (const std::string& e : v.evidence) out.push_back(asBytes(e));
+                     return out;
+                   })
+      .def_ro("split", &replay::SurfaceVerdict::split);
+  nb::class_<replay::CheckVerdict>(m, "CheckVerdict")
+      .def_ro("status", &replay::CheckVerdict::status)
+      .def_ro("sdc_bitmap", &replay::CheckVerdict::sdc_bitmap)
+      .def_ro("sdc_sources", &replay::CheckVerdict::sdc_sources)
+      .def_ro("surfaces", &replay::CheckVerdict::surfaces)
+      .def_ro("inconclusive", &replay::CheckVerdict::inconclusive)
+      .def_ro("reasons", &replay::CheckVerdict::reasons)
+      .def_ro("straggler_bitmap", &replay::CheckVerdict::straggler_bitmap)
+      .def_ro("straggler_candidates", &replay::CheckVerdict::straggler_candidates);
+  m.def(
+      "replay_readiness",
+      [](const std::vector<std::int64_t>& ranks, const std::vector<std::vector<std::int64_t>>& state_groups,
+         const std::vector<std::string>& recipes,
+         const std::vector<std::pair<std::map<std::string, nb::bytes>, std::map<std::string, std::string>>>& votes) {
+        std::vector<replay::ReadinessVote> in;
+        for (const auto& [contracts, reasons] : votes) {
+          replay::ReadinessVote v;
+          for (const auto& [k, b] : contracts) v.contracts[k] = std::string(b.c_str(), b.size());
+          v.reasons = reasons;
+          in.push_back(std::move(v));
+        }
+        const replay::Readiness r = replay::decideReadiness(peerLayout(ranks, state_groups), recipes, in);
+        return std::make_pair(r.ready, r.reasons);
+      },
+      nb::arg("ranks"), nb::arg("state_groups"), nb::arg("recipes"), nb::arg("votes"),
+      "(ready by recipe, {recipe: reason}) from every peer's ({recipe: contract}, {recipe: reason}).");
+  m.def(
+      "replay_decide_check",
+      [](const std::vector<std::int64_t>& ranks, const std::vector<std::vector<std::int64_t>>& state_groups,
+         std::int64_t step, const std::vector<std::string>& checked,
+         const std::vector<std::pair<std::string, std::string>>& not_ready, const std::vector<VoteSpec>& votes,
+         replay::StragglerTracker& tracker) {
+        std::vector<replay::CheckVote> in;
+        for (const auto& [surfaces, repetitions, errors] : votes) {
+          replay::CheckVote v;
+          for (const auto& [k, b] : surfaces) v.surfaces[k] = std::string(b.c_str(), b.size());
+          v.repetitions = repetitions;
+          v.errors = errors;
+          in.push_back(std::move(v));
+        }
+        return replay::decideCheck(peerLayout(ranks, state_groups), step, checked, not_ready, in, tracker);
+      },
+      nb::arg("ranks"), nb::arg("state_groups"), nb::arg("step"), nb::arg("checked"), nb::arg("not_ready"),
+      nb::arg("votes"), nb::arg("tracker"), "The verdict of a check from every peer's vote (lmr::replay::decideCheck).");
+  m.def("replay_source_rank", [](const std::vector<std::int64_t>& ranks, std::int64_t step) {
+    return replay::sourceRank(replay::PeerLayout{ranks, {}}, step);
   });
 
   nb::class_<replay::StragglerTracker>(m, "StragglerTracker")

@@ -18,7 +18,6 @@ import torch.distributed as dist
 
 from lm_resiliency import _core
 from lm_resiliency.attach import REPLAY, attach
-from lm_resiliency.consensus import exact
 from lm_resiliency.manager_api import OrchestrationHooks
 from lm_resiliency.scout import groups
 from lm_resiliency.scout.capture import Capture
@@ -27,7 +26,7 @@ from lm_resiliency.scout.guard import Guard, WarnOnce, describe, log
 from lm_resiliency.scout.module_replay import ModuleReplay
 from lm_resiliency.scout.oob.monitor import HangMonitor
 from lm_resiliency.scout.optimizer_replay import OptimizerReplay
-from lm_resiliency.scout.pending import StartedCheck, recipe_of
+from lm_resiliency.scout.pending import StartedCheck
 from lm_resiliency.scout.replay import Determinism
 from lm_resiliency.scout.result import ReplayResult, SurfaceResult
 
@@ -290,20 +289,11 @@ class ReplayHarness:
             if reason is not None:
                 reasons[recipe] = reason
         gathered = self._vote({"contracts": contracts, "reasons": reasons})
-        local_ready = []
-        for recipe in recipes:
-            why = next((f"{g['reasons'][recipe]} (rank {rank})" for rank, g in zip(self._peers.ranks, gathered)
-                        if recipe in g["reasons"]), None)
-            if why is None and exact([g["contracts"][recipe] for g in gathered], self._peers.ranks).status.name != "Agree":
-                why = "contract_mismatch: peers captured different calls (step, module or tensor shapes)"
-            if why is not None:
-                result.inconclusive_reasons[recipe] = why
-            local_ready.append(why is None)
+        local_ready, why = _core.replay_readiness(self._peers.ranks, self._peers.state_groups, recipes,
+                                                  [(g["contracts"], g["reasons"]) for g in gathered])
         ready = {r for r, ok in zip(recipes, self._world_all(local_ready)) if ok}
-        for recipe in recipes:
-            if recipe not in ready:
-                result.inconclusive_recipes.append(recipe)
-                result.inconclusive_reasons.setdefault(recipe, "not_ready_elsewhere: a peer group was not ready")
+        not_ready = [(r, why.get(r, "not_ready_elsewhere: a peer group was not ready")) for r in recipes
+                     if r not in ready]
         surfaces: dict[str, Any] = {}
         guard = Guard()
         for recipe in recipes:
@@ -322,62 +312,20 @@ class ReplayHarness:
         if self._pipelined and self._device.type == "cuda":
             done = torch.cuda.Event()
             done.record()
-        return StartedCheck(step, result, surfaces, guard, done)
+        return StartedCheck(step, result, surfaces, guard, done, not_ready)
 
     def _finish(self, started: StartedCheck) -> ReplayResult:
         """One vote for every fingerprint, replay time and local error of the check, then C3."""
         step, result = started.step, started.result
         surfaces = started.wait(self._side_stream)
         votes = self._vote({"surfaces": surfaces, "reps": result.compute_repetitions, "errors": started.guard.errors})
-        # A recipe that failed anywhere is Inconclusive everywhere, its evidence dropped.
-        failed: dict[str, str] = {}
-        for rank, v in zip(self._peers.ranks, votes):
-            for recipe, text in v["errors"].items():
-                failed.setdefault(recipe, f"replay_error: {text} (rank {rank})")
-        for recipe, reason in failed.items():
-            result.inconclusive_reasons[recipe] = reason
-            if recipe not in result.inconclusive_recipes:
-                result.inconclusive_recipes.append(recipe)
-        n = len(self._peers.ranks)
-        sdc = [False] * n
-        names = sorted({name for v in votes for name in v["surfaces"] if recipe_of(name) not in failed})
-        for name in names:
-            # State surfaces are compared within each group of peers holding the same
-            # state, replayed compute among all compute peers; every rank evaluates every
-            # group, so all reach the same result.
-            if _core.replay_is_state_source(name):
-                groups_of_positions = [[self._peers.ranks.index(r) for r in g] for g in self._peers.state_groups]
-            else:
-                groups_of_positions = [list(range(n))]
-            status, bitmap, evidence = "Agree", [False] * n, [""] * n
-            split = False  # some group disagreed without a majority
-            for positions in groups_of_positions:
-                r = exact([votes[i]["surfaces"].get(name, b"") for i in positions],
-                          [self._peers.ranks[i] for i in positions])
-                for i, bad, e in zip(positions, r.bitmap, r.evidence):
-                    bitmap[i], evidence[i] = bad, e.hex()
-                split = split or r.status.name == "Inconclusive"
-                if r.status.name == "Attributed" or (r.status.name == "Inconclusive" and status == "Agree"):
-                    status = r.status.name
-            result.c3_results[name] = SurfaceResult(status, bitmap, evidence)
-            if any(bitmap):
-                sdc = [a or b for a, b in zip(sdc, bitmap)]
-                result.sdc_sources.append(name)
-            if split:
-                result.inconclusive_recipes.append(name)
-                result.inconclusive_reasons[name] = "no_majority: the peers disagree and no strict majority agrees"
-        result.sdc_bitmap = sdc
-        confirmed, candidates = [False] * n, [False] * n
-        for recipe in result.checked_recipe_ids:
-            reps = [v["reps"].get(recipe) for v in votes]
-            if recipe in failed or not all(reps):
-                continue  # no timing from some peer (a recipe with nothing to replay)
-            check, ok, _ = self._tracker.observe(recipe, step, reps, self._peers.ranks)
-            confirmed = [a or b for a, b in zip(confirmed, ok)]
-            candidates = [a or b for a, b in zip(candidates, check.bitmap)]
-        result.straggler_bitmap, result.straggler_candidates = confirmed, candidates
-        if any(sdc) or any(confirmed):
-            result.status = "Attributed"
-        elif result.inconclusive_recipes:
-            result.status = "Inconclusive"
+        v = _core.replay_decide_check(self._peers.ranks, self._peers.state_groups, step, result.checked_recipe_ids,
+                                      started.not_ready, [(x["surfaces"], x["reps"], x["errors"]) for x in votes],
+                                      self._tracker)
+        result.status = v.status.name
+        result.sdc_bitmap, result.sdc_sources = list(v.sdc_bitmap), list(v.sdc_sources)
+        result.c3_results = {name: SurfaceResult(s.status.name, list(s.bitmap), [e.hex() for e in s.evidence])
+                             for name, s in v.surfaces.items()}
+        result.inconclusive_recipes, result.inconclusive_reasons = list(v.inconclusive), dict(v.reasons)
+        result.straggler_bitmap, result.straggler_candidates = list(v.straggler_bitmap), list(v.straggler_candidates)
         return result

@@ -60,7 +60,7 @@ class ModuleReplay:
 
     def run(self, recipe: str, prep: Prepared, step: int, surfaces: dict[str, Any], result: ReplayResult,
             guard: Callable) -> None:
-        source = self._peers.ranks[step % len(self._peers.ranks)]
+        source = _core.replay_source_rank(self._peers.ranks, step)
         t = Timer(self._pipelined)
         with t(self._device):
             if self._peers.data is not None:

@@ -102,7 +102,7 @@ class OptimizerReplay:
             return
         # The source peer's pre-update values, gradients and state, then the same update on
         # isolated copies everywhere.
-        source = self._peers.ranks[step % len(self._peers.ranks)]
+        source = _core.replay_source_rank(self._peers.ranks, step)
         t = Timer(self._pipelined)
         with t(self._device):
             if self._peers.data is not None:

@@ -59,6 +59,7 @@ class StartedCheck:
     surfaces: dict[str, Any]  # bytes or Fingerprints
     guard: Any  # scout/guard.py Guard: the errors of this rank's local work so far
     done: Optional[Any] = None  # a CUDA event recorded after the check's GPU work
+    not_ready: list = dataclasses.field(default_factory=list)  # (recipe, reason) of the recipes that did not run
 
     def wait(self, side_stream: Optional[Any]) -> dict[str, bytes]:
         """Waits for the check's GPU work (only for it), then fingerprints on `side_stream`,
