@@ -20,14 +20,14 @@ def signature(tensor: torch.Tensor) -> Signature:
     Every dtype is supported (floating, integer, bool, complex, fp8), on CPU and CUDA.
     Non-contiguous tensors are copied to contiguous order first (on the current stream for
     CUDA). Results of functional collectives (AsyncCollectiveTensor) are waited for first.
-    Sparse, quantized, meta, DTensor and other tensor-subclass inputs raise
+    Sparse, quantized, meta and tensor-subclass inputs (a sharded parameter's wrapper) raise
     :class:`InvalidArgumentError`; other devices raise :class:`UnsupportedError`. For CUDA tensors the call waits for the
     current stream and reads back only the 16-byte result.
     """
     if not isinstance(tensor, torch.Tensor):
         raise InvalidArgumentError(f"signature() needs a torch.Tensor, got {type(tensor).__name__}")
     if type(tensor) is not torch.Tensor and not isinstance(tensor, torch.nn.Parameter):
-        # Functional collectives return AsyncCollectiveTensor wrappers (DTensor.full_tensor()
+        # Functional collectives return AsyncCollectiveTensor wrappers (a sharded tensor's full view
         # does): their bytes exist only once waited for. Other subclasses keep their data
         # elsewhere than the wrapper, so their bytes cannot be read through DLPack.
         trigger_wait = getattr(tensor, "trigger_wait", None)

@@ -45,10 +45,5 @@ class Capture:
         """The captured tensors in a fixed order (what the source broadcasts)."""
         return leaves((self.args, self.kwargs)) if self.captured else []
 
-    def meta(self) -> list[str]:
-        if not self.captured:
-            return [self.reason or "missing"]
-        return [f"{t.dtype}{list(t.shape)}" for t in self.inputs()]
-
     def remove(self) -> None:
         self.handle.remove()

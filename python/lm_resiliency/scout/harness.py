@@ -144,11 +144,14 @@ class ReplayHarness:
 
     def step_failed(self, error: BaseException) -> None:
         """The update failed: no check; its captures stay for the next iteration."""
-        self._plan_now, self._snapshot, self._snapshot_error = None, None, None
+        self._forget_step()
 
     def step_skipped(self) -> None:
         """The framework skipped the update (overflow): not a completed iteration, no check."""
-        self.step_failed(RuntimeError("skipped"))
+        self._forget_step()
+
+    def _forget_step(self) -> None:
+        self._plan_now, self._snapshot, self._snapshot_error = None, None, None
 
     def _boundary(self, step: int, plan: tuple) -> None:
         captures, self._captures = self._captures, {}
@@ -159,9 +162,7 @@ class ReplayHarness:
                 if started is not None and self._pipelined:
                     self._pending = started
                 elif started is not None:
-                    result = self._contained(step, lambda: self._finish(started))
-                    if result is not None:
-                        self._record(result)
+                    self._conclude(step, lambda: self._finish(started))
         finally:
             self._snapshot, self._snapshot_error = None, None
             for c in self._last_captures.values():
@@ -187,6 +188,13 @@ class ReplayHarness:
             self._record(failed)
             return None
 
+    def _conclude(self, step: int, finish: Any) -> ReplayResult:
+        """Records what `finish()` decides, or the Inconclusive result of its failure."""
+        result = self._contained(step, finish)
+        if result is not None:
+            self._record(result)
+        return self.results[-1]
+
     def check(self) -> ReplayResult:
         """Runs the full catalog now on the last iteration's captures (collective: every
         rank calls it). The optimizer recipe needs a pre-update snapshot, which a manual
@@ -194,18 +202,12 @@ class ReplayHarness:
         self._finish_pending()
         step = self._completed
         plan = self._plan(max(step, 1), full=True)
-        result = self._contained(step, lambda: self._finish(self._start(step, plan, self._last_captures, None)))
-        if result is None:
-            return self.results[-1]
-        self._record(result)
-        return result
+        return self._conclude(step, lambda: self._finish(self._start(step, plan, self._last_captures, None)))
 
     def _finish_pending(self) -> None:
         pending, self._pending = self._pending, None
         if pending is not None:
-            result = self._contained(pending.step, lambda: self._finish(pending))
-            if result is not None:
-                self._record(result)
+            self._conclude(pending.step, lambda: self._finish(pending))
 
     def _record(self, result: ReplayResult) -> None:
         self.results.append(result)
