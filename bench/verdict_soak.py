@@ -110,12 +110,15 @@ def summary(results: list[dict]) -> str:
     lines.append("")
     lines.append("delay   occurrences  detected  confirmed in window  latency steps (median, max)  latency ms (median)")
     occ = [o for r in results for o in r["occurrences"]]
+
+    def med(v):
+        return v[len(v) // 2] if v else None
+
     for delay in sorted({o["delay_ms"] for o in occ}):
         mine = [o for o in occ if o["delay_ms"] == delay]
         conf = [o for o in mine if o["confirmed"]]
         steps = sorted(o["latency_steps"] for o in conf)
         ms = sorted(o["latency_ms"] for o in conf if o["latency_ms"] is not None)
-        med = (lambda v: v[len(v) // 2] if v else None)
         lines.append(f"{delay:>3} ms  {len(mine):>11}  {sum(o['detected'] for o in mine):>8}  "
                      f"{len(conf):>19}  {str(med(steps)) + ', ' + str(steps[-1] if steps else None):>27}  {med(ms)}")
     total = sum(r["checks"] for r in results)

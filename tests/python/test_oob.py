@@ -1,7 +1,6 @@
 """Out-of-band hang and stall localization: the daemons (lmr-oobd) and the training-side
 publishers in real 4-rank gloo jobs of the reference workload, plus the pieces alone."""
 
-import json
 import os
 import signal
 import time
