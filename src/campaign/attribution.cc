@@ -24,7 +24,9 @@ const Fault* findFault(const Incident& incident, const std::string& fault_id) {
   return nullptr;
 }
 
-bool contains(const std::vector<std::int64_t>& v, std::int64_t x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+bool contains(const std::vector<std::int64_t>& v, std::int64_t x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
 
 bool active(const OccurrenceWindow& w, std::int64_t step) { return w.first <= step && (!w.last || step <= *w.last); }
 

@@ -50,7 +50,7 @@ class FileLock {
 
 JsonFileStateStore::JsonFileStateStore(std::string path) : path_(std::move(path)) {
   if (path_.empty()) throw InvalidArgument("JsonFileStateStore needs a file path");
-  struct stat st {};
+  struct stat st{};
   const std::string dir = directoryOf(path_);
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
     throw IoError("the directory of the journal " + path_ + " does not exist");

@@ -87,8 +87,7 @@ std::optional<std::int64_t> nextAttempt(const Incident& incident, std::int64_t p
     case Retrigger::kMaxOccurrences:
       if (done >= incident.max_occurrences) return std::nullopt;
       break;
-    case Retrigger::kEveryAttempt:
-      break;
+    case Retrigger::kEveryAttempt: break;
   }
   return done + 1;
 }

@@ -12,7 +12,8 @@ namespace lmr::campaign {
 bool isSelected(const Campaign& campaign, const Incident& incident, std::int64_t position) {
   if (incident.trigger.probability >= 1.0) return true;
   if (incident.trigger.probability <= 0.0) return false;
-  return keyedUniform(campaign.seed(), "campaign.select", {incident.incident_id}, position) < incident.trigger.probability;
+  return keyedUniform(campaign.seed(), "campaign.select", {incident.incident_id}, position) <
+         incident.trigger.probability;
 }
 
 std::string occurrenceId(std::string_view incident_id, std::int64_t position, std::int64_t attempt) {
@@ -64,7 +65,8 @@ OccurrenceKey parseOccurrenceId(std::string_view text) {
   return key;
 }
 
-Schedule::Schedule(std::shared_ptr<const Campaign> campaign, std::int64_t origin_offset, std::int64_t completed_iterations)
+Schedule::Schedule(std::shared_ptr<const Campaign> campaign, std::int64_t origin_offset,
+                   std::int64_t completed_iterations)
     : campaign_(std::move(campaign)), origin_offset_(origin_offset) {
   if (!campaign_) throw InvalidArgument("Schedule needs a campaign");
   if (origin_offset < 0) throw InvalidArgument("Schedule origin offset must be >= 0");

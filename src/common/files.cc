@@ -122,7 +122,7 @@ void makeDirectories(const std::string& path) {
     if (part.empty()) continue;
     if (::mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) throw IoError(errnoText("cannot create directory", part));
   }
-  struct stat st {};
+  struct stat st{};
   if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) throw IoError(path + " is not a directory");
 }
 

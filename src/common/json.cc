@@ -247,7 +247,8 @@ std::string canonical(const Json& value) { return value.dump(); }  // std::map k
 std::string int128ToString(Int128 value) {
   if (value == 0) return "0";
   const bool negative = value < 0;
-  unsigned __int128 magnitude = negative ? -static_cast<unsigned __int128>(value) : static_cast<unsigned __int128>(value);
+  unsigned __int128 magnitude =
+      negative ? -static_cast<unsigned __int128>(value) : static_cast<unsigned __int128>(value);
   std::string digits;
   while (magnitude > 0) {
     digits.insert(digits.begin(), static_cast<char>('0' + static_cast<int>(magnitude % 10)));
@@ -259,8 +260,8 @@ std::string int128ToString(Int128 value) {
 std::optional<Int128> parseInt128(std::string_view text) {
   if (!isIntegerLiteral(text)) return std::nullopt;
   const bool negative = text[0] == '-';
-  const unsigned __int128 limit = negative ? (static_cast<unsigned __int128>(1) << 127)
-                                           : (static_cast<unsigned __int128>(1) << 127) - 1;
+  const unsigned __int128 limit =
+      negative ? (static_cast<unsigned __int128>(1) << 127) : (static_cast<unsigned __int128>(1) << 127) - 1;
   unsigned __int128 magnitude = 0;
   for (std::size_t i = negative ? 1 : 0; i < text.size(); ++i) {
     const unsigned digit = static_cast<unsigned>(text[i] - '0');

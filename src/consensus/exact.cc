@@ -17,8 +17,8 @@ std::vector<std::int64_t> checkedPeerRanks(std::span<const std::int64_t> given, 
     return ranks;
   }
   if (given.size() != n) {
-    throw InvalidArgument("peer_ranks has " + std::to_string(given.size()) + " entries for " +
-                          std::to_string(n) + " peers");
+    throw InvalidArgument("peer_ranks has " + std::to_string(given.size()) + " entries for " + std::to_string(n) +
+                          " peers");
   }
   ranks.assign(given.begin(), given.end());
   std::vector<std::int64_t> sorted = ranks;

@@ -94,7 +94,8 @@ nvmlDevice_t nvmlHandle(const NvmlLibrary& lib, unsigned index) {
   nvmlDevice_t device = nullptr;
   rc = lib.deviceGetHandleByIndex(index, &device);
   if (rc != nvml_abi::kSuccess)
-    throw IoError("NVML device " + std::to_string(index) + (rc == nvml_abi::kErrorGpuIsLost ? " is lost" : " cannot be opened") +
+    throw IoError("NVML device " + std::to_string(index) +
+                  (rc == nvml_abi::kErrorGpuIsLost ? " is lost" : " cannot be opened") +
                   ": nvmlDeviceGetHandleByIndex_v2: " + lib.describe(rc));
   return device;
 }

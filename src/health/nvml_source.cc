@@ -138,8 +138,9 @@ unsigned nvmlIndexForCudaOrdinal(int ordinal, const std::string& pci_bus_id, con
   const std::string first = count ? nvmlDeviceInfo(0, options).name : "";
   for (unsigned i = 1; i < count; ++i)
     if (nvmlDeviceInfo(i, options).name != first)
-      throw InvalidArgument("GPUs of different models: CUDA's default order (fastest first) may differ from NVML's; "
-                            "pass the device's PCI bus id or set CUDA_DEVICE_ORDER=PCI_BUS_ID");
+      throw InvalidArgument(
+          "GPUs of different models: CUDA's default order (fastest first) may differ from NVML's; "
+          "pass the device's PCI bus id or set CUDA_DEVICE_ORDER=PCI_BUS_ID");
   return entry.index;
 }
 
@@ -153,7 +154,8 @@ NvmlSource::NvmlSource(unsigned index, NvmlOptions options) : state_(std::make_u
 }
 
 NvmlSource::~NvmlSource() {
-  if (state_ && state_->events != nullptr && state_->lib->eventSetFree != nullptr) state_->lib->eventSetFree(state_->events);
+  if (state_ && state_->events != nullptr && state_->lib->eventSetFree != nullptr)
+    state_->lib->eventSetFree(state_->events);
 }
 
 std::string NvmlSource::name() const { return "nvml:" + std::to_string(device_.index); }
@@ -183,8 +185,9 @@ PollResult NvmlSource::poll() {
   s.all_failed_polls = s.attempted > 0 && s.failed == s.attempted ? s.all_failed_polls + 1 : 0;
   if (s.lost || s.all_failed_polls >= kAllFailedPolls) {
     s.add(metric::kDeviceLost, 1,
-          s.lost ? "NVML: GPU is lost (" + s.failures + ")"
-                 : "every NVML query failed in " + std::to_string(s.all_failed_polls) + " polls in a row: " + s.failures);
+          s.lost
+              ? "NVML: GPU is lost (" + s.failures + ")"
+              : "every NVML query failed in " + std::to_string(s.all_failed_polls) + " polls in a row: " + s.failures);
   } else {
     s.add(metric::kDeviceLost, 0);
     if (s.failed > 0) LMR_LOG(kWarn, "health", name(), ": some NVML queries failed: ", s.failures);

@@ -47,9 +47,7 @@ inline void storeBits(void* data, Dtype d, std::int64_t i, std::uint64_t bits) {
       std::memcpy(p + 4 * i, &v, 4);
       break;
     }
-    case Dtype::kFloat64:
-      std::memcpy(p + 8 * i, &bits, 8);
-      break;
+    case Dtype::kFloat64: std::memcpy(p + 8 * i, &bits, 8); break;
   }
 }
 

@@ -21,7 +21,8 @@ Layout::Layout(std::vector<Dim> dims, std::int64_t world_size) : dims_(std::move
     throw InvalidArgument("mesh dimensions multiply to " + std::to_string(product) + ", the world has " +
                           std::to_string(world_size) + " ranks");
   }
-  const bool any_replicate = std::any_of(dims_.begin(), dims_.end(), [](const Dim& d) { return d.role == Role::kReplicate; });
+  const bool any_replicate =
+      std::any_of(dims_.begin(), dims_.end(), [](const Dim& d) { return d.role == Role::kReplicate; });
   for (const Dim& d : dims_) varying_.push_back(any_replicate ? d.role == Role::kReplicate : d.role == Role::kShard);
 }
 
@@ -39,7 +40,8 @@ std::int64_t Layout::rankOf(const std::vector<std::int64_t>& c) const {
   if (c.size() != dims_.size()) throw InvalidArgument("coordinates do not match the mesh dimensions");
   std::int64_t rank = 0;
   for (std::size_t i = 0; i < dims_.size(); ++i) {
-    if (c[i] < 0 || c[i] >= dims_[i].size) throw InvalidArgument("coordinate outside mesh dimension '" + dims_[i].name + "'");
+    if (c[i] < 0 || c[i] >= dims_[i].size)
+      throw InvalidArgument("coordinate outside mesh dimension '" + dims_[i].name + "'");
     rank = rank * dims_[i].size + c[i];
   }
   return rank;

@@ -117,8 +117,8 @@ CheckVerdict decideCheck(const PeerLayout& layout, std::int64_t step, const std:
       if (!failed.count(parseSurface(name).recipe)) names.insert(name);
   for (const std::string& name : names) {
     const SurfaceName surface = parseSurface(name);
-    const std::vector<std::vector<std::size_t>> groups = surface.state ? state_groups
-                                                                       : std::vector<std::vector<std::size_t>>{everyone};
+    const std::vector<std::vector<std::size_t>> groups =
+        surface.state ? state_groups : std::vector<std::vector<std::size_t>>{everyone};
     SurfaceVerdict s;
     s.bitmap.assign(n, false);
     s.evidence.assign(n, std::string());

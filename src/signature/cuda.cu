@@ -46,8 +46,8 @@ __device__ __forceinline__ void reduceAndPublish(Quad acc, std::uint32_t* out) {
 }
 
 // Full 16-byte blocks [0, nblocks) of 16-byte aligned memory.
-__global__ void __launch_bounds__(kThreads) laneSumsAligned(const uint4* __restrict__ data, std::uint64_t nblocks,
-                                                           std::uint32_t* out) {
+__global__ void __launch_bounds__(kThreads)
+    laneSumsAligned(const uint4* __restrict__ data, std::uint64_t nblocks, std::uint32_t* out) {
   Quad acc{0, 0, 0, 0};
   const std::uint64_t stride = static_cast<std::uint64_t>(gridDim.x) * kThreads;
   std::uint64_t i = static_cast<std::uint64_t>(blockIdx.x) * kThreads + threadIdx.x;
@@ -66,8 +66,9 @@ __global__ void __launch_bounds__(kThreads) laneSumsAligned(const uint4* __restr
 }
 
 // Blocks [first, first + count) of memory with any alignment; bytes past nbytes read as 0.
-__global__ void __launch_bounds__(kThreads) laneSumsBytes(const unsigned char* __restrict__ data, std::uint64_t nbytes,
-                                                         std::uint64_t first, std::uint64_t count, std::uint32_t* out) {
+__global__ void __launch_bounds__(kThreads)
+    laneSumsBytes(const unsigned char* __restrict__ data, std::uint64_t nbytes, std::uint64_t first,
+                  std::uint64_t count, std::uint32_t* out) {
   Quad acc{0, 0, 0, 0};
   const std::uint64_t stride = static_cast<std::uint64_t>(gridDim.x) * kThreads;
   for (std::uint64_t k = static_cast<std::uint64_t>(blockIdx.x) * kThreads + threadIdx.x; k < count; k += stride) {

@@ -5,7 +5,8 @@
 namespace lmr::signature::detail {
 
 Quad laneSumsCuda(const void*, std::size_t, int, void*) {
-  throw Unsupported("this build of liblmr has no CUDA support (configure with LMR_CUDA=ON on a machine with a CUDA toolkit)");
+  throw Unsupported(
+      "this build of liblmr has no CUDA support (configure with LMR_CUDA=ON on a machine with a CUDA toolkit)");
 }
 
 bool cudaDevicePresent() noexcept { return false; }

@@ -23,8 +23,7 @@ inline constexpr std::uint32_t kKeyLo0 = 0x9E3779B1u, kKeyLo1 = 0x85EBCA77u, kKe
                                kKeyLo3 = 0x27D4EB2Fu;
 inline constexpr std::uint32_t kKeyHi0 = 0x165667B1u, kKeyHi1 = 0xD3A2646Du, kKeyHi2 = 0xFD7046C5u,
                                kKeyHi3 = 0xB55A4F09u;
-inline constexpr std::uint32_t kMul0 = 0x7FEB352Du, kMul1 = 0x846CA68Bu, kMul2 = 0xCC9E2D51u,
-                               kMul3 = 0x1B873593u;
+inline constexpr std::uint32_t kMul0 = 0x7FEB352Du, kMul1 = 0x846CA68Bu, kMul2 = 0xCC9E2D51u, kMul3 = 0x1B873593u;
 inline constexpr std::uint32_t kFmixA = 0x85EBCA6Bu, kFmixB = 0xC2B2AE35u;
 
 // Block indices at the top of the 64-bit range are reserved for finalisation; no tensor

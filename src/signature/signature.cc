@@ -55,8 +55,8 @@ Digest Digest::fromBytes(std::string_view sixteen) {
 
 Digest contentCpu(const void* data, std::size_t nbytes) {
   if (data == nullptr && nbytes != 0) throw InvalidArgument("contentCpu: null data with non-zero size");
-  const Quad sums = nbytes == 0 ? Quad{0, 0, 0, 0}
-                                : detail::laneSumsCpu(static_cast<const unsigned char*>(data), nbytes);
+  const Quad sums =
+      nbytes == 0 ? Quad{0, 0, 0, 0} : detail::laneSumsCpu(static_cast<const unsigned char*>(data), nbytes);
   return finalizeContent(sums, nbytes);
 }
 

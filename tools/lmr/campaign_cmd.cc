@@ -72,7 +72,8 @@ int show(const std::vector<std::string>& args) {
     std::string actions;
     for (const auto& f : inc.faults) {
       if (!actions.empty()) actions += "; ";
-      actions += f.fault_id + " " + std::string(campaign::name(f.type)) + " " + std::string(campaign::name(f.target.surface));
+      actions +=
+          f.fault_id + " " + std::string(campaign::name(f.type)) + " " + std::string(campaign::name(f.target.surface));
       if (f.target.rank) actions += " rank " + std::to_string(*f.target.rank);
       if (f.target.resource) actions += " " + *f.target.resource;
     }
@@ -95,13 +96,20 @@ int compare(const std::vector<std::string>& args) {
       return args[++i];
     };
     if (args[i] == "--injections") collecting = &injections;
-    else if (args[i] == "--localization") { localization = value(); collecting = nullptr; }
-    else if (args[i] == "--format") { format = value(); collecting = nullptr; }
-    else if (args[i] == "--report") { report_path = value(); collecting = nullptr; }
-    else if (collecting != nullptr && args[i].rfind("--", 0) != 0) collecting->push_back(args[i]);
+    else if (args[i] == "--localization") {
+      localization = value();
+      collecting = nullptr;
+    } else if (args[i] == "--format") {
+      format = value();
+      collecting = nullptr;
+    } else if (args[i] == "--report") {
+      report_path = value();
+      collecting = nullptr;
+    } else if (collecting != nullptr && args[i].rfind("--", 0) != 0) collecting->push_back(args[i]);
     else throw InvalidArgument("unexpected argument '" + args[i] + "'");
   }
-  if (injections.empty() || localization.empty()) throw InvalidArgument("campaign compare needs --injections and --localization");
+  if (injections.empty() || localization.empty())
+    throw InvalidArgument("campaign compare needs --injections and --localization");
   if (format != "text" && format != "json") throw InvalidArgument("--format must be text or json");
   std::vector<campaign::InjectionArtifact> artifacts;
   for (const std::string& f : injections) artifacts.push_back(campaign::InjectionArtifact::parse(readFile(f), f));

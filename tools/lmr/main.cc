@@ -35,14 +35,16 @@ std::string usage() { return std::string(kUsage) + lmr::cli::kCampaignUsage + lm
 double parseNumber(const std::string& text, const std::string& what) {
   char* end = nullptr;
   const double value = std::strtod(text.c_str(), &end);
-  if (text.empty() || end != text.c_str() + text.size()) throw lmr::InvalidArgument(what + ": not a number: '" + text + "'");
+  if (text.empty() || end != text.c_str() + text.size())
+    throw lmr::InvalidArgument(what + ": not a number: '" + text + "'");
   return value;
 }
 
 std::int64_t parseInteger(const std::string& text, const std::string& what) {
   char* end = nullptr;
   const long long value = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || end != text.c_str() + text.size()) throw lmr::InvalidArgument(what + ": not an integer: '" + text + "'");
+  if (text.empty() || end != text.c_str() + text.size())
+    throw lmr::InvalidArgument(what + ": not an integer: '" + text + "'");
   return value;
 }
 
@@ -69,7 +71,8 @@ int exitCode(lmr::consensus::Status status) {
 }
 
 int runC3(const std::vector<std::string>& args) {
-  if (args.empty() || (args[0] != "exact" && args[0] != "timing")) throw lmr::InvalidArgument("c3 needs 'exact' or 'timing'");
+  if (args.empty() || (args[0] != "exact" && args[0] != "timing"))
+    throw lmr::InvalidArgument("c3 needs 'exact' or 'timing'");
   const bool exact = args[0] == "exact";
   std::vector<std::int64_t> ranks;
   lmr::consensus::TimingOptions options;
@@ -118,14 +121,13 @@ int main(int argc, char** argv) {
       return args.empty() ? 2 : 0;
     }
     if (args[0] == "version" || args[0] == "--version") {
-      std::cout << "lmr " << LMR_VERSION << " (CUDA kernels: "
-                << (lmr::signature::cudaAvailable() ? "yes, device visible" :
 #if defined(LMR_WITH_CUDA)
-                    "built, no device visible"
+      const char* const unavailable = "built, no device visible";
 #else
-                    "not built"
+      const char* const unavailable = "not built";
 #endif
-                    )
+      std::cout << "lmr " << LMR_VERSION
+                << " (CUDA kernels: " << (lmr::signature::cudaAvailable() ? "yes, device visible" : unavailable)
                 << ")\n";
       return 0;
     }

@@ -52,7 +52,7 @@ struct InjectionRecord {
 
 // The record of fault `fault` of incident `incident` for a candidate and attempt, filled
 // from the manifest, status armed (or skipped_probability when the candidate is unselected).
-InjectionRecord makeRecord(const Campaign& campaign, std::size_t incident, std::size_t fault, const Candidate& candidate,
-                           std::int64_t attempt);
+InjectionRecord makeRecord(const Campaign& campaign, std::size_t incident, std::size_t fault,
+                           const Candidate& candidate, std::int64_t attempt);
 
 }  // namespace lmr::campaign

@@ -82,8 +82,10 @@ void forEachCandidate(const Campaign& campaign, std::int64_t origin_offset, std:
 // A pair of candidates (a of `a`, b of `b`) whose active windows overlap, where an
 // occurrence at candidate c is active over [c, c + window - 1] (nullopt window: forever).
 // Exact, and without enumerating candidates: ranges are compared arithmetically.
-std::optional<std::pair<std::int64_t, std::int64_t>> firstWindowOverlap(const Trigger& a, std::optional<std::int64_t> window_a,
-                                                                        const Trigger& b, std::optional<std::int64_t> window_b);
+std::optional<std::pair<std::int64_t, std::int64_t>> firstWindowOverlap(const Trigger& a,
+                                                                        std::optional<std::int64_t> window_a,
+                                                                        const Trigger& b,
+                                                                        std::optional<std::int64_t> window_b);
 
 // Enablement-time check once targets are resolved: `target_key(incident, fault)` names the
 // local target a fault acts on (empty: not a local target). Throws InvalidArgument when two

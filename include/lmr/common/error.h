@@ -14,7 +14,8 @@ namespace lmr {
 struct SourceLocation {
   const char* file = "";
   unsigned line = 0;
-  static constexpr SourceLocation current(const char* file = __builtin_FILE(), unsigned line = __builtin_LINE()) noexcept {
+  static constexpr SourceLocation current(const char* file = __builtin_FILE(),
+                                          unsigned line = __builtin_LINE()) noexcept {
     return SourceLocation{file, line};
   }
   const char* file_name() const noexcept { return file; }
@@ -49,8 +50,7 @@ class InvalidArgument : public Error {
 // A file, shared-memory segment or device transfer failed.
 class IoError : public Error {
  public:
-  explicit IoError(std::string_view m, SourceLocation w = SourceLocation::current())
-      : Error(ErrorKind::kIo, m, w) {}
+  explicit IoError(std::string_view m, SourceLocation w = SourceLocation::current()) : Error(ErrorKind::kIo, m, w) {}
 };
 
 // A bounded wait expired.

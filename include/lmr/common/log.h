@@ -27,7 +27,8 @@ inline void append(std::string& out, const char* text) { out.append(text); }
 inline void append(std::string& out, const std::string& text) { out.append(text); }
 inline void append(std::string& out, bool value) { out.append(value ? "true" : "false"); }
 inline void append(std::string& out, char value) { out.push_back(value); }
-template <typename T, std::enable_if_t<std::is_integral_v<T> && !std::is_same_v<T, bool> && !std::is_same_v<T, char>, int> = 0>
+template <typename T,
+          std::enable_if_t<std::is_integral_v<T> && !std::is_same_v<T, bool> && !std::is_same_v<T, char>, int> = 0>
 void append(std::string& out, T value) {
   out.append(std::to_string(value));
 }
@@ -47,8 +48,8 @@ void logf(Level level, std::string_view area, const Args&... args) {
 
 }  // namespace lmr::log
 
-#define LMR_LOG(level, area, ...)                                              \
-  do {                                                                         \
-    if (::lmr::log::enabled(::lmr::log::Level::level))                         \
-      ::lmr::log::logf(::lmr::log::Level::level, (area), __VA_ARGS__);        \
+#define LMR_LOG(level, area, ...)                                      \
+  do {                                                                 \
+    if (::lmr::log::enabled(::lmr::log::Level::level))                 \
+      ::lmr::log::logf(::lmr::log::Level::level, (area), __VA_ARGS__); \
   } while (0)

@@ -94,9 +94,8 @@ class Rules {
   double nvlinkDelta(const std::string& source, const Reading& r);
   void nvlinkGrowth(const std::string& source, const Reading& r, double delta, double now_s, std::vector<Event>* out);
   void temperature(const std::string& source, const Reading& r, double now_s, std::vector<Event>* out);
-  void emit(const std::string& source, const Reading& r, const char* event_metric, Severity severity,
-            double threshold, std::string message, double now_s, std::vector<Event>* out,
-            const std::string& rate_suffix = "");
+  void emit(const std::string& source, const Reading& r, const char* event_metric, Severity severity, double threshold,
+            std::string message, double now_s, std::vector<Event>* out, const std::string& rate_suffix = "");
   MonitorOptions options_;
   std::map<Key, double> counters_;  // last value of each cumulative counter
   std::map<Key, double> limits_;    // temperature limits, most links seen active

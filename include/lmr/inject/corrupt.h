@@ -80,7 +80,8 @@ Applied corrupt(void* data, Dtype dtype, std::int64_t numel, const Selection& se
 
 // Writes `values` (count = indices.size() elements of `dtype`, in index order) over the
 // elements `indices` of `data`: stale and duplicated state. Returns what retire() needs.
-Applied overwrite(void* data, Dtype dtype, std::int64_t numel, const std::vector<std::int64_t>& indices, const void* values);
+Applied overwrite(void* data, Dtype dtype, std::int64_t numel, const std::vector<std::int64_t>& indices,
+                  const void* values);
 
 // Removes an applied corruption from a buffer training may have changed since: an element
 // still holding its injected bits gets its original bits back exactly; any other element

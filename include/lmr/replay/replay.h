@@ -20,7 +20,8 @@ namespace lmr::replay {
 struct Cadence {
   std::int64_t check_interval = 100;
   std::int64_t embedding_interval = -1;
-  std::int64_t hidden_interval = -1;  // -1: the base interval, shortened so that every layer is covered within 100 steps
+  // hidden_interval -1: the base interval, shortened so that every layer is covered within 100 steps.
+  std::int64_t hidden_interval = -1;
   std::int64_t output_interval = -1;
   std::int64_t optimizer_interval = -1;
 };

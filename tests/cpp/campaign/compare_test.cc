@@ -55,7 +55,10 @@ std::vector<LocalizationResult> perfectResults(const std::vector<InjectionArtifa
 
 class Compare : public ::testing::Test {
  protected:
-  Compare() : campaign(std::make_shared<const Campaign>(Campaign::parse(testing::readExample("mixed-production-failures.json")))) {}
+  Compare()
+      : campaign(
+            std::make_shared<const Campaign>(Campaign::parse(testing::readExample("mixed-production-failures.json")))) {
+  }
 
   // Round-trips every artifact through its JSON text first, as the CLI does.
   CampaignReport run(const std::vector<InjectionArtifact>& artifacts, const std::vector<LocalizationResult>& results) {

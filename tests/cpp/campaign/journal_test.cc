@@ -35,7 +35,8 @@ TEST(Journal, RoundTripAndAttempts) {
   EXPECT_EQ(j.attemptsAt("sdc", 10), 1);
   EXPECT_EQ(Journal::parse(j.dump()), j);
   EXPECT_NO_THROW(checkJournalBinding(j, c));
-  EXPECT_EQ(j.dump(), "{\"attempts\":{\"sdc@10\":1},\"campaign\":\"unit\",\"manifest_identity\":\"" + c.identity() + "\"}");
+  EXPECT_EQ(j.dump(),
+            "{\"attempts\":{\"sdc@10\":1},\"campaign\":\"unit\",\"manifest_identity\":\"" + c.identity() + "\"}");
 }
 
 TEST(Journal, RetriggerPolicies) {

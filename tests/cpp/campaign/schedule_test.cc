@@ -19,7 +19,9 @@ using json::Json;
 using testing::baseManifest;
 using testing::readExample;
 
-std::shared_ptr<const Campaign> parsed(const Json& m) { return std::make_shared<const Campaign>(Campaign::parse(m.dump())); }
+std::shared_ptr<const Campaign> parsed(const Json& m) {
+  return std::make_shared<const Campaign>(Campaign::parse(m.dump()));
+}
 
 TEST(Schedule, DueCandidatesInIterationOrder) {
   auto c = std::make_shared<const Campaign>(Campaign::parse(readExample("mixed-production-failures.json")));
@@ -210,20 +212,23 @@ TEST(Overlap, TargetKeysDecideWhichIncidentsAreCompared) {
     checkTargetOverlaps(c, [](std::size_t, std::size_t) { return std::string("layers.2"); });
     FAIL() << "expected an overlap";
   } catch (const InvalidArgument& e) {
-    EXPECT_NE(e.message().find("incidents[1] (\"later\" at 15) can be active together with incidents[0] (\"sdc\" at 20)"),
-              std::string::npos)
+    EXPECT_NE(
+        e.message().find("incidents[1] (\"later\" at 15) can be active together with incidents[0] (\"sdc\" at 20)"),
+        std::string::npos)
         << e.message();
   }
   // Probability zero never fires.
   m["incidents"][1]["trigger"]["probability"] = 0;
-  EXPECT_NO_THROW(checkTargetOverlaps(Campaign::parse(m.dump()), [](std::size_t, std::size_t) { return std::string("x"); }));
+  EXPECT_NO_THROW(
+      checkTargetOverlaps(Campaign::parse(m.dump()), [](std::size_t, std::size_t) { return std::string("x"); }));
   // Two actions of one incident on one target.
   Json twin = baseManifest();
   Json f = twin["incidents"][0]["faults"][0];
   f["fault_id"] = "alias";
   twin["incidents"][0]["faults"].push_back(f);
-  EXPECT_THROW(checkTargetOverlaps(Campaign::parse(twin.dump()), [](std::size_t, std::size_t) { return std::string("x"); }),
-               InvalidArgument);
+  EXPECT_THROW(
+      checkTargetOverlaps(Campaign::parse(twin.dump()), [](std::size_t, std::size_t) { return std::string("x"); }),
+      InvalidArgument);
 }
 
 }  // namespace

@@ -87,7 +87,8 @@ TEST(HealthMonitor, ThreadPollsAndDeliversEachFatalOnce) {
 }
 
 TEST(HealthMonitor, FailingSourceIsStoredAndOthersStillPolled) {
-  auto good = std::make_shared<ScriptedSource>(std::vector<std::vector<Reading>>{{reading(metric::kDeviceLost, 1)}}, "good");
+  auto good =
+      std::make_shared<ScriptedSource>(std::vector<std::vector<Reading>>{{reading(metric::kDeviceLost, 1)}}, "good");
   Monitor monitor(MonitorOptions{}, {std::make_shared<ThrowingSource>(), good}, nullptr);
   auto events = monitor.pollOnce();
   ASSERT_EQ(events.size(), 1u);
@@ -110,7 +111,8 @@ TEST(HealthMonitor, FailingSourceIsStoredAndOthersStillPolled) {
 }
 
 TEST(HealthMonitor, CallbackFailureIsStoredNotPropagated) {
-  auto source = std::make_shared<ScriptedSource>(std::vector<std::vector<Reading>>{{reading(metric::kRemapFailure, 1)}});
+  auto source =
+      std::make_shared<ScriptedSource>(std::vector<std::vector<Reading>>{{reading(metric::kRemapFailure, 1)}});
   Monitor monitor(MonitorOptions{}, {source}, [](const Event&) { throw std::runtime_error("manager bug"); });
   EXPECT_EQ(monitor.pollOnce().size(), 1u);
   ASSERT_EQ(monitor.errors().size(), 1u);
@@ -119,7 +121,8 @@ TEST(HealthMonitor, CallbackFailureIsStoredNotPropagated) {
 }
 
 TEST(HealthMonitor, StopFromCallbackIsRefused) {
-  auto source = std::make_shared<ScriptedSource>(std::vector<std::vector<Reading>>{{reading(metric::kRemapFailure, 1)}});
+  auto source =
+      std::make_shared<ScriptedSource>(std::vector<std::vector<Reading>>{{reading(metric::kRemapFailure, 1)}});
   MonitorOptions options;
   options.interval_s = 0.01;
   Monitor* self = nullptr;

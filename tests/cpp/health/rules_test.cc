@@ -17,8 +17,11 @@ std::vector<Event> run(Rules& rules, std::vector<Reading> readings, double now =
 
 TEST(HealthRules, UncorrectableEccGrowthIsFatalOncePerDevice) {
   Rules rules{MonitorOptions{}};
-  EXPECT_TRUE(run(rules, {reading(metric::kEccUncorrectableVolatile, 0), reading(metric::kEccUncorrectableAggregate, 2)}).empty());
-  auto events = run(rules, {reading(metric::kEccUncorrectableVolatile, 1), reading(metric::kEccUncorrectableAggregate, 3)});
+  EXPECT_TRUE(
+      run(rules, {reading(metric::kEccUncorrectableVolatile, 0), reading(metric::kEccUncorrectableAggregate, 2)})
+          .empty());
+  auto events =
+      run(rules, {reading(metric::kEccUncorrectableVolatile, 1), reading(metric::kEccUncorrectableAggregate, 3)});
   ASSERT_EQ(events.size(), 1u);  // both counters grew: one event for the family
   EXPECT_EQ(events[0].severity, Severity::kFatal);
   EXPECT_EQ(events[0].metric, event_metric::kEccUncorrectable);
@@ -188,7 +191,8 @@ TEST(HealthRules, TemperatureNearShutdownIsFatalAtSlowdownWarns) {
 TEST(HealthRules, TemperatureFatalNeverBelowTheSlowdownLimit) {
   Rules rules{MonitorOptions{}};  // limits 3 degrees apart, as some GPUs report
   EXPECT_TRUE(run(rules, {reading(metric::kTemperatureShutdown, 92), reading(metric::kTemperatureSlowdown, 89),
-                          reading(metric::kTemperature, 88)}).empty());
+                          reading(metric::kTemperature, 88)})
+                  .empty());
   auto events = run(rules, {reading(metric::kTemperature, 89)});
   ASSERT_EQ(events.size(), 1u);
   EXPECT_EQ(events[0].severity, Severity::kWarning);

@@ -49,9 +49,11 @@ TEST(BitFlips, PositionsPerMagnitude) {
   EXPECT_EQ(flippedBits(Dtype::kBFloat16, Operation::kSingleBitflip, Magnitude::kLarge), std::vector<int>{7});
   EXPECT_EQ(flippedBits(Dtype::kFloat16, Operation::kSingleBitflip, Magnitude::kMedium), std::vector<int>{9});
   EXPECT_EQ(flippedBits(Dtype::kFloat64, Operation::kSingleBitflip, Magnitude::kCatastrophic), std::vector<int>{62});
-  EXPECT_EQ(flippedBits(Dtype::kFloat32, Operation::kMultiBitflip, Magnitude::kCatastrophic), (std::vector<int>{30, 29, 28}));
+  EXPECT_EQ(flippedBits(Dtype::kFloat32, Operation::kMultiBitflip, Magnitude::kCatastrophic),
+            (std::vector<int>{30, 29, 28}));
   EXPECT_EQ(flippedBits(Dtype::kFloat32, Operation::kMultiBitflip, Magnitude::kLarge), (std::vector<int>{25, 24, 23}));
-  EXPECT_EQ(flippedBits(Dtype::kFloat16, Operation::kMultiBitflip, Magnitude::kNearInvisible), (std::vector<int>{2, 1, 0}));
+  EXPECT_EQ(flippedBits(Dtype::kFloat16, Operation::kMultiBitflip, Magnitude::kNearInvisible),
+            (std::vector<int>{2, 1, 0}));
   // Large doubles or halves the value: the exponent's lowest bit.
   float one = 1.5f;
   std::uint32_t u;
@@ -81,8 +83,10 @@ TEST(Selection, DeterministicAndShaped) {
   const auto one = Selection(17, "x", Scope::kOnePercent, 100000, 1).indices().size();
   EXPECT_NEAR(static_cast<double>(one), 1000.0, 160.0);
   EXPECT_EQ(Selection(17, "x", Scope::kOnePercent, 3, 1).indices().size() >= 1, true);  // anchor
-  EXPECT_NE(Selection(17, "x", Scope::kTenPercent, 1000, 1).indices(), Selection(17, "y", Scope::kTenPercent, 1000, 1).indices());
-  EXPECT_NE(Selection(17, "x", Scope::kTenPercent, 1000, 1).indices(), Selection(18, "x", Scope::kTenPercent, 1000, 1).indices());
+  EXPECT_NE(Selection(17, "x", Scope::kTenPercent, 1000, 1).indices(),
+            Selection(17, "y", Scope::kTenPercent, 1000, 1).indices());
+  EXPECT_NE(Selection(17, "x", Scope::kTenPercent, 1000, 1).indices(),
+            Selection(18, "x", Scope::kTenPercent, 1000, 1).indices());
   EXPECT_THROW(Selection(1, "x", Scope::kRow, 10, 3), InvalidArgument);
   EXPECT_THROW(Selection(1, "x", Scope::kAll, 0, 1), InvalidArgument);
 }
@@ -90,7 +94,7 @@ TEST(Selection, DeterministicAndShaped) {
 // Every operation x scope x dtype: exactly the selected elements change, as specified.
 TEST(Corrupt, EveryOperationScopeAndDtype) {
   const Operation ops[] = {Operation::kSingleBitflip, Operation::kMultiBitflip, Operation::kSetValue,
-                           Operation::kScale, Operation::kNoise, Operation::kSignFlip};
+                           Operation::kScale,         Operation::kNoise,        Operation::kSignFlip};
   for (Dtype d : kDtypes) {
     for (Scope s : kScopes) {
       for (Operation op : ops) {
@@ -179,7 +183,8 @@ TEST(Overwrite, WritesAndRetires) {
   const auto snapshot = randomBuffer(Dtype::kBFloat16, 3, 9);
   const std::vector<std::int64_t> idx = {4, 17, 49};
   const Applied a = overwrite(buf.data(), Dtype::kBFloat16, 50, idx, snapshot.data());
-  for (std::size_t k = 0; k < idx.size(); ++k) EXPECT_EQ(loadBits(buf.data(), Dtype::kBFloat16, idx[k]), loadBits(snapshot.data(), Dtype::kBFloat16, k));
+  for (std::size_t k = 0; k < idx.size(); ++k)
+    EXPECT_EQ(loadBits(buf.data(), Dtype::kBFloat16, idx[k]), loadBits(snapshot.data(), Dtype::kBFloat16, k));
   EXPECT_EQ(retire(buf.data(), Dtype::kBFloat16, a), 3);
   EXPECT_EQ(buf, before);
   EXPECT_THROW(overwrite(buf.data(), Dtype::kBFloat16, 50, {50}, snapshot.data()), InvalidArgument);

@@ -61,7 +61,8 @@ TEST(Replay, CadenceAndRotation) {
   EXPECT_TRUE(replay::planAt(c, 7, 4, 2).empty());
   const auto p = replay::planAt(c, 10, 4, 2);
   EXPECT_EQ(p.recipeIds(), (std::vector<std::string>{"embedding", "hidden.0", "output", "optimizer.0"}));
-  EXPECT_EQ(replay::planAt(c, 20, 4, 2).recipeIds(), (std::vector<std::string>{"embedding", "hidden.1", "output", "optimizer.1"}));
+  EXPECT_EQ(replay::planAt(c, 20, 4, 2).recipeIds(),
+            (std::vector<std::string>{"embedding", "hidden.1", "output", "optimizer.1"}));
   // Every layer within 100 steps, whatever the depth, at the default cadence too.
   for (const replay::Cadence& cadence : {c, replay::Cadence{}}) {
     for (std::int64_t layers : {1, 3, 4, 10, 32, 80, 100}) {
@@ -78,7 +79,8 @@ TEST(Replay, CadenceAndRotation) {
   custom.output_interval = 0;
   custom.optimizer_interval = 5;
   EXPECT_EQ(replay::planAt(custom, 5, 4, 3).recipeIds(), (std::vector<std::string>{"optimizer.0"}));
-  EXPECT_EQ(replay::fullPlan(6, 4, 3).recipeIds(), (std::vector<std::string>{"embedding", "hidden.1", "output", "optimizer.2"}));
+  EXPECT_EQ(replay::fullPlan(6, 4, 3).recipeIds(),
+            (std::vector<std::string>{"embedding", "hidden.1", "output", "optimizer.2"}));
   replay::Cadence bad;
   bad.hidden_interval = -2;
   EXPECT_THROW(replay::planAt(bad, 1, 4, 1), InvalidArgument);

@@ -56,8 +56,8 @@ std::vector<CheckVerdict> asPeers(const PeerLayout& layout, const std::vector<st
 
 CheckVote healthy() {
   CheckVote v;
-  for (const char* s : {"hidden.1.invocation", "hidden.1.params", "hidden.1.output", "optimizer.0.state",
-                        "optimizer.0.update"})
+  for (const char* s :
+       {"hidden.1.invocation", "hidden.1.params", "hidden.1.output", "optimizer.0.state", "optimizer.0.update"})
     v.surfaces[s] = std::string(16, 'a');
   v.repetitions["hidden.1"] = {0.010, 0.011, 0.010};
   v.repetitions["optimizer.0"] = {0.002};

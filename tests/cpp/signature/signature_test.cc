@@ -43,9 +43,7 @@ std::vector<std::uint64_t> inOrder(std::size_t n) {
   return order;
 }
 
-bool sameQuad(const Quad& a, const Quad& b) {
-  return a.x0 == b.x0 && a.x1 == b.x1 && a.x2 == b.x2 && a.x3 == b.x3;
-}
+bool sameQuad(const Quad& a, const Quad& b) { return a.x0 == b.x0 && a.x1 == b.x1 && a.x2 == b.x2 && a.x3 == b.x3; }
 
 TEST(Signature, VectorLoopMatchesScalarDefinition) {
   auto data = randomBytes(9000, 1);
