@@ -17,7 +17,8 @@ PIP_BUILD_FLAGS := --no-build-isolation --no-deps -q \
 	-Cbuild-dir=$(BUILD_DIR) \
 	-Ccmake.define.LMR_BUILD_TESTS=ON \
 	-Ccmake.define.LMR_BUILD_BENCHMARKS=ON \
-	-Ccmake.define.LMR_OOB=ON
+	-Ccmake.define.LMR_OOB=ON \
+	-Ccmake.define.LMR_WERROR=ON
 
 
 FUZZ_SECONDS ?= 120

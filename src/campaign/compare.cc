@@ -209,7 +209,10 @@ std::string formatReportTable(const CampaignReport& report) {
       expected = "skipped by probability";
     } else {
       expected = "ranks [";
-      for (std::size_t i = 0; i < o.expected_ranks.size(); ++i) expected += (i ? "," : "") + std::to_string(o.expected_ranks[i]);
+      for (std::size_t i = 0; i < o.expected_ranks.size(); ++i) {
+        if (i) expected += ",";
+        expected += std::to_string(o.expected_ranks[i]);
+      }
       expected += "]";
       if (!o.expected_resources.empty()) {
         expected += " resources [";

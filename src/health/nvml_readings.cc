@@ -179,8 +179,12 @@ void NvmlSource::State::readLinkStates() {
     const nvmlReturn_t rc = lib->deviceGetNvLinkState(handle, link, &is_active);
     if (rc == abi::kSuccess) {
       ++total;
-      if (is_active) ++active;
-      else down += (down.empty() ? "" : ",") + std::to_string(link);
+      if (is_active) {
+        ++active;
+      } else {
+        if (!down.empty()) down += ",";
+        down += std::to_string(link);
+      }
       continue;
     }
     if (link_count < 0 && (rc == abi::kErrorInvalidArgument || rc == abi::kErrorNotSupported)) break;  // past the last link

@@ -211,7 +211,9 @@ TEST(StateStore, KilledWritersLeaveOldOrNew) {
     ::waitpid(pid, nullptr, 0);
     std::optional<Journal> j;
     ASSERT_NO_THROW(j = JsonFileStateStore(path).load()) << "round " << round;
-    if (j) EXPECT_NO_THROW(checkJournalBinding(*j, c));
+    if (j) {
+      EXPECT_NO_THROW(checkJournalBinding(*j, c));
+    }
   }
   std::filesystem::remove_all(dir);
 }
