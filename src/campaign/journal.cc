@@ -107,13 +107,13 @@ void checkJournalSwap(const std::optional<Journal>& expected, const Journal& upd
 }
 
 std::optional<Journal> MemoryStateStore::load() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return journal_;
 }
 
 bool MemoryStateStore::compareAndSwap(const std::optional<Journal>& expected, const Journal& updated) {
   checkJournalSwap(expected, updated);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (journal_ != expected) return false;
   journal_ = updated;
   return true;

@@ -40,7 +40,7 @@ Monitor::~Monitor() {
 
 void Monitor::storeError(const std::string& source, ErrorKind kind, const std::string& message) {
   LMR_LOG(kWarn, "health", source, ": ", message);
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   if (errors_.size() >= kMaxErrors) {
     errors_.erase(errors_.begin());
     if (errors_rethrown_ > 0) --errors_rethrown_;
@@ -52,7 +52,7 @@ void Monitor::storeError(const std::string& source, ErrorKind kind, const std::s
 std::vector<Event> Monitor::pollOnce() {
   std::vector<Event> all;
   {
-    std::lock_guard<std::mutex> poll_lock(poll_mutex_);
+    MutexLock poll_lock(poll_mutex_);
     for (std::size_t i = 0; i < sources_.size(); ++i) {
       Source& source = *sources_[i];
       std::string name = "source " + std::to_string(i);
@@ -69,7 +69,7 @@ std::vector<Event> Monitor::pollOnce() {
       }
       std::vector<Event> events = rules_.evaluate(name, result.readings, wallSeconds());
       {
-        std::lock_guard<std::mutex> lock(mutex_);
+        MutexLock lock(mutex_);
         last_readings_[name] = std::move(result.readings);
         for (UnsupportedMetric& u : result.unsupported) unsupported_.push_back(std::move(u));
         for (const Event& e : events) {
@@ -79,7 +79,7 @@ std::vector<Event> Monitor::pollOnce() {
       }
       all.insert(all.end(), events.begin(), events.end());
     }
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     ++polls_;
   }
   if (on_event_) {
@@ -103,13 +103,15 @@ void Monitor::run() {
     } catch (...) {  // pollOnce stores what it can; never let the thread die
       storeError("monitor", ErrorKind::kPeerFailure, "unexpected failure while polling");
     }
-    std::unique_lock<std::mutex> lock(mutex_);
-    if (wake_.wait_for(lock, std::chrono::duration<double>(options_.interval_s), [this] { return stop_; })) return;
+    MutexLock lock(mutex_);
+    if (lock.waitFor(wake_, std::chrono::duration<double>(options_.interval_s),
+                     [this]() LMR_REQUIRES(mutex_) { return stop_; }))
+      return;
   }
 }
 
 void Monitor::start() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   if (running_) throw InvalidArgument("the health monitor is already running");
   stop_ = false;
   running_ = true;
@@ -119,60 +121,60 @@ void Monitor::start() {
 
 void Monitor::stop() {
   if (onMonitorThread()) throw InvalidArgument("stop() called from the monitor's own thread (an on_event callback)");
-  std::lock_guard<std::mutex> stopping(stop_mutex_);
+  MutexLock stopping(stop_mutex_);
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (!running_) return;
     stop_ = true;
   }
   wake_.notify_all();
   thread_.join();
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   running_ = false;
   thread_id_ = std::thread::id();
 }
 
 bool Monitor::onMonitorThread() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return running_ && std::this_thread::get_id() == thread_id_;
 }
 
 bool Monitor::running() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return running_;
 }
 
 std::vector<Event> Monitor::events() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return events_;
 }
 
 std::vector<SourceError> Monitor::errors() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return errors_;
 }
 
 std::vector<Reading> Monitor::lastReadings() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   std::vector<Reading> out;
   for (const auto& [name, readings] : last_readings_) out.insert(out.end(), readings.begin(), readings.end());
   return out;
 }
 
 std::vector<UnsupportedMetric> Monitor::unsupported() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return unsupported_;
 }
 
 std::uint64_t Monitor::polls() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return polls_;
 }
 
 void Monitor::rethrowError() {
   SourceError error;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (errors_rethrown_ >= errors_.size()) return;
     error = errors_[errors_rethrown_++];
   }

@@ -5,16 +5,16 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
-#include <mutex>
 
 #include "lmr/common/error.h"
+#include "lmr/common/mutex.h"
 
 namespace lmr::health {
 namespace {
 
-std::mutex g_mutex;
+Mutex g_mutex;
 // Each library path is loaded and initialised once, then kept for the life of the process.
-std::map<std::string, std::unique_ptr<NvmlLibrary>> g_libraries;
+std::map<std::string, std::unique_ptr<NvmlLibrary>> g_libraries LMR_GUARDED_BY(g_mutex);
 
 template <typename Fn>
 void bind(void* handle, const char* symbol, Fn* slot, bool required, const std::string& path) {
@@ -38,7 +38,7 @@ std::string NvmlLibrary::describe(nvmlReturn_t code) const {
 
 const NvmlLibrary& nvmlLibrary(const std::string& requested) {
   const std::string path = chosenPath(requested);
-  std::lock_guard<std::mutex> lock(g_mutex);
+  MutexLock lock(g_mutex);
   auto found = g_libraries.find(path);
   if (found != g_libraries.end()) return *found->second;
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);

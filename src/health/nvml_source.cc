@@ -161,14 +161,14 @@ NvmlSource::~NvmlSource() {
 std::string NvmlSource::name() const { return "nvml:" + std::to_string(device_.index); }
 
 std::vector<UnsupportedMetric> NvmlSource::unsupported() const {
-  std::lock_guard<std::mutex> lock(state_->mutex);
+  MutexLock lock(state_->mutex);
   return state_->unsupported;
 }
 
 PollResult NvmlSource::poll() {
   PollResult result;
   State& s = *state_;
-  std::lock_guard<std::mutex> lock(s.mutex);
+  MutexLock lock(s.mutex);
   s.out = &result;
   s.device = &device_;
   s.attempted = s.failed = 0;

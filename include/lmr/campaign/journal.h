@@ -8,12 +8,12 @@
 
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 
 #include "lmr/campaign/manifest.h"
+#include "lmr/common/mutex.h"
 
 namespace lmr::campaign {
 
@@ -66,8 +66,8 @@ class MemoryStateStore final : public StateStore {
   bool compareAndSwap(const std::optional<Journal>& expected, const Journal& updated) override;
 
  private:
-  std::mutex mu_;
-  std::optional<Journal> journal_;
+  Mutex mu_;
+  std::optional<Journal> journal_ LMR_GUARDED_BY(mu_);
 };
 
 // A JSON file shared by processes. Each swap holds an exclusive lock on "<path>.lock"

@@ -9,7 +9,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -19,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lmr/common/error.h"
+#include "lmr/common/mutex.h"
 #include "lmr/health/source.h"
 
 namespace lmr::health {
@@ -152,22 +152,22 @@ class Monitor {
   MonitorOptions options_;
   std::vector<std::shared_ptr<Source>> sources_;
   EventCallback on_event_;
-  std::mutex stop_mutex_;  // serializes stop() callers
-  std::mutex poll_mutex_;  // serializes polls (held across Source::poll, never by readers)
-  Rules rules_;            // guarded by poll_mutex_
-  mutable std::mutex mutex_;  // guards everything below; never held across a poll or callback
+  Mutex stop_mutex_;  // serializes stop() callers
+  Mutex poll_mutex_;  // serializes polls (held across Source::poll, never by readers)
+  Rules rules_ LMR_GUARDED_BY(poll_mutex_);
+  mutable Mutex mutex_;  // guards what follows; never held across a poll or callback
   std::condition_variable wake_;
-  bool stop_ = false;
-  bool running_ = false;
-  std::thread thread_;
-  std::thread::id thread_id_;
-  std::vector<Event> events_;
-  std::vector<SourceError> errors_;
-  std::size_t errors_rethrown_ = 0;
-  std::uint64_t errors_dropped_ = 0;
-  std::map<std::string, std::vector<Reading>> last_readings_;
-  std::vector<UnsupportedMetric> unsupported_;
-  std::uint64_t polls_ = 0;
+  bool stop_ LMR_GUARDED_BY(mutex_) = false;
+  bool running_ LMR_GUARDED_BY(mutex_) = false;
+  std::thread thread_;  // started under mutex_, joined under stop_mutex_ (not under mutex_)
+  std::thread::id thread_id_ LMR_GUARDED_BY(mutex_);
+  std::vector<Event> events_ LMR_GUARDED_BY(mutex_);
+  std::vector<SourceError> errors_ LMR_GUARDED_BY(mutex_);
+  std::size_t errors_rethrown_ LMR_GUARDED_BY(mutex_) = 0;
+  std::uint64_t errors_dropped_ LMR_GUARDED_BY(mutex_) = 0;
+  std::map<std::string, std::vector<Reading>> last_readings_ LMR_GUARDED_BY(mutex_);
+  std::vector<UnsupportedMetric> unsupported_ LMR_GUARDED_BY(mutex_);
+  std::uint64_t polls_ LMR_GUARDED_BY(mutex_) = 0;
 };
 
 }  // namespace lmr::health
