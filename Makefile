@@ -2,6 +2,9 @@
 #   make demo   set-up, build, then a 4-rank CPU (gloo) DDP run with one corrupted rank
 #   make test   set-up, build, C++ tests (ctest), Python tests (pytest)
 #   make test-fast  the same without the tests that spawn multi-rank worlds
+#   make lint   ruff check, clang-format --dry-run -Werror, then make lint-threads
+#   make format apply ruff's safe fixes and clang-format (files in .clang-format-ignore are skipped)
+#   make lint-threads  liblmr under clang -Wthread-safety -Werror (syntax only; a minute or more)
 #   make bench  set-up, build with benchmarks, CPU benchmark ratios
 #   make deps   Debian packages and the .venv only
 
@@ -23,8 +26,16 @@ PIP_BUILD_FLAGS := --no-build-isolation --no-deps -q \
 
 FUZZ_SECONDS ?= 120
 FUZZ_APT_PACKAGES := clang libclang-rt-14-dev
+# clang-format 19 (Debian bookworm) reads .clang-format-ignore and keeps trailing comments as written.
+CLANG_FORMAT := clang-format-19
+LINT_APT_PACKAGES := $(CLANG_FORMAT) clang
+# The C++ that clang-format checks: what git tracks under these paths.
+FORMAT_FILES = $(shell git ls-files -- include src python/bindings tools tests/cpp 'bench/*.cc' fuzz | grep -E '\.(h|cc|cu|cuh)$$')
+# The library's sources for the thread-safety check (CUDA files are not parsed by it).
+THREAD_CHECK_FILES = $(shell git ls-files -- src tools | grep -E '\.cc$$')
 
-.PHONY: deps apt apt-install venv build demo test test-fast test-cpp test-python bench fuzz clean
+.PHONY: deps apt apt-install venv build demo test test-fast test-cpp test-python bench fuzz clean \
+	lint lint-apt lint-threads format
 
 deps: apt venv
 
@@ -72,6 +83,27 @@ bench: build
 	$(PY) bench/scout_overhead.py
 	$(PY) bench/oob_overhead.py
 	$(PY) bench/oob_latency.py
+
+lint-apt:
+	@$(MAKE) --no-print-directory apt-install PACKAGES="$(LINT_APT_PACKAGES)"
+
+lint: venv lint-apt
+	$(VENV)/bin/ruff check .
+	@echo "$(CLANG_FORMAT) --dry-run -Werror (C++ under include src python/bindings tools tests/cpp bench fuzz)"
+	@$(CLANG_FORMAT) --dry-run -Werror $(FORMAT_FILES)
+	@$(MAKE) --no-print-directory lint-threads
+
+format: venv lint-apt
+	$(VENV)/bin/ruff check --fix .
+	@echo "$(CLANG_FORMAT) -i (C++ under include src python/bindings tools tests/cpp bench fuzz)"
+	@$(CLANG_FORMAT) -i $(FORMAT_FILES)
+
+# Clang's thread-safety analysis over liblmr and its tools (lmr::Mutex, LMR_GUARDED_BY): syntax
+# only, with the include paths of the real build; gcc builds ignore the annotations.
+lint-threads: apt lint-apt
+	@printf '%s\n' $(THREAD_CHECK_FILES) | xargs -P $(JOBS) -n 4 clang++ -std=c++20 -fsyntax-only \
+	  -Wthread-safety -Wthread-safety-beta -Werror -Iinclude -Isrc -Itools/lmr-oobd -DLMR_VERSION='"lint"'
+	@echo "thread-safety analysis: clean"
 
 # Fuzz the manifest, journal and artifact parsers with libFuzzer + ASan/UBSan (leaks
 # included) for FUZZ_SECONDS; new inputs land in build-fuzz/corpus.
