@@ -9,6 +9,7 @@ void registerErrors(nanobind::module_& m);
 void registerConsensus(nanobind::module_& m);
 void registerSignature(nanobind::module_& m);
 void registerCampaign(nanobind::module_& m);
+void registerSession(nanobind::module_& m);
 void registerInject(nanobind::module_& m);
 void registerScout(nanobind::module_& m);
 void registerOob(nanobind::module_& m);

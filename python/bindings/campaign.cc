@@ -49,8 +49,8 @@ std::optional<Journal> journalOrNone(const std::optional<std::string>& text) {
 
 // Stores used from Python through JSON text of journals.
 template <typename Store>
-nb::class_<Store> bindStore(nb::module_& m, const char* name) {
-  nb::class_<Store> cls(m, name);
+nb::class_<Store, StateStore> bindStore(nb::module_& m, const char* name) {
+  nb::class_<Store, StateStore> cls(m, name);
   cls.def("load",
            [](Store& s) -> std::optional<std::string> {
              std::optional<Journal> j;
@@ -126,37 +126,11 @@ void registerCampaign(nb::module_& m) {
           [](const Campaign& c, const std::function<std::string(std::size_t, std::size_t)>& key) { checkTargetOverlaps(c, key); },
           nb::arg("target_key"));
 
-  nb::class_<Schedule>(m, "Schedule")
-      .def("__init__",
-           [](Schedule* s, std::shared_ptr<Campaign> c, std::int64_t origin_offset, std::int64_t completed) {
-             new (s) Schedule(std::move(c), origin_offset, completed);
-           },
-           nb::arg("campaign"), nb::arg("origin_offset"), nb::arg("completed_iterations"))
-      .def("next_due", &Schedule::nextDue)
-      .def("due_at",
-           [](Schedule& s, std::int64_t iteration) {
-             std::vector<std::tuple<std::size_t, std::int64_t, std::int64_t, bool>> out;
-             for (const Candidate& c : s.dueAt(iteration)) out.emplace_back(c.incident, c.position, c.iteration, c.selected);
-             return out;
-           })
-      .def("rewind", &Schedule::rewind);
-
+  nb::class_<StateStore>(m, "StateStore");
   bindStore<MemoryStateStore>(m, "MemoryStateStore").def(nb::init<>());
   bindStore<JsonFileStateStore>(m, "JsonFileStateStore")
       .def(nb::init<std::string>(), nb::arg("path"))
       .def_prop_ro("path", &JsonFileStateStore::path);
-  m.def("journal_fresh", [](const Campaign& c) { return Journal::fresh(c).dump(); });
-  m.def("journal_validate", [](const std::string& text, const std::string& source) { return Journal::parse(text, source).dump(); });
-  m.def("journal_check_binding", [](const std::string& text, const Campaign& c) { checkJournalBinding(Journal::parse(text), c); });
-  m.def("journal_next_attempt", [](const Campaign& c, const std::string& incident_id, std::int64_t position, const std::string& text) {
-    const Incident* inc = c.findIncident(incident_id);
-    if (inc == nullptr) throw InvalidArgument("no incident \"" + incident_id + "\"");
-    return nextAttempt(*inc, position, Journal::parse(text));
-  });
-  m.def("journal_with_attempt", [](const std::string& text, const std::string& incident_id, std::int64_t position, std::int64_t attempt) {
-    return withAttempt(Journal::parse(text), incident_id, position, attempt).dump();
-  });
-
   nb::class_<InjectionRecord>(m, "InjectionRecord")
       .def_static("from_json", [](const std::string& text) { return InjectionRecord::fromJson(json::parse(text, "record").value, ""); })
       .def("to_json", [](const InjectionRecord& r) { return r.toJson().dump(); })

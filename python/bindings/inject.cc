@@ -6,6 +6,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "bindings.h"
+#include "lmr/campaign/session.h"
 #include "lmr/common/error.h"
 #include "lmr/common/json.h"
 #include "lmr/inject/corrupt.h"
@@ -38,27 +39,46 @@ void registerInject(nb::module_& m) {
       .def_prop_ro("count", [](const Applied& a) { return a.indices.size(); })
       .def_ro("indices", &Applied::indices);
 
+  nb::class_<campaign::EffectSpec>(m, "EffectSpec")
+      .def_prop_ro("type", [](const campaign::EffectSpec& e) { return std::string(campaign::name(e.type)); })
+      .def_prop_ro("surface", [](const campaign::EffectSpec& e) { return std::string(campaign::name(e.surface)); })
+      .def_ro("delay_ms", &campaign::EffectSpec::delay_ms)
+      .def_ro("parameter", &campaign::EffectSpec::parameter)
+      .def_ro("state_key", &campaign::EffectSpec::state_key);
+  m.def(
+      "effect_spec",
+      [](const campaign::Campaign& c, std::size_t incident, std::size_t fault) {
+        return campaign::effectSpec(c.incidents().at(incident).faults.at(fault));
+      },
+      nb::arg("campaign"), nb::arg("incident"), nb::arg("fault"),
+      "The built-in effect of a fault, with every parameter default applied.");
   m.def(
       "corrupt",
       [](HostBytes bytes, const std::string& dtype, std::int64_t rows, const std::string& seed, const std::string& injection_id,
-         const std::string& scope, const std::string& operation, const std::string& magnitude, std::optional<double> value,
-         std::optional<double> factor, std::optional<double> stddev) {
+         const campaign::EffectSpec& spec) {
         const Dtype d = parseDtype(dtype);
         const std::int64_t numel = elementCount(bytes, d);
-        const Selection selection(seedFrom(seed), injection_id, parseScope(scope), numel, rows);
-        Spec spec;
-        spec.operation = parseOperation(operation);
-        spec.magnitude = parseMagnitude(magnitude);
-        spec.value = value;
-        spec.factor = factor;
-        spec.stddev = stddev;
+        const Selection selection(seedFrom(seed), injection_id, spec.scope, numel, rows);
         nb::gil_scoped_release release;
-        return corrupt(bytes.data(), d, numel, selection, spec);
+        return corrupt(bytes.data(), d, numel, selection, spec.corruption);
       },
-      nb::arg("bytes"), nb::arg("dtype"), nb::arg("rows"), nb::arg("seed"), nb::arg("injection_id"), nb::arg("scope"),
-      nb::arg("operation"), nb::arg("magnitude"), nb::arg("value").none() = nb::none(), nb::arg("factor").none() = nb::none(),
-      nb::arg("stddev").none() = nb::none(),
+      nb::arg("bytes"), nb::arg("dtype"), nb::arg("rows"), nb::arg("seed"), nb::arg("injection_id"), nb::arg("spec"),
       "Corrupts the selected elements of a host buffer in place; returns what retire() needs.");
+  m.def(
+      "effect_indices",
+      [](const std::string& seed, const std::string& injection_id, const campaign::EffectSpec& spec, std::int64_t numel,
+         std::int64_t rows) { return Selection(seedFrom(seed), injection_id, spec.scope, numel, rows).indices(); },
+      nb::arg("seed"), nb::arg("injection_id"), nb::arg("spec"), nb::arg("numel"), nb::arg("rows"),
+      "The element indices an effect selects.");
+  m.def(
+      "reorder_rows",
+      [](HostBytes bytes, std::int64_t rows) {
+        if (rows <= 0 || bytes.size() % static_cast<std::size_t>(rows) != 0)
+          throw InvalidArgument("reorder: the byte count is not a multiple of the row count");
+        nb::gil_scoped_release release;
+        return reorderRows(bytes.data(), rows, bytes.size() / static_cast<std::size_t>(rows));
+      },
+      nb::arg("bytes"), nb::arg("rows"), "Rotates the rows of a host buffer by one in place; returns rows changed.");
   m.def(
       "overwrite",
       [](HostBytes bytes, const std::string& dtype, const std::vector<std::int64_t>& indices, HostBytes values) {

@@ -10,6 +10,7 @@ NB_MODULE(_core, m) {
   lmr::python::registerConsensus(m);
   lmr::python::registerSignature(m);
   lmr::python::registerCampaign(m);
+  lmr::python::registerSession(m);
   lmr::python::registerInject(m);
   lmr::python::registerScout(m);
   lmr::python::registerOob(m);

@@ -62,9 +62,8 @@ std::vector<OccurrenceWindow> occurrenceWindows(const Campaign& campaign, const 
   std::vector<OccurrenceWindow> out;
   for (auto& [id, w] : by_id) {
     const Lifetime& life = incident_of.at(id)->lifetime;
-    if (auto n = life.windowIterations()) {
-      w.last = w.first + *n - 1;
-    } else if (life.kind == LifetimeKind::kUntil && life.until == Until::kRecovery) {
+    w.last = life.lastActiveIteration(w.first);
+    if (!w.last && life.kind == LifetimeKind::kUntil && life.until == Until::kRecovery) {
       for (std::int64_t r : recoveries)
         if (r > w.first && (!w.last || r - 1 < *w.last)) w.last = r - 1;
     }

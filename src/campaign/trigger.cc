@@ -50,6 +50,11 @@ std::optional<std::int64_t> Lifetime::windowIterations() const {
   return std::nullopt;
 }
 
+std::optional<std::int64_t> Lifetime::lastActiveIteration(std::int64_t first) const {
+  if (auto n = windowIterations()) return first + *n - 1;
+  return std::nullopt;
+}
+
 std::optional<std::int64_t> Target::expectedRank() const {
   if (rank) return rank;
   if (resource) return std::nullopt;

@@ -1,7 +1,9 @@
 #include "lmr/inject/corrupt.h"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <vector>
 
 #include "float_bits.h"
 #include "lmr/common/error.h"
@@ -265,6 +267,22 @@ std::int64_t retire(void* data, Dtype dtype, const Applied& applied) {
     }
   }
   return exact;
+}
+
+std::int64_t reorderRows(void* data, std::int64_t rows, std::size_t row_bytes) {
+  if (rows < 2) throw InvalidArgument("reorder needs a leading dimension of at least 2");
+  auto* bytes = static_cast<unsigned char*>(data);
+  const std::size_t n = static_cast<std::size_t>(rows);
+  std::vector<unsigned char> last(bytes + (n - 1) * row_bytes, bytes + n * row_bytes);
+  std::memmove(bytes + row_bytes, bytes, (n - 1) * row_bytes);
+  std::memcpy(bytes, last.data(), row_bytes);
+  std::int64_t changed = 0;
+  for (std::size_t i = 0; i < n; ++i) {  // row i held what row i + 1 holds now (the last: `last`)
+    const unsigned char* now = bytes + i * row_bytes;
+    const unsigned char* was = i + 1 < n ? bytes + (i + 1) * row_bytes : last.data();
+    changed += std::memcmp(now, was, row_bytes) != 0;
+  }
+  return changed;
 }
 
 double loadAsDouble(const void* data, Dtype dtype, std::int64_t index) {

@@ -46,6 +46,9 @@ struct Lifetime {
   // trigger iteration; nullopt when unbounded (until, or matching_calls > 1, whose call
   // multiplicity per iteration is not portable).
   std::optional<std::int64_t> windowIterations() const;
+  // The last iteration an occurrence first active at `first` is active (nullopt while
+  // unbounded): the one window the session expires effects by and scoring matches with.
+  std::optional<std::int64_t> lastActiveIteration(std::int64_t first) const;
 };
 
 struct Target {

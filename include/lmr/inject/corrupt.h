@@ -90,6 +90,12 @@ Applied overwrite(void* data, Dtype dtype, std::int64_t numel, const std::vector
 // InvalidArgument when the delta is not finite (a non-finite injection cannot be retired).
 std::int64_t retire(void* data, Dtype dtype, const Applied& applied);
 
+// reorder: rotates `rows` rows of `row_bytes` bytes each by one (row i takes the bytes row
+// i - 1 held, row 0 those of the last row), as a batch delivered out of order. Any dtype.
+// Returns how many rows now hold different bytes. Throws InvalidArgument for fewer than two
+// rows.
+std::int64_t reorderRows(void* data, std::int64_t rows, std::size_t row_bytes);
+
 // Element i of the buffer as float64 (tests and evidence).
 double loadAsDouble(const void* data, Dtype dtype, std::int64_t index);
 

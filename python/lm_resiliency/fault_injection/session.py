@@ -2,14 +2,14 @@
 ``FaultInjectionSession`` that arms each scheduled incident at its optimizer boundary,
 keeps it alive for its lifetime, retires it, and records ground truth.
 
-Clock: iteration N is the N-th optimizer update. An incident at N is armed once N - 1 has
-completed and acts on the work that produces update N. Only boundaries with a candidate
-due talk to other ranks; every other step costs a comparison.
+What is due, the journal claim, executor eligibility, active windows and the records are
+lmr::campaign's Session; this module resolves targets, installs effects, runs executors and
+exchanges outcomes between ranks. Only boundaries with a candidate due talk to other
+ranks; every other step costs a comparison.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import threading
@@ -20,10 +20,9 @@ import torch.distributed as dist
 from lm_resiliency import _core
 from lm_resiliency.attach import FAULT_INJECTION, Attachment, attach
 from lm_resiliency.errors import InvalidArgumentError, PeerFailureError
-from lm_resiliency.fault_injection import builtin
-from lm_resiliency.fault_injection.campaign import FailureType, FaultCampaign, RecordStatus, SafetyClass
-from lm_resiliency.fault_injection.effect import ActiveEffect, Armed, ExternalEffect, settle
-from lm_resiliency.fault_injection.executors import SAFETY_ORDER, FaultExecutor, FaultRequest
+from lm_resiliency.fault_injection.campaign import FailureType, FaultCampaign
+from lm_resiliency.fault_injection.effect import ActiveEffect, ExternalEffect
+from lm_resiliency.fault_injection.executors import FaultExecutor, FaultRequest
 from lm_resiliency.fault_injection.ground_truth import (
     CampaignReport,
     FaultInjectionRecord,
@@ -31,8 +30,11 @@ from lm_resiliency.fault_injection.ground_truth import (
     evaluate,
     write_injection_artifact,
 )
-from lm_resiliency.fault_injection.state import CampaignStateStore, MemoryCampaignStateStore
+from lm_resiliency.fault_injection.history import History, HistoryObserver
+from lm_resiliency.fault_injection.local_effects import StateEffect, make_effect
+from lm_resiliency.fault_injection.state import CampaignStateStore, MemoryCampaignStateStore, core_store
 from lm_resiliency.fault_injection.targets import ResolvedTarget, resolve
+from lm_resiliency.fault_injection.tensor_ops import Action, Unsupported
 
 __all__ = ["FaultInjectionSession", "enable_fault_injection"]
 
@@ -43,6 +45,10 @@ def _strict_int(value: Any, name: str, minimum: int = 0) -> int:
     if value < minimum:
         raise InvalidArgumentError(f"{name} must be >= {minimum}, got {value}")
     return value
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, allow_nan=False)
 
 
 class FaultInjectionSession:
@@ -57,76 +63,34 @@ class FaultInjectionSession:
         self._adapter = attachment.adapter
         self._handles: list = []
         self._in_step: Optional[tuple[int, bool]] = None  # (iteration, scheduled) between before and after
-        self._store = store
         self._executors = list(executors)
-        self._world = world
         self._distributed = world is not None and dist.is_available() and dist.is_initialized()
         self._group = None
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._completed = completed
-        self._origin = completed if campaign.origin == "campaign_start" else 0
-        self._schedule = _core.Schedule(campaign._core, self._origin, completed)
-        self._lookahead = _core.Schedule(campaign._core, self._origin, completed)
+        self._core = _core.Session(campaign._core, core_store(store), rank, world, completed)
+        self._origin = self._core.origin_offset
         self._incidents = campaign.incidents
         self._targets: dict[tuple[int, int], ResolvedTarget] = {}
         self._executor_for: dict[tuple[int, int], Optional[FaultExecutor]] = {}
-        self._observers: dict[tuple[int, int, int], builtin.HistoryObserver] = {}
-        self._armed: list[Armed] = []
-        self._records: dict[str, FaultInjectionRecord] = {}
+        self._observers: dict[tuple[int, int, int], HistoryObserver] = {}  # (incident, fault, position)
+        self._effects: dict[str, ActiveEffect] = {}  # by injection id, while armed
         self._step_hooks: list[Callable[[], None]] = []
-        self._journal: Optional[dict] = None
         self._closed = False
 
     # --- preparation -----------------------------------------------------------------
 
-    def _mine(self) -> Iterable[tuple[int, int, dict, dict]]:
-        for i, inc in enumerate(self._incidents):
-            for f, fault in enumerate(inc["faults"]):
-                if fault["target"].get("rank", 0) == self.rank:
-                    yield i, f, inc, fault
-
-    def _pick_executor(self, inc: dict, fault: dict, where: str) -> Optional[FaultExecutor]:
-        ftype, surface = fault["type"], fault["target"]["surface"]
-        need = SafetyClass(_core.required_safety(ftype, surface))
-        lifetime = inc["lifetime"]
-        for ex in self._executors:
-            if FailureType(ftype) not in ex.supported_types:
-                continue
-            if SAFETY_ORDER[SafetyClass(str(ex.max_safety))] < SAFETY_ORDER[need]:
-                raise InvalidArgumentError(f"{where}: executor {ex.name!r} supports {ftype} but its safety ceiling "
-                                           f"{SafetyClass(str(ex.max_safety)).value} is below {need.value}")
-            if "matching_calls" in lifetime and not ex.completes_inline:
-                raise InvalidArgumentError(f"{where}: a matching_calls lifetime needs an executor declared "
-                                           f"completes_inline=True; {ex.name!r} is not")
-            if ("until" in lifetime or lifetime.get("iterations", 1) > 1) and ex.one_shot:
-                raise InvalidArgumentError(f"{where}: a persistent lifetime cannot use the one_shot executor {ex.name!r}")
-            return ex
-        if _core.is_built_in_effect(ftype, surface):
-            return None  # the built-in executor
-        raise InvalidArgumentError(f"{where}: no executor supports {ftype} on surface {surface!r} "
-                                   "(configure one with executors=...)")
-
     def _prepare_locally(self) -> None:
-        for i, f, inc, fault in self._mine():
-            where = f"incidents[{i}].faults[{f}]"
-            executor = self._pick_executor(inc, fault, where)
+        infos = [_core.ExecutorInfo(ex.name, [str(t) for t in ex.supported_types], str(ex.max_safety),
+                                    bool(ex.one_shot), bool(ex.completes_inline)) for ex in self._executors]
+        for i, f, index in self._core.prepare(infos):
+            executor = None if index is None else self._executors[index]
+            fault = self._incidents[i]["faults"][f]
             self._executor_for[(i, f)] = executor
-            target = resolve(self._adapter, fault, where) if executor is None else ResolvedTarget(
-                surface=fault["target"]["surface"], key=f"external:{i}:{f}")
-            self._targets[(i, f)] = target
+            self._targets[(i, f)] = resolve(self._adapter, fault, f"incidents[{i}].faults[{f}]") if executor is None \
+                else ResolvedTarget(surface=fault["target"]["surface"], key=f"external:{i}:{f}")
         self.campaign.check_target_overlaps(lambda i, f: self._targets[(i, f)].key if (i, f) in self._targets else "")
-        if self._world is not None:
-            for i, inc in enumerate(self._incidents):
-                for f, fault in enumerate(inc["faults"]):
-                    r = fault["target"].get("rank", 0)
-                    if r >= self._world:
-                        raise InvalidArgumentError(f"incidents[{i}].faults[{f}].target.rank: {r} is outside the "
-                                                   f"world of {self._world} ranks")
-        journal = self._store.load()
-        if journal is not None:
-            _core.journal_check_binding(json.dumps(journal), self.campaign._core)
-        self._journal = journal
 
     def _gather(self, value: Any) -> list[Any]:
         if not self._distributed:
@@ -153,14 +117,8 @@ class FaultInjectionSession:
             self._prepare_locally()
         except InvalidArgumentError as e:
             error = str(e)
-        journal_text = None if self._journal is None else _core.journal_validate(json.dumps(self._journal), "journal")
-        digest = hashlib.sha256(f"{self.campaign.identity}|{self._completed}|{journal_text}".encode()).hexdigest()
-        self._agree(not error, error, "campaign preparation", digest)
-        if self._journal is None:
-            fresh = json.loads(_core.journal_fresh(self.campaign._core))
-            if not self._store.compare_and_swap(None, fresh):
-                raise InvalidArgumentError("the state store changed while the campaign was being enabled")
-            self._journal = fresh
+        self._agree(not error, error, "campaign preparation", "" if error else self._core.agreement_digest())
+        self._core.start()
         self._handles.append(self._attachment.add_listener(self, FAULT_INJECTION))
         self._handles.append(self._attachment.on_load(
             lambda kind: self._mark_replaced(("weight", "bias") if kind == "model" else ("optimizer_state",))))
@@ -176,12 +134,12 @@ class FaultInjectionSession:
     def before_step(self) -> None:
         self._lock.acquire()
         iteration = self._completed + 1
-        self._in_step = (iteration, self._schedule.next_due() == iteration + 1)
+        self._in_step = (iteration, self._core.next_due() == iteration + 1)
         hooks, self._step_hooks = self._step_hooks, []
         for hook in hooks:
             hook()
-        for armed in self._armed:
-            armed.effect.before_step()
+        for effect in self._effects.values():
+            effect.before_step()
         for observer in self._observers.values():
             observer.before_step()
 
@@ -223,111 +181,93 @@ class FaultInjectionSession:
                                        f"{failed}; the fault-injection session was closed")
 
     def _boundary(self, completed: int) -> None:
-        self._expire(completed)
-        for incident, position, iteration, selected in self._lookahead.due_at(completed + 2):
-            if selected:
-                self._observe(incident, position)
-        due = self._schedule.due_at(completed + 1)
-        if due:
-            self._arm(due, completed + 1)
+        for injection_id in self._core.expired(completed):
+            self._finish(injection_id, cancelled=False)
+        for injection_id in [i for i, e in self._effects.items() if e.exhausted()]:
+            self._finish(injection_id, cancelled=False)
+        for action in self._core.observe(completed):
+            self._observe(action)
+        if self._core.next_due() == completed + 1:
+            self._arm(completed + 1)
 
-    def _observe(self, incident: int, position: int) -> None:
-        inc = self._incidents[incident]
-        for f, fault in enumerate(inc["faults"]):
-            if (incident, f) not in self._targets or self._executor_for.get((incident, f)) is not None:
-                continue
-            if fault["type"] in ("stale_state", "duplicate"):
-                request = self._request(incident, f, position, position + self._origin, 1)
-                observer = builtin.HistoryObserver(request, self._targets[(incident, f)], self._adapter,
-                                                   lambda: self._completed + 1)
-                observer.install()
-                self._observers[(incident, f, position)] = observer
+    def _observe(self, action: "_core.SessionAction") -> None:
+        request = self._request(action)
+        spec = _core.effect_spec(self.campaign._core, action.incident, action.fault)
+        observer = HistoryObserver(request, Action(request, spec), self._targets[(action.incident, action.fault)],
+                                   self._adapter, lambda: self._completed + 1)
+        observer.install()
+        self._observers[(action.incident, action.fault, action.position)] = observer
 
-    def _request(self, incident: int, fault_index: int, position: int, iteration: int, attempt: int) -> FaultRequest:
-        inc = self._incidents[incident]
-        fault = inc["faults"][fault_index]
-        occurrence = f"{inc['incident_id']}@{position}" + (f"#{attempt}" if attempt > 1 else "")
+    def _request(self, action: "_core.SessionAction") -> FaultRequest:
+        inc = self._incidents[action.incident]
+        fault = inc["faults"][action.fault]
         return FaultRequest(
-            campaign=self.campaign.name, manifest_identity=self.campaign.identity, occurrence_id=occurrence,
-            injection_id=f"{occurrence}/{fault['fault_id']}", incident_id=inc["incident_id"], fault_id=fault["fault_id"],
+            campaign=self.campaign.name, manifest_identity=self.campaign.identity, occurrence_id=action.occurrence_id,
+            injection_id=action.injection_id, incident_id=inc["incident_id"], fault_id=fault["fault_id"],
             failure_type=FailureType(fault["type"]), target=fault["target"], parameters=fault.get("parameters", {}),
-            lifetime=inc["lifetime"], iteration=iteration, attempt=attempt, rank=self.rank, seed=self.campaign.seed,
-            on_next_step=self._step_hooks.append)
+            lifetime=inc["lifetime"], iteration=action.iteration, attempt=action.attempt, rank=self.rank,
+            seed=self.campaign.seed, on_next_step=self._step_hooks.append)
 
-    def _effect(self, incident: int, fault_index: int, request: FaultRequest, position: int) -> ActiveEffect:
-        executor = self._executor_for[(incident, fault_index)]
-        fault = self._incidents[incident]["faults"][fault_index]
-        safety = _core.required_safety(fault["type"], fault["target"]["surface"])
+    def _effect(self, action: "_core.SessionAction", request: FaultRequest) -> ActiveEffect:
+        key = (action.incident, action.fault)
+        executor = self._executor_for[key]
         if executor is not None:
-            return ExternalEffect(request, executor, safety)
-        observer = self._observers.pop((incident, fault_index, position), None)
+            return ExternalEffect(request, executor, self.campaign._core, action.incident)
+        observer = self._observers.pop((*key, action.position), None)
         history = None
         if observer is not None:
             observer.remove()
             history = observer.history
-        elif fault["type"] in ("stale_state", "duplicate"):
-            history = builtin.History()  # nothing observed: the effect will fail verification
-        return builtin.make_effect(request, self._targets[(incident, fault_index)], self._adapter,
-                                   lambda: self._completed + 1, history, self._stop)
+        elif str(request.failure_type) in ("stale_state", "duplicate"):
+            history = History()  # nothing observed: the effect will fail verification
+        spec = _core.effect_spec(self.campaign._core, *key)
+        return make_effect(request, spec, self._targets[key], self._adapter, lambda: self._completed + 1, history,
+                           self._stop)
 
-    def _arm(self, due: list, iteration: int) -> None:
-        plan: list[tuple[int, int, int, int]] = []  # (incident, fault, position, attempt)
-        # Whether the post-activation consensus runs is decided from every rank's actions
-        # (all ranks know the whole manifest), never from this rank's alone: a rank without
-        # a destructive action of its own must not wait in a collective its peers skip.
-        every_action_safe = True
-        error = ""
+    def _executor_name(self, action: "_core.SessionAction") -> str:
+        ex = self._executor_for.get((action.incident, action.fault))
+        return "builtin" if ex is None else ex.name
+
+    def _arm(self, iteration: int) -> None:
+        # Whether the post-activation exchange runs is decided from every rank's actions
+        # (plan.all_safe, from the whole manifest), never from this rank's alone: a rank
+        # without a destructive action of its own must not wait in a collective its peers skip.
+        error, plan = "", None
         try:
-            for incident, position, _, selected in due:
-                inc = self._incidents[incident]
-                mine = [f for f in range(len(inc["faults"])) if (incident, f) in self._targets]
-                if not selected:
-                    for f in mine:
-                        self._records.setdefault(f"{inc['incident_id']}@{position}/{inc['faults'][f]['fault_id']}",
-                                                 FaultInjectionRecord.create(self.campaign, incident, f, position, iteration, False))
-                    continue
-                attempt = _core.journal_next_attempt(self.campaign._core, inc["incident_id"], position, json.dumps(self._journal))
-                if attempt is None:
-                    continue  # fired before (retrigger policy): nothing to do
-                plan.extend((incident, f, position, attempt) for f in mine)
-                every_action_safe = every_action_safe and all(
-                    _core.required_safety(fault["type"], fault["target"]["surface"]) == "safe_in_process"
-                    for fault in inc["faults"])
-                updated = json.loads(_core.journal_with_attempt(json.dumps(self._journal), inc["incident_id"], position, attempt))
-                if not self._store.compare_and_swap(self._journal, updated):
-                    raise InvalidArgumentError(f"the state store changed under {inc['incident_id']}@{position}; "
-                                               "another worker owns this campaign")
-                self._journal = updated
+            plan = self._core.arm(iteration)
         except InvalidArgumentError as e:
             error = str(e)
-        self._agree(not error, error, f"arming iteration {iteration}")
+        try:
+            self._agree(not error, error, f"arming iteration {iteration}")
+        except InvalidArgumentError:
+            for action in plan.actions if plan is not None else ():
+                self._core.abandon(action.injection_id, "arming failed on another rank")
+            raise
 
-        armed_now: list[Armed] = []
+        armed_now: list[str] = []
         escaped: Optional[BaseException] = None
-        for incident, f, position, attempt in plan:
-            request = self._request(incident, f, position, iteration, attempt)
-            record = FaultInjectionRecord.create(self.campaign, incident, f, position, iteration, True, attempt)
-            self._records[record.injection_id] = record
-            effect = self._effect(incident, f, request, position)
-            armed = Armed(effect, record, dict(self._incidents[incident]["lifetime"]), iteration)
+        for k, action in enumerate(plan.actions):
+            request = self._request(action)
+            effect = self._effect(action, request)
+            name = self._executor_name(action)
             try:
                 effect.activate()
-            except (InvalidArgumentError, builtin.Unsupported) as e:
+            except (InvalidArgumentError, Unsupported) as e:
                 effect.error = str(e)
             except BaseException as e:  # noqa: BLE001 - rolled back on every rank below
                 escaped = e
                 effect.error = f"{type(e).__name__}: {e}"
-                record.set_execution(self._executor_name(incident, f), False, iteration, effect.evidence, effect.error)
-                record.transition(RecordStatus.FAILED)
+                self._core.activation_raised(action.injection_id, name, _json(effect.evidence), effect.error)
+                for later in plan.actions[k + 1:]:
+                    self._core.abandon(later.injection_id, "not activated: an earlier activation raised")
                 break
-            record.set_execution(self._executor_name(incident, f), effect.verified, iteration, effect.evidence, effect.error)
-            if effect.verified or (not effect.error and not effect.exhausted()):
-                record.transition(RecordStatus.ACTIVE)
-                armed_now.append(armed)
-                self._armed.append(armed)
+            if self._core.activated(action.injection_id, name, effect.verified, _json(effect.evidence), effect.error,
+                                    effect.exhausted()):
+                self._effects[action.injection_id] = effect
+                armed_now.append(action.injection_id)
             else:
-                self._finish(armed, cancelled=False, failed_reason=effect.error or "activation did not take effect")
-        if self._distributed and every_action_safe:
+                self._settle(action.injection_id, effect, False, effect.error or "activation did not take effect")
+        if self._distributed and plan.all_safe:
             escaped_ranks = [r for r, e in enumerate(self._gather(escaped is not None)) if e]
             if escaped_ranks:
                 self._abort()
@@ -338,39 +278,41 @@ class FaultInjectionSession:
         if escaped is not None:
             self._abort()
             raise escaped
-        for armed in armed_now:  # effects that completed inline
-            if armed.effect.exhausted() and isinstance(armed.effect, ExternalEffect):
-                self._finish(armed, cancelled=False)
+        for injection_id in armed_now:  # external effects that completed inline
+            effect = self._effects.get(injection_id)
+            if isinstance(effect, ExternalEffect) and effect.exhausted():
+                self._finish(injection_id, cancelled=False)
 
-    def _executor_name(self, incident: int, fault_index: int) -> str:
-        ex = self._executor_for.get((incident, fault_index))
-        return "builtin" if ex is None else ex.name
+    def _finish(self, injection_id: str, cancelled: bool) -> None:
+        effect = self._effects.pop(injection_id, None)
+        if effect is not None:
+            self._settle(injection_id, effect, cancelled, "")
 
-    def _expire(self, completed: int) -> None:
-        for armed in list(self._armed):
-            window_over = armed.last_iteration is not None and completed >= armed.last_iteration
-            if armed.effect.exhausted() or window_over:
-                self._finish(armed, cancelled=False)
-
-    def _finish(self, armed: Armed, cancelled: bool, failed_reason: str = "") -> None:
-        if armed in self._armed:
-            self._armed.remove(armed)
-        settle(armed, cancelled, failed_reason)
+    def _settle(self, injection_id: str, effect: ActiveEffect, cancelled: bool, failed_reason: str) -> None:
+        """Deactivates the effect, then lmr::campaign settles its record. A cleanup failure
+        is recorded, never raised, so cleanup of other effects goes on."""
+        deactivation = None
+        try:
+            evidence = effect.deactivate()
+            if evidence is not None:
+                deactivation = _json(evidence)
+        except Exception as e:  # noqa: BLE001
+            failed_reason = failed_reason or f"deactivation failed: {type(e).__name__}: {e}"
+        self._core.settle(injection_id, cancelled, failed_reason, effect.verified, _json(effect.evidence), effect.error,
+                          deactivation)
 
     def _mark_replaced(self, surfaces: tuple) -> None:
         with self._lock:
-            for armed in self._armed:
-                effect = armed.effect
-                if isinstance(effect, builtin.StateEffect) and effect.target.surface in surfaces:
+            for injection_id, effect in self._effects.items():
+                if isinstance(effect, StateEffect) and effect.target.surface in surfaces:
                     effect.replaced = True
-                    if armed.last_iteration is not None and self._completed < armed.last_iteration:
-                        armed.replaced_early = True
+                    self._core.replaced(injection_id, self._completed)
 
     def _abort(self) -> None:
         """Error-path cleanup: every live effect and observer is removed or restored."""
         self._stop.set()
-        for armed in list(self._armed):
-            self._finish(armed, cancelled=True)
+        for injection_id in self._core.armed_ids():
+            self._finish(injection_id, cancelled=True)
         self._close_common()
 
     def _close_common(self) -> None:
@@ -403,8 +345,8 @@ class FaultInjectionSession:
     def _notify(self, until: str) -> None:
         self._stop.set()
         with self._lock:
-            for armed in [a for a in self._armed if a.until == until]:
-                self._finish(armed, cancelled=False)
+            for injection_id in self._core.armed_until(until):
+                self._finish(injection_id, cancelled=False)
             self._stop.clear()
 
     def close(self) -> None:
@@ -414,24 +356,24 @@ class FaultInjectionSession:
         with self._lock:
             if self._closed:
                 return
-            for armed in list(self._armed):
-                self._finish(armed, cancelled=armed.until != "campaign_end")
+            for injection_id, cancelled in self._core.closing():
+                self._finish(injection_id, cancelled=cancelled)
             self._close_common()
 
     def records(self) -> list[FaultInjectionRecord]:
+        """A snapshot of this rank's records, in creation order."""
         with self._lock:
-            return list(self._records.values())
+            return [FaultInjectionRecord(r) for r in self._core.records()]
 
     def evaluate(self, results: Iterable[LocalizationResult]) -> CampaignReport:
         """Scores `results` against this rank's records (aggregate ranks with
         ``lmr campaign compare`` for a job-wide verdict)."""
-        with self._lock:
-            return evaluate(self.campaign, list(self._records.values()), results)
+        return evaluate(self.campaign, self.records(), results)
 
     def write_artifact(self, path: Union[str, os.PathLike]) -> None:
         """This rank's injection artifact, for ``lmr campaign compare``."""
         with self._lock:
-            write_injection_artifact(path, self.campaign, self.rank, self._completed, list(self._records.values()),
+            write_injection_artifact(path, self.campaign, self.rank, self._completed, self.records(),
                                      clock_offset=self._origin)
 
     def __enter__(self) -> "FaultInjectionSession":

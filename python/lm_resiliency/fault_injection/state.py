@@ -62,3 +62,13 @@ class JsonCampaignStateStore(_CoreStore):
     @property
     def path(self) -> str:
         return self._core.path
+
+
+def core_store(store: CampaignStateStore) -> "_core.StateStore":
+    """The store as lmr::campaign sees it: the engine's own stores directly, any other
+    implementation of the protocol through callbacks over journal text."""
+    if isinstance(store, _CoreStore):
+        return store._core
+    return _core.CallbackStateStore(lambda: _text(store.load()),
+                                    lambda expected, updated: bool(store.compare_and_swap(
+                                        None if expected is None else json.loads(expected), json.loads(updated))))

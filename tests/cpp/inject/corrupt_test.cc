@@ -210,5 +210,15 @@ TEST(Retire, NonFiniteDeltaIsRefusedUntouched) {
   EXPECT_EQ(buf, held);
 }
 
+TEST(Reorder, RotatesRowsByOneAndCountsChangedRows) {
+  // Four rows of three int32 values (reorder takes any dtype); rows 1 and 2 are equal.
+  std::vector<std::int32_t> buf = {1, 1, 1, 2, 2, 2, 2, 2, 2, 3, 3, 3};
+  EXPECT_EQ(reorderRows(buf.data(), 4, 3 * sizeof(std::int32_t)), 3);  // row 2 got an equal row
+  EXPECT_EQ(buf, (std::vector<std::int32_t>{3, 3, 3, 1, 1, 1, 2, 2, 2, 2, 2, 2}));
+  std::vector<float> same(6, 0.5f);
+  EXPECT_EQ(reorderRows(same.data(), 3, 2 * sizeof(float)), 0);
+  EXPECT_THROW(reorderRows(same.data(), 1, 6 * sizeof(float)), InvalidArgument);
+}
+
 }  // namespace
 }  // namespace lmr::inject

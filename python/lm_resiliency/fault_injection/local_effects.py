@@ -1,7 +1,8 @@
-"""The built-in local executor (safe_in_process): corruption, drop, reorder, duplicate and
+"""The built-in local effects (safe_in_process): corruption, drop, reorder, duplicate and
 stale values on a module's inputs and outputs, on gradients, parameters and optimizer
-state, and delays on module calls. Element selection and the arithmetic on the selected
-elements run in C++ (lmr::inject) on host copies of the tensors; this module only places
+state, and delays on module calls. The effect's parameters (defaults applied), element
+selection and the arithmetic on the selected elements come from C++ (lmr::campaign
+EffectSpec, lmr::inject) and run on host copies of the tensors; this module only places
 hooks and moves tensors.
 
 Every effect is an ``ActiveEffect``: the session activates it at its optimizer boundary,
@@ -10,7 +11,6 @@ calls ``before_step`` at each step while it lives, and deactivates it at expiry.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from typing import Any, Callable, Optional
@@ -22,34 +22,17 @@ from lm_resiliency.common import REPLAY_COPY
 from lm_resiliency.frameworks import FrameworkAdapter
 from lm_resiliency.fault_injection.effect import ActiveEffect
 from lm_resiliency.fault_injection.executors import FaultRequest
+from lm_resiliency.fault_injection.history import History
+from lm_resiliency.fault_injection.tensor_ops import (
+    DTYPES,
+    Action,
+    Unsupported,
+    as_bytes,
+    check_tensor,
+    optimizer_state_tensor,
+    rows,
+)
 from lm_resiliency.fault_injection.targets import ResolvedTarget
-
-
-DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float64: "float64"}
-
-
-class Unsupported(Exception):
-    """A tensor the built-in effects cannot touch (sparse, empty, non-strided, integer)."""
-
-
-def _check(t: Any, needs_float: bool = True) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise Unsupported(f"not a tensor ({type(t).__name__})")
-    if t.layout != torch.strided:
-        raise Unsupported(f"{t.layout} tensors are not supported")
-    if t.numel() == 0:
-        raise Unsupported("empty tensor")
-    if needs_float and t.dtype not in DTYPES:
-        raise Unsupported(f"dtype {t.dtype} (supported: float16, bfloat16, float32, float64)")
-    return t
-
-
-def _rows(t: torch.Tensor) -> int:
-    return t.shape[0] if t.dim() >= 1 else 1
-
-
-def _bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.view(-1).view(torch.uint8)
 
 
 class _Replace(torch.autograd.Function):
@@ -62,38 +45,6 @@ class _Replace(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
         return grad, None
-
-
-def _value(raw: Any) -> Optional[float]:
-    if raw is None:
-        return None
-    if isinstance(raw, str):
-        return {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}[raw]
-    return float(raw)
-
-
-class Action:
-    """What the effect does to a tensor, from the manifest's type and parameters."""
-
-    def __init__(self, request: FaultRequest) -> None:
-        p = request.parameters
-        self.kind = str(request.failure_type)
-        self.seed = str(request.seed)
-        self.injection_id = request.injection_id
-        self.scope = p.get("scope", "single")
-        self.operation = p.get("operation", "set_value" if self.kind == "drop" else "sign_flip")
-        self.magnitude = p.get("magnitude", "medium")
-        self.value = 0.0 if self.kind == "drop" else _value(p.get("value"))
-        self.factor = p.get("factor")
-        self.std = p.get("std")
-
-    def indices(self, t: torch.Tensor) -> list[int]:
-        return _core.selection_indices(self.seed, self.injection_id, self.scope, t.numel(), _rows(t))
-
-    def corrupt_in_place(self, host: torch.Tensor) -> Any:
-        """`host` is a contiguous CPU tensor owned by the caller."""
-        return _core.corrupt(_bytes(host), DTYPES[host.dtype], _rows(host), self.seed, self.injection_id, self.scope,
-                             self.operation, self.magnitude, self.value, self.factor, self.std)
 
 
 class _Budget:
@@ -115,31 +66,6 @@ class _Budget:
         return self.left is not None and self.left <= 0
 
 
-class History:
-    """The values an effect's selection held at earlier calls or boundaries (only the
-    selected elements), for stale_state and duplicate."""
-
-    def __init__(self) -> None:
-        self.entries: list[tuple[int, int, torch.Tensor]] = []  # (iteration, numel, values)
-        self.invalid = ""
-
-    def record(self, iteration: int, t: torch.Tensor, indices: list[int]) -> None:
-        flat = t.detach().reshape(-1)  # callers pass the rank-local part (adapter.local)
-        self.entries = self.entries[-1:] + [(iteration, flat.numel(), flat[indices].to("cpu", copy=True).contiguous())]
-
-    def previous(self, kind: str, iteration: int, numel: int) -> torch.Tensor:
-        if self.invalid:
-            raise Unsupported(f"history unavailable: {self.invalid}")
-        usable = [e for e in self.entries if kind == "duplicate" or e[0] < iteration]
-        if not usable:
-            raise Unsupported("no earlier value to replay (a stale or duplicate fault needs history from before "
-                              "its trigger iteration)")
-        seen_iteration, seen_numel, values = usable[-1]
-        if seen_numel != numel:
-            raise Unsupported(f"the tensor had {seen_numel} elements when observed, {numel} now")
-        return values
-
-
 class _TensorTransform:
     """Applies an action to one tensor value, returning the new value."""
 
@@ -150,20 +76,19 @@ class _TensorTransform:
 
     def __call__(self, t: torch.Tensor) -> torch.Tensor:
         a = self.action
-        _check(t, needs_float=a.kind != "reorder")
-        if a.kind == "reorder":
-            if _rows(t) < 2:
-                raise Unsupported("reorder needs a leading dimension of at least 2")
-            out = torch.roll(t.detach(), shifts=1, dims=0)
-            self.changed += int((out != t.detach()).any(dim=tuple(range(1, t.dim())) if t.dim() > 1 else 0).sum())
-            self.selected += _rows(t)
-            return out
+        check_tensor(t, needs_float=a.kind != "reorder")
+        if a.kind == "reorder" and rows(t) < 2:
+            raise Unsupported("reorder needs a leading dimension of at least 2")
         host = t.detach().to("cpu", copy=True).contiguous()
+        if a.kind == "reorder":
+            self.changed += _core.reorder_rows(as_bytes(host), rows(host))
+            self.selected += rows(t)
+            return host.to(t.device).view(t.shape)
         if a.kind in ("stale_state", "duplicate"):
             idx = a.indices(host)
             values = self.history.previous(a.kind, self.clock(), host.numel())
             self.history.record(self.clock(), t, idx)  # this call is the next one's history
-            applied = _core.overwrite(_bytes(host), DTYPES[host.dtype], idx, _bytes(values.to(host.dtype)))
+            applied = _core.overwrite(as_bytes(host), DTYPES[host.dtype], idx, as_bytes(values.to(host.dtype)))
         else:
             applied = a.corrupt_in_place(host)
         self.changed += applied.changed
@@ -177,7 +102,7 @@ class _HookedEffect(ActiveEffect):
     idle_reason = "no matching call happened"  # the error when it never took effect
 
     def __init__(self, request: FaultRequest, target: ResolvedTarget) -> None:
-        super().__init__(request, "safe_in_process")
+        super().__init__(request)
         self.target, self.budget = target, _Budget(dict(request.lifetime))
         self.handle = None
 
@@ -196,10 +121,10 @@ class _HookedEffect(ActiveEffect):
 class ActivationEffect(_HookedEffect):
     """Module inputs (first tensor argument) or outputs (first tensor of the result)."""
 
-    def __init__(self, request: FaultRequest, target: ResolvedTarget, clock: Callable[[], int],
+    def __init__(self, request: FaultRequest, action: Action, target: ResolvedTarget, clock: Callable[[], int],
                  history: Optional[History]) -> None:
         super().__init__(request, target)
-        self.transform = _TensorTransform(Action(request), history, clock)
+        self.transform = _TensorTransform(action, history, clock)
 
     def _apply(self, value: Any) -> Any:
         if not self.budget.take():
@@ -245,11 +170,11 @@ class GradientEffect(_HookedEffect):
 
     idle_reason = "no gradient was corrupted (no backward reached the parameter)"
 
-    def __init__(self, request: FaultRequest, target: ResolvedTarget, adapter: FrameworkAdapter,
+    def __init__(self, request: FaultRequest, action: Action, target: ResolvedTarget, adapter: FrameworkAdapter,
                  clock: Callable[[], int], history: Optional[History]) -> None:
         super().__init__(request, target)
         self.adapter = adapter
-        self.transform = _TensorTransform(Action(request), history, clock)
+        self.transform = _TensorTransform(action, history, clock)
         self.sharded = not adapter.gradient_hook_is_final(target.parameter)
         self.follow_handle = None
 
@@ -296,30 +221,15 @@ class GradientEffect(_HookedEffect):
                 local.copy_(self._apply(local))
 
 
-def optimizer_state_tensor(adapter: FrameworkAdapter, parameter: torch.Tensor, key: Optional[str]) -> torch.Tensor:
-    state = adapter.optimizer_state(parameter)
-    if not state:
-        raise Unsupported("the optimizer has no state for this parameter yet (it appears after the first step)")
-    if key is not None:
-        if key not in state or not isinstance(state[key], torch.Tensor):
-            raise Unsupported(f"optimizer state has no tensor {key!r} (has: {', '.join(sorted(state))})")
-        return state[key]
-    for k in sorted(state):
-        v = state[k]
-        if isinstance(v, torch.Tensor) and v.is_floating_point() and v.shape == parameter.shape:
-            return v
-    raise Unsupported("optimizer state holds no tensor shaped like the parameter")
-
-
 class StateEffect(ActiveEffect):
     """Weights, biases and optimizer state, mutated in place at activation and retired at
     expiry by removing the injected delta (exact restore where nothing changed since)."""
 
-    def __init__(self, request: FaultRequest, target: ResolvedTarget, adapter: FrameworkAdapter,
+    def __init__(self, request: FaultRequest, action: Action, target: ResolvedTarget, adapter: FrameworkAdapter,
                  history: Optional[History]) -> None:
-        super().__init__(request, "safe_in_process")
+        super().__init__(request)
         self.target, self.adapter, self.history = target, adapter, history
-        self.action = Action(request)
+        self.action = action
         self.applied = None
         self.tensor: Optional[torch.Tensor] = None
 
@@ -344,13 +254,13 @@ class StateEffect(ActiveEffect):
 
     def activate(self) -> None:
         try:
-            self.tensor = _check(self._tensor())
+            self.tensor = check_tensor(self._tensor())
             if self.action.kind in ("stale_state", "duplicate"):
                 local = self.adapter.local(self.tensor)
                 values = self.history.previous("stale_state", 1 << 62, local.numel())
                 idx = self.action.indices(local)
-                self.applied = self._edit(lambda host: _core.overwrite(_bytes(host), DTYPES[host.dtype], idx,
-                                                                       _bytes(values.to(host.dtype))))
+                self.applied = self._edit(lambda host: _core.overwrite(as_bytes(host), DTYPES[host.dtype], idx,
+                                                                       as_bytes(values.to(host.dtype))))
             else:
                 self.applied = self._edit(self.action.corrupt_in_place)
         except Unsupported as e:
@@ -371,7 +281,7 @@ class StateEffect(ActiveEffect):
             return {"retired": "replaced by a checkpoint load"}
         applied, self.applied = self.applied, None
         try:
-            exact = self._edit(lambda host: _core.retire(_bytes(host), DTYPES[host.dtype], applied))
+            exact = self._edit(lambda host: _core.retire(as_bytes(host), DTYPES[host.dtype], applied))
         except ValueError as e:
             # Only permanent faults reach here (bounded non-finite ones are refused when the
             # manifest is read): training has mixed the non-finite values into others, so
@@ -383,10 +293,10 @@ class StateEffect(ActiveEffect):
 class DelayEffect(_HookedEffect):
     """Delays each matching call of a module by `delay_ms`, interruptibly."""
 
-    def __init__(self, request: FaultRequest, target: ResolvedTarget, stop: threading.Event) -> None:
+    def __init__(self, request: FaultRequest, action: Action, target: ResolvedTarget, stop: threading.Event) -> None:
         super().__init__(request, target)
         self.stop = stop
-        self.seconds = float(request.parameters["delay_ms"]) / 1000.0
+        self.seconds = action.spec.delay_ms / 1000.0
         self.waited = 0.0
 
     def _pre(self, _m: Any, _args: Any) -> None:
@@ -403,62 +313,14 @@ class DelayEffect(_HookedEffect):
         self.handle = self.target.module.register_forward_pre_hook(self._pre)
 
 
-class HistoryObserver:
-    """Collects the values a stale or duplicate fault will replay, from one iteration before
-    its trigger: the selected elements of each call's input, output or gradient, or a
-    snapshot of the state at installation. The effect takes the history over when armed."""
-
-    def __init__(self, request: FaultRequest, target: ResolvedTarget, adapter: FrameworkAdapter,
-                 clock: Callable[[], int]) -> None:
-        self.request, self.target, self.adapter, self.clock = request, target, adapter, clock
-        self.action = Action(request)
-        self.history = History()
-        self.handle = None
-
-    def _observe(self, t: Any) -> None:
-        if isinstance(t, (tuple, list)) and t:
-            t = t[0]
-        try:
-            _check(t)
-            self.history.record(self.clock(), t, self.action.indices(t))
-        except Unsupported as e:
-            self.history.invalid = str(e)  # an unusable observation poisons the window
-
-    def install(self) -> None:
-        surface, m = self.target.surface, self.target.module
-        if surface == "output":
-            self.handle = m.register_forward_hook(lambda _m, _i, out: self._observe(out))
-        elif surface == "input":
-            self.handle = m.register_forward_pre_hook(lambda _m, args: self._observe(args[0]) if args else None)
-        elif surface == "gradient" and self.adapter.gradient_hook_is_final(self.target.parameter):
-            self.handle = self.target.parameter.register_hook(lambda g: self._observe(g))
-        elif surface in ("weight", "bias", "optimizer_state"):
-            try:
-                t = self.target.parameter if surface != "optimizer_state" else optimizer_state_tensor(
-                    self.adapter, self.target.parameter, self.target.state_key)
-                self._observe(self.adapter.local(t))
-            except Unsupported as e:
-                self.history.invalid = str(e)
-
-    def before_step(self) -> None:
-        p = self.target.parameter
-        if self.target.surface == "gradient" and not self.adapter.gradient_hook_is_final(p) and p.grad is not None:
-            self._observe(self.adapter.local(p.grad))
-
-    def remove(self) -> None:
-        if self.handle is not None:
-            self.handle.remove()
-            self.handle = None
-
-
-def make_effect(request: FaultRequest, target: ResolvedTarget, adapter: FrameworkAdapter,
+def make_effect(request: FaultRequest, spec: "_core.EffectSpec", target: ResolvedTarget, adapter: FrameworkAdapter,
                 clock: Callable[[], int], history: Optional[History], stop: threading.Event) -> ActiveEffect:
     """The built-in effect for a (type, surface) that isBuiltInEffect accepts."""
-    kind, surface = str(request.failure_type), target.surface
-    if kind == "delay":
-        return DelayEffect(request, target, stop)
-    if surface in ("input", "output"):
-        return ActivationEffect(request, target, clock, history)
-    if surface == "gradient":
-        return GradientEffect(request, target, adapter, clock, history)
-    return StateEffect(request, target, adapter, history)
+    action = Action(request, spec)
+    if action.kind == "delay":
+        return DelayEffect(request, action, target, stop)
+    if target.surface in ("input", "output"):
+        return ActivationEffect(request, action, target, clock, history)
+    if target.surface == "gradient":
+        return GradientEffect(request, action, target, adapter, clock, history)
+    return StateEffect(request, action, target, adapter, history)
