@@ -3,7 +3,7 @@ earlier calls or boundaries, collected from one iteration before the trigger."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import torch
 
