@@ -22,12 +22,12 @@ from lm_resiliency.manager_api import OrchestrationHooks
 from lm_resiliency.scout import groups
 from lm_resiliency.scout.capture import Capture
 from lm_resiliency.scout.config import ReplayHarnessConfig
+from lm_resiliency.scout.determinism import Determinism
 from lm_resiliency.scout.guard import Guard, WarnOnce, describe, log
 from lm_resiliency.scout.module_replay import ModuleReplay
 from lm_resiliency.scout.oob.monitor import HangMonitor
 from lm_resiliency.scout.optimizer_replay import OptimizerReplay
 from lm_resiliency.scout.pending import StartedCheck
-from lm_resiliency.scout.replay import Determinism
 from lm_resiliency.scout.result import ReplayResult, SurfaceResult
 
 
