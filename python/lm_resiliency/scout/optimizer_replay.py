@@ -14,7 +14,7 @@ from lm_resiliency import _core
 from lm_resiliency.frameworks import FrameworkAdapter
 from lm_resiliency.scout.broadcast import adopt_shapes, broadcast_flat
 from lm_resiliency.scout.determinism import Determinism
-from lm_resiliency.scout.pending import fingerprint
+from lm_resiliency.scout.fingerprints import fingerprint
 from lm_resiliency.scout.result import ReplayResult
 from lm_resiliency.scout.timing import Timer
 
