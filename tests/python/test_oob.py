@@ -12,7 +12,7 @@ import torch
 import lm_resiliency as lmr
 from lm_resiliency import _core
 from lm_resiliency.fault_injection import FaultCampaign, FaultInjectionRecord, RecordStatus, evaluate
-from lm_resiliency.manager_api import OrchestrationHooks
+from lm_resiliency.orchestration import OrchestrationHooks
 from lm_resiliency.scout import HangDetectionConfig, HangMonitor, SCOUTFaultReport, checkpoint_io, instrument_dataloader
 from lm_resiliency.scout.oob import derived_port, publisher
 from lm_resiliency.scout.oob.config import rendezvous_endpoint

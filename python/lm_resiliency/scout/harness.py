@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from lm_resiliency import _core
 from lm_resiliency.attach import REPLAY, attach
-from lm_resiliency.manager_api import OrchestrationHooks
+from lm_resiliency.orchestration import OrchestrationHooks
 from lm_resiliency.scout import groups
 from lm_resiliency.scout.capture import Capture
 from lm_resiliency.scout.config import ReplayHarnessConfig
