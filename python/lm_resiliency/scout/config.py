@@ -22,7 +22,7 @@ class ReplayHarnessConfig:
     output_interval: int = -1
     optimizer_interval: int = -1
     optimizer_slice_size: int = 8  # parameters per optimizer check, rotating
-    # Deterministic kernels inside replay (strict mode on CUDA, see scout/replay.py's
+    # Deterministic kernels inside replay (strict mode on CUDA, see scout/determinism.py's
     # Determinism); the user's setting is restored after each replay.
     deterministic: bool = True
     # Finish each check at the next optimizer boundary, reading fingerprints back without
