@@ -51,11 +51,7 @@ class ReplayHarness:
         self._layers = sorted(blocks)
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         self._peers = groups.build(self._adapter.mesh_dims(world))
-        timing = _core.TimingOptions(kappa=float(self.config.straggler_kappa),
-                                     absolute_threshold=float(self.config.straggler_absolute_s),
-                                     relative_threshold=float(self.config.straggler_relative))
-        self._tracker = _core.StragglerTracker(timing, self.config.confirmation_rounds, self.config.confirmation_checks,
-                                               self.config.temporal_window)
+        self._tracker = _core.StragglerTracker(self.config.straggler_options())
         self._device = next(iter(model.parameters())).device
         self._determinism = Determinism(self.config.deterministic, self._device)
         # Pipelined: a check's fingerprints and times are read at the next boundary (see

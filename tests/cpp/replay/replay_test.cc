@@ -76,6 +76,17 @@ const std::vector<std::int64_t> kRanks = {0, 1, 2, 3};
 const std::vector<double> kSlow2 = {0.10, 0.10, 0.40, 0.10};
 const std::vector<double> kEven = {0.10, 0.10, 0.10, 0.10};
 
+TEST(Replay, DefaultStragglerThresholdsIgnoreMillisecondNoise) {
+  // A replay of a few ms: 3 ms slower than its peers is host noise, not a straggler (the
+  // generic timing consensus would call it an outlier); 8 ms slower is.
+  replay::StragglerTracker t{replay::StragglerOptions{}};
+  const std::vector<double> noisy = {0.010, 0.010, 0.013, 0.010};
+  const std::vector<double> slow = {0.010, 0.010, 0.018, 0.010};
+  EXPECT_FALSE(t.observe("hidden.0", 1, once(noisy), kRanks).check.bitmap[2]);
+  EXPECT_TRUE(consensus::timing(noisy, consensus::TimingOptions{}, kRanks).bitmap[2]);
+  EXPECT_TRUE(t.observe("hidden.0", 2, once(slow), kRanks).check.bitmap[2]);
+}
+
 TEST(Replay, StragglersNeedKOfTheLastNChecks) {
   replay::StragglerTracker t(kOfN(3, 5));
   EXPECT_FALSE(t.observe("hidden.0", 10, once(kSlow2), kRanks).confirmed[2]);
