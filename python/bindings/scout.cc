@@ -163,13 +163,15 @@ void registerScout(nb::module_& m) {
     return replay::sourceRank(replay::PeerLayout{ranks, {}}, step);
   });
 
+  nb::class_<replay::StragglerOptions>(m, "StragglerOptions")
+      .def(nb::init<>())
+      .def_rw("timing", &replay::StragglerOptions::timing)
+      .def_rw("confirmation_rounds", &replay::StragglerOptions::confirmation_rounds)
+      .def_rw("confirmation_checks", &replay::StragglerOptions::confirmation_checks)
+      .def_rw("temporal_window", &replay::StragglerOptions::temporal_window);
+
   nb::class_<replay::StragglerTracker>(m, "StragglerTracker")
-      .def("__init__",
-           [](replay::StragglerTracker* t, const consensus::TimingOptions& timing, std::int64_t rounds,
-              std::int64_t checks, std::int64_t window) {
-             new (t) replay::StragglerTracker(replay::StragglerOptions{timing, rounds, checks, window});
-           },
-           nb::arg("timing"), nb::arg("confirmation_rounds"), nb::arg("confirmation_checks"), nb::arg("temporal_window"))
+      .def(nb::init<replay::StragglerOptions>(), nb::arg("options"))
       .def("observe",
            [](replay::StragglerTracker& t, const std::string& recipe, std::int64_t step,
               const std::vector<std::vector<double>>& repetitions, const std::vector<std::int64_t>& ranks) {

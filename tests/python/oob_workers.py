@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import lm_resiliency as lmr
-from lm_resiliency.manager_api import OrchestrationHooks
+from lm_resiliency.orchestration import OrchestrationHooks
 from lm_resiliency.scout import HangDetectionConfig, HangMonitor, checkpoint_io, instrument_dataloader
 from lm_resiliency.workloads import TrainConfig, build
 from lm_resiliency.workloads.model import DecoderConfig

@@ -46,16 +46,22 @@ def test_compute_sdc_is_localized_on_every_surface(parallel):
         assert all(r.status == "Agree" for r in after)
 
 
+# weight: rank 1's weights corrupted at step 3, seen in its parameters. Pipelined, the
+# evidence must be each peer's own copy, not the source's values that the replay broadcast
+# writes into the same buffers before the check finishes.
+# adam: rank 2's optimizer state corrupted at step 4. Slice 0 (holding the parameter) is
+# replayed at steps 1, 4, 7: the corrupted state is seen at 4, before it has skewed any weight.
 @pytest.mark.parametrize("pipelined", [False, True])
-def test_weight_sdc_ddp_replicas_localize(pipelined):
-    # Pipelined: the evidence must be each peer's own copy, not the source's values that
-    # the replay broadcast writes into the same buffers before the check finishes.
-    per_rank = spawn(scout_workers.run, 4, args=("ddp", "weight", 8, 1, pipelined))
-    occurrences, report, results = score("weight", per_rank)
-    assert occurrences["weight@3"]["localized"], occurrences["weight@3"]["reasons"]
+@pytest.mark.parametrize("fault,step,rank,source", [("weight", 3, 1, "hidden.0.params"),
+                                                     ("adam", 4, 2, "optimizer.0.state")])
+def test_state_sdc_ddp_replicas_localize(fault, step, rank, source, pipelined):
+    per_rank = spawn(scout_workers.run, 4, args=("ddp", fault, 8, 1, pipelined))
+    occurrences, _, results = score(fault, per_rank)
+    occurrence = occurrences[f"{fault}@{step}"]
+    assert occurrence["localized"], occurrence["reasons"]
     first = next(r for r in results if r.status == "Attributed")
-    assert first.step == 3 and first.sdc_ranks == [1] and "hidden.0.params" in first.sdc_sources
-    assert all(r.sdc_ranks == [1] for r in results if r.status == "Attributed")
+    assert first.step == step and first.sdc_ranks == [rank] and source in first.sdc_sources
+    assert all(r.sdc_ranks == [rank] for r in results if r.status == "Attributed")
 
 
 @pytest.mark.parametrize("parallel", ["fsdp2", "hsdp"])
@@ -68,18 +74,6 @@ def test_state_sdc_without_a_majority_of_copies_is_never_misattributed(parallel)
         assert r.status in ("Agree", "Inconclusive") and not any(r.sdc_bitmap), r.to_json()
     if parallel == "hsdp":
         assert any("params" in s for r in results for s in r.inconclusive_recipes)
-
-
-@pytest.mark.parametrize("pipelined", [False, True])
-def test_optimizer_state_sdc_ddp(pipelined):
-    per_rank = spawn(scout_workers.run, 4, args=("ddp", "adam", 8, 1, pipelined))
-    occurrences, _, results = score("adam", per_rank)
-    assert occurrences["adam@4"]["localized"], occurrences["adam@4"]["reasons"]
-    first = next(r for r in results if r.status == "Attributed")
-    # Slice 0 (holding the parameter) is replayed at steps 1, 4, 7: the corrupted state is
-    # seen at 4, before it has skewed any weight.
-    assert first.step == 4 and first.sdc_ranks == [2] and "optimizer.0.state" in first.sdc_sources
-    assert all(r.sdc_ranks == [2] for r in results if r.status == "Attributed")
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp2", "hsdp"])

@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 
-from lm_resiliency.scout.replay import Determinism
+from lm_resiliency.scout.determinism import Determinism
 from lm_resiliency.workloads import Decoder, DecoderConfig
 
 

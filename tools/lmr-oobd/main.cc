@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "lmr/common/error.h"
+#include "lmr/common/list.h"
 #include "observer.h"
 
 namespace {
@@ -72,22 +73,6 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-std::vector<std::int64_t> ranksOf(const std::string& text) {
-  std::vector<std::int64_t> out;
-  std::size_t pos = 0;
-  while (pos <= text.size()) {
-    const std::size_t comma = text.find(',', pos);
-    const std::string item = text.substr(pos, comma - pos);
-    char* end = nullptr;
-    const long long v = std::strtoll(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || v < 0) throw lmr::InvalidArgument("--group-ranks has a bad rank \"" + item + "\"");
-    out.push_back(v);
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
-  }
-  return out;
-}
-
 void tell(int fd, const std::string& line) {
   if (fd < 0) return;
   const std::string text = line + "\n";
@@ -121,7 +106,7 @@ int main(int argc, char** argv) {
     o.instance = args.str("instance");
     o.generation = args.integer("generation", 0);
     o.group = args.str("group", "world");
-    o.group_ranks = ranksOf(args.str("group-ranks"));
+    o.group_ranks = lmr::parseIntegerList(args.str("group-ranks"), "--group-ranks", 0);
     o.index = args.integer("index", 0);
     char hostname[256] = {0};
     ::gethostname(hostname, sizeof(hostname) - 1);

@@ -18,6 +18,7 @@
 #include "commands.h"
 #include "lmr/common/error.h"
 #include "lmr/common/hex.h"
+#include "lmr/common/list.h"
 #include "lmr/consensus/consensus.h"
 #include "lmr/consensus/json.h"
 #include "lmr/signature/signature.h"
@@ -48,19 +49,6 @@ std::int64_t parseInteger(const std::string& text, const std::string& what) {
   return value;
 }
 
-std::vector<std::int64_t> parseRanks(const std::string& text) {
-  std::vector<std::int64_t> ranks;
-  std::size_t start = 0;
-  while (start <= text.size()) {
-    const std::size_t comma = text.find(',', start);
-    const std::size_t end = comma == std::string::npos ? text.size() : comma;
-    ranks.push_back(parseInteger(text.substr(start, end - start), "--ranks"));
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return ranks;
-}
-
 int exitCode(lmr::consensus::Status status) {
   switch (status) {
     case lmr::consensus::Status::kAgree: return 0;
@@ -83,7 +71,7 @@ int runC3(const std::vector<std::string>& args) {
       if (i + 1 >= args.size()) throw lmr::InvalidArgument(a + " needs a value");
       return args[++i];
     };
-    if (a == "--ranks") ranks = parseRanks(next());
+    if (a == "--ranks") ranks = lmr::parseIntegerList(next(), "--ranks");
     else if (!exact && a == "--kappa") options.kappa = parseNumber(next(), a);
     else if (!exact && a == "--scale-floor") options.scale_floor = parseNumber(next(), a);
     else if (!exact && a == "--absolute") options.absolute_threshold = parseNumber(next(), a);

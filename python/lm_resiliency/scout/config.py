@@ -5,8 +5,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Optional
 
+from lm_resiliency import _core
 from lm_resiliency.errors import InvalidArgumentError
 from lm_resiliency.scout.oob.config import HangDetectionConfig
+
+_DEFAULTS = _core.StragglerOptions()
 
 
 @dataclasses.dataclass
@@ -22,21 +25,22 @@ class ReplayHarnessConfig:
     output_interval: int = -1
     optimizer_interval: int = -1
     optimizer_slice_size: int = 8  # parameters per optimizer check, rotating
-    # Deterministic kernels inside replay (strict mode on CUDA, see scout/replay.py's
+    # Deterministic kernels inside replay (strict mode on CUDA, see scout/determinism.py's
     # Determinism); the user's setting is restored after each replay.
     deterministic: bool = True
     # Finish each check at the next optimizer boundary, reading fingerprints back without
     # stalling the GPU (results arrive one step later). None: on for CUDA models.
     pipelined: Optional[bool] = None
     compare_parameters: bool = True  # C3 on the replayed module's parameter state
-    straggler_kappa: float = 3.0
-    straggler_absolute_s: float = 0.005
-    straggler_relative: float = 0.25
+    # Outlier test of each check (defaults: lmr::replay::StragglerOptions).
+    straggler_kappa: float = _DEFAULTS.timing.kappa
+    straggler_absolute_s: float = _DEFAULTS.timing.absolute_threshold
+    straggler_relative: float = _DEFAULTS.timing.relative_threshold
     # Confirmation: a straggler is an outlier in `confirmation_rounds` of the last
-    # `confirmation_checks` checks of one recipe within `temporal_window` steps (lmr::replay).
-    confirmation_rounds: int = 3
-    confirmation_checks: int = 5
-    temporal_window: int = 1000
+    # `confirmation_checks` checks of one recipe within `temporal_window` steps.
+    confirmation_rounds: int = _DEFAULTS.confirmation_rounds
+    confirmation_checks: int = _DEFAULTS.confirmation_checks
+    temporal_window: int = _DEFAULTS.temporal_window
     # Timed repetitions of each replay per check; a peer's evidence is its fastest one, so
     # host noise (preemption) does not make a healthy peer look slow. None: 3 for CPU
     # models, 1 for CUDA ones (GPU event time is not disturbed by host scheduling).
@@ -69,6 +73,18 @@ class ReplayHarnessConfig:
             raise InvalidArgumentError(f"ReplayHarnessConfig.pipelined must be True, False or None, got {self.pipelined!r}")
         if self.hang_detection is not None and not isinstance(self.hang_detection, HangDetectionConfig):
             raise InvalidArgumentError("ReplayHarnessConfig.hang_detection must be a HangDetectionConfig or None")
+
+    def straggler_options(self) -> "_core.StragglerOptions":
+        """These settings as lmr::replay::StragglerOptions."""
+        o = _core.StragglerOptions()
+        timing = o.timing
+        timing.kappa = float(self.straggler_kappa)
+        timing.absolute_threshold = float(self.straggler_absolute_s)
+        timing.relative_threshold = float(self.straggler_relative)
+        o.timing = timing
+        o.confirmation_rounds, o.confirmation_checks = self.confirmation_rounds, self.confirmation_checks
+        o.temporal_window = self.temporal_window
+        return o
 
     def cadence(self) -> tuple[int, int, int, int, int]:
         return (self.check_interval, self.embedding_interval, self.hidden_interval, self.output_interval,

@@ -18,17 +18,17 @@ import torch.distributed as dist
 
 from lm_resiliency import _core
 from lm_resiliency.attach import REPLAY, attach
-from lm_resiliency.manager_api import OrchestrationHooks
+from lm_resiliency.orchestration import OrchestrationHooks
 from lm_resiliency.scout import groups
 from lm_resiliency.scout.capture import Capture
 from lm_resiliency.scout.config import ReplayHarnessConfig
+from lm_resiliency.scout.determinism import Determinism
 from lm_resiliency.scout.guard import Guard, WarnOnce, describe, log
 from lm_resiliency.scout.module_replay import ModuleReplay
 from lm_resiliency.scout.oob.monitor import HangMonitor
 from lm_resiliency.scout.optimizer_replay import OptimizerReplay
-from lm_resiliency.scout.pending import StartedCheck
-from lm_resiliency.scout.replay import Determinism
 from lm_resiliency.scout.result import ReplayResult, SurfaceResult
+from lm_resiliency.scout.started_check import StartedCheck
 
 
 class ReplayHarness:
@@ -51,15 +51,11 @@ class ReplayHarness:
         self._layers = sorted(blocks)
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         self._peers = groups.build(self._adapter.mesh_dims(world))
-        timing = _core.TimingOptions(kappa=float(self.config.straggler_kappa),
-                                     absolute_threshold=float(self.config.straggler_absolute_s),
-                                     relative_threshold=float(self.config.straggler_relative))
-        self._tracker = _core.StragglerTracker(timing, self.config.confirmation_rounds, self.config.confirmation_checks,
-                                               self.config.temporal_window)
+        self._tracker = _core.StragglerTracker(self.config.straggler_options())
         self._device = next(iter(model.parameters())).device
         self._determinism = Determinism(self.config.deterministic, self._device)
         # Pipelined: a check's fingerprints and times are read at the next boundary (see
-        # scout/pending.py); on by default on CUDA.
+        # scout/started_check.py); on by default on CUDA.
         self._pipelined = self.config.pipelined if self.config.pipelined is not None else self._device.type == "cuda"
         repeats = self.config.timing_repeats or (1 if self._device.type == "cuda" else 3)
         self._replaying = [False]

@@ -21,11 +21,13 @@ from lm_resiliency import _core
 from lm_resiliency.common import REPLAY_COPY
 from lm_resiliency.frameworks import FrameworkAdapter
 from lm_resiliency.scout.arguments import leaves, map_tensors
+from lm_resiliency.scout.broadcast import broadcast_flat
 from lm_resiliency.scout.capture import Capture
-from lm_resiliency.scout.pending import fingerprint
-from lm_resiliency.scout.replay import (Determinism, Timer, broadcast_flat, call_with_hooks, first_tensor,
-                                        swapped_parameters)
+from lm_resiliency.scout.determinism import Determinism
+from lm_resiliency.scout.fingerprints import fingerprint
+from lm_resiliency.scout.module_call import call_with_hooks, first_tensor, swapped_parameters
 from lm_resiliency.scout.result import ReplayResult
+from lm_resiliency.scout.timing import Timer
 
 
 @dataclasses.dataclass

@@ -11,10 +11,12 @@ from typing import Any, Callable, Optional
 import torch
 
 from lm_resiliency import _core
-from lm_resiliency.scout.pending import fingerprint
 from lm_resiliency.frameworks import FrameworkAdapter
-from lm_resiliency.scout.replay import Determinism, Timer, adopt_shapes, broadcast_flat
+from lm_resiliency.scout.broadcast import adopt_shapes, broadcast_flat
+from lm_resiliency.scout.determinism import Determinism
+from lm_resiliency.scout.fingerprints import fingerprint
 from lm_resiliency.scout.result import ReplayResult
+from lm_resiliency.scout.timing import Timer
 
 # One snapshot entry: (live parameter, its group index, pre-update value, gradient, state).
 Entry = tuple[torch.Tensor, int, torch.Tensor, Optional[torch.Tensor], dict[str, Any]]

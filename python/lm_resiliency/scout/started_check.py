@@ -12,34 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 import torch
 
+from lm_resiliency.scout.fingerprints import Fingerprints
 from lm_resiliency.scout.result import ReplayResult
-from lm_resiliency.signature import signature
-
-
-def _sign(tensors: list[Optional[torch.Tensor]]) -> bytes:
-    return b"".join(b"-" * 16 if t is None else signature(t.detach()).digest for t in tensors)
-
-
-class Fingerprints:
-    """The fingerprint of `tensors` (plus `suffix`), taken when resolved. Tensors the
-    training step will change (live parameters and optimizer state) are copied now."""
-
-    def __init__(self, tensors: list[Optional[torch.Tensor]], suffix: bytes = b"", live: bool = False):
-        self.tensors = [None if t is None else (t.detach().clone() if live else t.detach()) for t in tensors]
-        self.suffix = suffix
-
-    def resolve(self) -> bytes:
-        return _sign(self.tensors) + self.suffix
-
-
-def fingerprint(tensors: list[Optional[torch.Tensor]], pipelined: bool, suffix: bytes = b"",
-                live: bool = False) -> Union[bytes, Fingerprints]:
-    """Bytes now, or (pipelined) a Fingerprints resolved when the check finishes."""
-    return Fingerprints(tensors, suffix, live) if pipelined else _sign(tensors) + suffix
 
 
 def seconds(value: Any) -> float:
