@@ -65,8 +65,8 @@ std::string contractDigest(const std::vector<std::string>& fields);
 struct StragglerOptions {
   // Per-check outlier test. A replay lasts milliseconds, so a slow peer must also exceed
   // the median by 5 ms and by a quarter of it: host noise of that size is common.
-  consensus::TimingOptions timing{.kappa = 3.0, .scale_floor = 1e-4, .absolute_threshold = 0.005,
-                                  .relative_threshold = 0.25, .min_peers = 3};
+  consensus::TimingOptions timing{
+      .kappa = 3.0, .scale_floor = 1e-4, .absolute_threshold = 0.005, .relative_threshold = 0.25, .min_peers = 3};
   std::int64_t confirmation_rounds = 3;  // k: outlier checks needed ...
   std::int64_t confirmation_checks = 5;  // n: ... among this many most recent checks of the recipe
   std::int64_t temporal_window = 1000;   // checks more than this many steps old are forgotten
