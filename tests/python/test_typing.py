@@ -18,7 +18,7 @@ def test_core_stub_is_installed_next_to_core():
     assert stub.parent == PACKAGE and stub.is_file(), "the build must install _core.pyi beside _core"
     tree = ast.parse(stub.read_text())  # a stub is valid Python syntax
     names = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
-    for known in ("Campaign", "Schedule", "InjectionRecord", "selection_indices", "mesh_compute_groups"):
+    for known in ("Campaign", "ExactResult", "exact", "timing", "selection_indices", "mesh_compute_groups"):
         assert known in names, f"_core.pyi does not declare {known}"
         assert hasattr(_core, known)
 
