@@ -13,5 +13,6 @@ void registerInject(nanobind::module_& m);
 void registerScout(nanobind::module_& m);
 void registerOob(nanobind::module_& m);
 void registerHealth(nanobind::module_& m);
+void registerFiles(nanobind::module_& m);
 
 }  // namespace lmr::python

@@ -14,4 +14,5 @@ NB_MODULE(_core, m) {
   lmr::python::registerScout(m);
   lmr::python::registerOob(m);
   lmr::python::registerHealth(m);
+  lmr::python::registerFiles(m);
 }

@@ -226,6 +226,19 @@ def test_derived_ports_differ_across_generations_and_runs():
     assert derived_port("run-a", 0) != derived_port("run-b", 0)
 
 
+def test_atomic_write_is_the_engine_s(tmp_path):
+    import importlib
+
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("lm_resiliency._atomic")
+    target = tmp_path / "a.txt"
+    _core.write_text_atomic(target, "one\n")
+    _core.write_text_atomic(str(target), "two ü\n")
+    assert target.read_text(encoding="utf-8") == "two ü\n" and os.listdir(tmp_path) == ["a.txt"]
+    with pytest.raises(lmr.LmrIOError, match="missing"):
+        _core.write_text_atomic(tmp_path / "missing" / "a.txt", "x")
+
+
 def test_report_parsing_is_strict():
     good = {"kind": "process_stall", "scope": "rank", "ranks": [1], "hosts": ["h"], "detection_latency_s": 2.0}
     r = SCOUTFaultReport.from_dict(good)
