@@ -2,10 +2,12 @@
 // publish methods are the hot path: no GIL release, no allocation, a few nanoseconds each.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
 
 #include "bindings.h"
 #include "lmr/common/error.h"
 #include "lmr/oob/progress.h"
+#include "lmr/oob/rendezvous.h"
 
 namespace nb = nanobind;
 
@@ -19,6 +21,9 @@ void registerOob(nb::module_& m) {
       nb::arg("run_id"), nb::arg("generation"), nb::arg("pid"),
         nb::arg("group"), nb::arg("rank"), "The shared-memory name of one rank's progress record.");
   m.def("oob_now_ns", &oob::nowNs, "CLOCK_MONOTONIC in nanoseconds (the records' clock).");
+  m.def("oob_derived_port", &oob::derivedPort, nb::arg("run_id"), nb::arg("generation"), nb::arg("master_port") = 0,
+        "The daemons' TCP port for one (run, generation); never master_port (lmr::oob::derivedPort).");
+
 
   nb::class_<oob::ProgressWriter>(m, "ProgressWriter")
       .def(

@@ -226,6 +226,20 @@ def test_derived_ports_differ_across_generations_and_runs():
     assert derived_port("run-a", 0) != derived_port("run-b", 0)
 
 
+def test_derived_port_is_the_engine_s_and_matches_the_former_python_formula():
+    import hashlib
+
+    def former(run_id, generation, master_port=0):
+        h = int.from_bytes(hashlib.sha256(f"lmr-oob|{run_id}|{master_port}".encode()).digest()[:8], "big")
+        port = 20000 + (h + generation) % 30000
+        return 20000 + (h + generation + 1) % 30000 if port == master_port else port
+
+    for run_id, generation, master_port in (("run", 0, 29500), ("run-a", 3, 0), ("job-42", 17, 29400),
+                                            ("", 0, 0), ("x", 22868, 25000), ("torchelastic_a1b2", 1, 29500)):
+        assert _core.oob_derived_port(run_id, generation, master_port) == former(run_id, generation, master_port)
+        assert derived_port(run_id, generation, master_port) == former(run_id, generation, master_port)
+
+
 def test_atomic_write_is_the_engine_s(tmp_path):
     import importlib
 
