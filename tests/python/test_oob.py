@@ -240,6 +240,16 @@ def test_derived_port_is_the_engine_s_and_matches_the_former_python_formula():
         assert derived_port(run_id, generation, master_port) == former(run_id, generation, master_port)
 
 
+def test_collective_codes_and_digests_are_the_engine_s():
+    import zlib
+
+    assert _core.COLLECTIVE_OPS["all_reduce"] == 1 and _core.COLLECTIVE_OPS["reduce_scatter_single"] == 23
+    assert set(_core.COLLECTIVE_OPS) == set(publisher._PARAMS)
+    assert max(_core.COLLECTIVE_OPS.values()) < _core.FIRST_INTERNAL_COLLECTIVE_OP
+    for text in ("", "0,1,2,3", "(torch.float32, -1, (4, 4))"):
+        assert _core.fingerprint_digest(text) == zlib.crc32(text.encode())
+
+
 def test_atomic_write_is_the_engine_s(tmp_path):
     import importlib
 
