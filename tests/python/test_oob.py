@@ -250,6 +250,26 @@ def test_collective_codes_and_digests_are_the_engine_s():
         assert _core.fingerprint_digest(text) == zlib.crc32(text.encode())
 
 
+def test_report_reader_rejects_what_the_daemon_never_writes(tmp_path):
+    good = {"kind": "process_stall", "scope": "rank", "ranks": [1], "hosts": ["h"]}
+    assert SCOUTFaultReport.from_dict(good).ranks == (1,)
+    for bad, message in (({**good, "rank": 1}, "rank: unknown field"), ({**good, "ranks": [1, "2"]}, r"ranks\[1\]"),
+                         ({**good, "hosts": [3]}, r"hosts\[0\]"), ({**good, "step": 1.5}, "step"),
+                         ({**good, "type": "lmr.health_event"}, "type"), ([good], "must be an object")):
+        with pytest.raises(lmr.InvalidArgumentError, match=message):
+            SCOUTFaultReport.from_dict(bad)
+    path = tmp_path / "r.json"
+    _core.write_text_atomic(path, json.dumps({**good, "evidence": {"reason": "x"}}))
+    assert SCOUTFaultReport.from_file(path).evidence == {"reason": "x"}
+    path.write_text("{")
+    with pytest.raises(lmr.InvalidArgumentError, match="r.json"):
+        SCOUTFaultReport.from_file(path)
+    with pytest.raises(lmr.LmrIOError, match="nope.json"):
+        SCOUTFaultReport.from_file(tmp_path / "nope.json")
+    with pytest.raises(lmr.InvalidArgumentError, match="kind"):
+        SCOUTFaultReport(kind="weird", scope="rank", ranks=(), hosts=())
+
+
 def test_atomic_write_is_the_engine_s(tmp_path):
     import importlib
 
