@@ -153,7 +153,8 @@ void numberOption(nb::class_<MonitorOptions>& c, const char* name) {
 
 std::string deviceRepr(const DeviceInfo& d) {
   return "HealthDevice(index=" + std::to_string(d.index) + ", uuid=" + reprText(nb::str(d.uuid.c_str())) +
-         ", pci_bus_id=" + reprText(nb::str(d.pci_bus_id.c_str())) + ", name=" + reprText(nb::str(d.name.c_str())) + ")";
+         ", pci_bus_id=" + reprText(nb::str(d.pci_bus_id.c_str())) +
+         ", name=" + reprText(nb::str(d.name.c_str())) + ")";
 }
 
 void registerConfig(nb::module_& m) {
@@ -221,7 +222,8 @@ void registerRecords(nb::module_& m) {
       .def_ro("pci_bus_id", &DeviceInfo::pci_bus_id)
       .def_ro("name", &DeviceInfo::name)
       .def(nb::self == nb::self)
-      .def("__hash__", [](const DeviceInfo& d) { return nb::hash(nb::make_tuple(d.index, d.uuid, d.pci_bus_id, d.name)); })
+      .def("__hash__",
+           [](const DeviceInfo& d) { return nb::hash(nb::make_tuple(d.index, d.uuid, d.pci_bus_id, d.name)); })
       .def("__repr__", &deviceRepr);
 
   nb::class_<Reading>(m, "HealthReading", "One reading of one metric of one device.")
@@ -253,7 +255,8 @@ void registerRecords(nb::module_& m) {
       .def_ro("metric", &UnsupportedMetric::metric)
       .def_ro("reason", &UnsupportedMetric::reason)
       .def(nb::self == nb::self)
-      .def("__hash__", [](const UnsupportedMetric& u) { return nb::hash(nb::make_tuple(u.device, u.metric, u.reason)); })
+      .def("__hash__",
+           [](const UnsupportedMetric& u) { return nb::hash(nb::make_tuple(u.device, u.metric, u.reason)); })
       .def("__repr__", [](const UnsupportedMetric& u) {
         return "UnsupportedMetric(device=" + deviceRepr(u.device) + ", metric=" + reprText(nb::str(u.metric.c_str())) +
                ", reason=" + reprText(nb::str(u.reason.c_str())) + ")";

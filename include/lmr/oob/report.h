@@ -20,15 +20,8 @@ namespace lmr::oob {
 
 inline constexpr const char* kReportType = "lmr.scout_fault_report";
 
-// Report kinds: the diagnosis kinds (see diagnose()), and a daemon that died.
+// Report kinds: the diagnosis kinds (report_kind in diagnose.h), and a daemon that died.
 namespace report_kind {
-inline constexpr const char* kCollectiveDesync = "collective_desync";
-inline constexpr const char* kProcessStall = "process_stall";
-inline constexpr const char* kDataloaderStall = "dataloader_stall";
-inline constexpr const char* kCheckpointIoStall = "checkpoint_io_stall";
-inline constexpr const char* kUnresponsiveRank = "unresponsive_rank";
-inline constexpr const char* kGroupStall = "group_stall";
-inline constexpr const char* kInconclusiveStall = "inconclusive_stall";
 inline constexpr const char* kDaemonFailure = "oob_daemon_failure";
 }  // namespace report_kind
 
@@ -39,9 +32,6 @@ struct ReportKind {
   std::optional<std::string_view> kit_kind;
 };
 const std::vector<ReportKind>& reportKinds();
-
-inline constexpr const char* kScopeRank = "rank";             // ranks attributed
-inline constexpr const char* kScopePeerGroup = "peer_group";  // inconclusive about who
 
 struct ScoutFaultReport {
   std::string kind;   // a reportKinds() name
