@@ -14,5 +14,7 @@ void registerInject(nanobind::module_& m);
 void registerScout(nanobind::module_& m);
 void registerOob(nanobind::module_& m);
 void registerHealth(nanobind::module_& m);
+void registerFiles(nanobind::module_& m);
+void registerOobReport(nanobind::module_& m);
 
 }  // namespace lmr::python

@@ -14,5 +14,7 @@ NB_MODULE(_core, m) {
   lmr::python::registerInject(m);
   lmr::python::registerScout(m);
   lmr::python::registerOob(m);
+  lmr::python::registerOobReport(m);
   lmr::python::registerHealth(m);
+  lmr::python::registerFiles(m);
 }

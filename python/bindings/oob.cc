@@ -1,11 +1,15 @@
-// Bindings of lmr::oob progress records (the training side of hang detection). The
+// Bindings of lmr::oob progress records (the training side of hang detection), the collective
+// op codes and fingerprint digest they carry, and the daemons' derived rendezvous port. The
 // publish methods are the hot path: no GIL release, no allocation, a few nanoseconds each.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
 
 #include "bindings.h"
 #include "lmr/common/error.h"
+#include "lmr/oob/collective_ops.h"
 #include "lmr/oob/progress.h"
+#include "lmr/oob/rendezvous.h"
 
 namespace nb = nanobind;
 
@@ -19,6 +23,16 @@ void registerOob(nb::module_& m) {
       nb::arg("run_id"), nb::arg("generation"), nb::arg("pid"),
         nb::arg("group"), nb::arg("rank"), "The shared-memory name of one rank's progress record.");
   m.def("oob_now_ns", &oob::nowNs, "CLOCK_MONOTONIC in nanoseconds (the records' clock).");
+  m.def("oob_derived_port", &oob::derivedPort, nb::arg("run_id"), nb::arg("generation"), nb::arg("master_port") = 0,
+        "The daemons' TCP port for one (run, generation); never master_port (lmr::oob::derivedPort).");
+
+  nb::dict ops;
+  for (const oob::CollectiveOp& op : oob::collectiveOps()) ops[nb::str(op.name.data(), op.name.size())] = op.code;
+  m.attr("COLLECTIVE_OPS") = ops;
+  m.attr("FIRST_INTERNAL_COLLECTIVE_OP") = oob::kFirstInternalCollectiveOp;
+  m.def(
+      "fingerprint_digest", [](const std::string& text) { return oob::fingerprintDigest(text); }, nb::arg("text"),
+      "The digest of a group membership or fixed tensor metadata in a collective fingerprint (CRC-32).");
 
   nb::class_<oob::ProgressWriter>(m, "ProgressWriter")
       .def(

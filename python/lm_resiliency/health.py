@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import abc
 import atexit
-import dataclasses
-import json
 import logging
 import weakref
-from typing import Any, Callable, Iterable, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 from lm_resiliency import _core
 from lm_resiliency.errors import InvalidArgumentError
@@ -40,143 +38,35 @@ __all__ = [
 
 _log = logging.getLogger("lm_resiliency.health")
 
-# Metric names the rules understand (anything else is kept in readings but raises nothing).
-METRICS = (
-    "ecc_uncorrectable_volatile", "ecc_uncorrectable_aggregate",  # counters: growth is fatal
-    "ecc_correctable_volatile", "ecc_correctable_aggregate",  # counters: growth warns
-    "remapped_rows_correctable", "remapped_rows_uncorrectable",  # counters
-    "remap_pending", "remap_failure",  # 0/1: pending warns, failure is fatal
-    "nvlink_crc_errors", "nvlink_replay_errors", "nvlink_recovery_errors",  # counters, summed over links
-    "nvlink_crc_flit_errors", "nvlink_crc_data_errors",  # breakdown where the device has it
-    "nvlink_links_active", "nvlink_links_total",
-    "temperature_c", "temperature_shutdown_c", "temperature_slowdown_c",
-    "recovery_action",  # NVML GPU recovery action: 0 none, 3 drain P2P (warns), others fatal
-    "device_lost",  # 1: fatal
-    "xid",  # one reading per XID seen; the value is the XID
-)
-
-DEFAULT_FATAL_XIDS = (48, 74, 79, 95, 119, 120, 140)
+# The vocabulary and the records are lmr::health's own (include/lmr/health/*.h).
+METRICS = _core.HEALTH_METRICS  # reading metric names the rules understand (others raise nothing)
+EVENT_METRICS = _core.HEALTH_EVENT_METRICS
+DEFAULT_FATAL_XIDS = _core.HEALTH_DEFAULT_FATAL_XIDS
+HealthConfig = _core.HealthConfig
+HealthDevice = _core.HealthDevice
+HealthReading = _core.HealthReading
+UnsupportedMetric = _core.UnsupportedMetric
+HealthEvent = _core.HealthEvent
 
 
-@dataclasses.dataclass(frozen=True)
-class HealthDevice:
-    index: int  # the source's own numbering (NVML: the physical index)
-    uuid: str = ""
-    pci_bus_id: str = ""
-    name: str = ""
+def _to_localization_result(self: HealthEvent, occurrence_id: str,
+                            resource: Union[str, Callable[[HealthEvent], str], None] = None,
+                            kind: Optional[str] = "auto", latency_ms: Optional[float] = None):
+    """A fault-injection kit LocalizationResult naming this GPU as the failed resource
+    (no rank: telemetry identifies a device, not a training rank). ``resource`` is the
+    name the campaign uses for the GPU, or a function of the event; default
+    ``resource()``. ``kind="auto"`` reports ``resource_unavailable`` for a lost device
+    and omits kind evidence otherwise; ``None`` omits it; any other string is used."""
+    from lm_resiliency.fault_injection import LocalizationResult
 
-    def _core(self) -> tuple:
-        return (int(self.index), str(self.uuid), str(self.pci_bus_id), str(self.name))
-
-
-@dataclasses.dataclass(frozen=True)
-class HealthReading:
-    device: HealthDevice
-    metric: str
-    value: float
-    detail: str = ""
+    name = self.resource() if resource is None else resource(self) if callable(resource) else resource
+    if kind == "auto":
+        kind = self._kit_kind
+    return LocalizationResult(occurrence_id=occurrence_id, detected=True, failed_resources=[name], kind=kind,
+                              latency_ms=latency_ms)
 
 
-@dataclasses.dataclass(frozen=True)
-class UnsupportedMetric:
-    device: HealthDevice
-    metric: str
-    reason: str
-
-
-def _device(t: Sequence[Any]) -> HealthDevice:
-    return HealthDevice(*t)
-
-
-def _readings(raw: Iterable[tuple]) -> list[HealthReading]:
-    return [HealthReading(_device(d), m, v, detail) for d, m, v, detail in raw]
-
-
-def _unsupported(raw: Iterable[tuple]) -> list[UnsupportedMetric]:
-    return [UnsupportedMetric(_device(d), m, reason) for d, m, reason in raw]
-
-
-@dataclasses.dataclass
-class HealthConfig:
-    interval_s: float = 5.0  # between polls
-    fatal_xids: Sequence[int] = DEFAULT_FATAL_XIDS
-    # NVLink CRC + replay + recovery errors gained within nvlink_window_s: more is fatal,
-    # any growth a warning.
-    nvlink_error_threshold: float = 100.0
-    nvlink_window_s: float = 60.0
-    # Fatal within this many degrees of the shutdown limit; warning at the slowdown limit
-    # (or temperature_warning_margin_c below shutdown when there is no slowdown limit).
-    temperature_margin_c: float = 5.0
-    temperature_warning_margin_c: float = 15.0
-    warning_interval_s: float = 300.0  # a (device, metric) warning at most this often
-
-    def _core(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        xids = d["fatal_xids"]
-        if isinstance(xids, (str, bytes)) or not all(isinstance(x, int) and not isinstance(x, bool) for x in xids):
-            raise InvalidArgumentError(f"fatal_xids: must be a sequence of integers, got {xids!r}")
-        d["fatal_xids"] = list(xids)
-        for key, value in d.items():
-            if key != "fatal_xids" and (isinstance(value, bool) or not isinstance(value, (int, float))):
-                raise InvalidArgumentError(f"{key}: must be a number, got {value!r}")
-        return d
-
-
-@dataclasses.dataclass(frozen=True)
-class HealthEvent:
-    device: HealthDevice
-    source: str
-    host: str
-    metric: str  # ecc_uncorrectable, remap_failure, device_lost, xid, nvlink_errors, temperature, ...
-    value: float
-    threshold: float
-    severity: str  # "fatal" or "warning"
-    time: float  # seconds since the epoch
-    message: str
-
-    @property
-    def fatal(self) -> bool:
-        return self.severity == "fatal"
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "HealthEvent":
-        if d.get("type") != "lmr.health_event":
-            raise InvalidArgumentError(f"type: not a health event ({d.get('type')!r})")
-        dev = d["device"]
-        return cls(HealthDevice(dev["index"], dev["uuid"], dev["pci_bus_id"], dev["name"]), d["source"], d["host"],
-                   d["metric"], d["value"], d["threshold"], d["severity"], d["time"], d["message"])
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["schema_version"] = 1
-        d["type"] = "lmr.health_event"
-        return d
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True)
-
-    def resource(self) -> str:
-        """The GPU as a kit resource name: ``<host>/gpu-<index>``."""
-        return f"{self.host}/gpu-{self.device.index}"
-
-    def to_localization_result(self, occurrence_id: str, resource: Union[str, Callable[["HealthEvent"], str], None] = None,
-                               kind: Optional[str] = "auto", latency_ms: Optional[float] = None):
-        """A fault-injection kit LocalizationResult naming this GPU as the failed resource
-        (no rank: telemetry identifies a device, not a training rank). ``resource`` is the
-        name the campaign uses for the GPU, or a function of the event; default
-        ``resource()``. ``kind="auto"`` reports ``resource_unavailable`` for a lost device
-        and omits kind evidence otherwise; ``None`` omits it; any other string is used."""
-        from lm_resiliency.fault_injection import LocalizationResult
-
-        name = self.resource() if resource is None else resource(self) if callable(resource) else resource
-        if kind == "auto":
-            kind = "resource_unavailable" if self.metric == "device_lost" else None
-        return LocalizationResult(occurrence_id=occurrence_id, detected=True, failed_resources=[name], kind=kind,
-                                  latency_ms=latency_ms)
-
-
-def _event(text: str) -> HealthEvent:
-    return HealthEvent.from_dict(json.loads(text))
+HealthEvent.to_localization_result = _to_localization_result  # needs the kit's Python class
 
 
 class HealthSource(abc.ABC):
@@ -192,18 +82,6 @@ class HealthSource(abc.ABC):
     @abc.abstractmethod
     def poll(self) -> Union[Sequence[HealthReading], tuple[Sequence[HealthReading], Sequence[UnsupportedMetric]]]:
         ...
-
-    def _poll_for_core(self) -> tuple[list, list]:
-        result = self.poll()
-        unsupported: Sequence[UnsupportedMetric] = ()
-        if isinstance(result, tuple) and len(result) == 2 and not isinstance(result[0], HealthReading):
-            result, unsupported = result
-        readings = []
-        for i, r in enumerate(result):
-            if not isinstance(r, HealthReading):
-                raise InvalidArgumentError(f"{self.name}.poll()[{i}]: expected a HealthReading, got {type(r).__name__}")
-            readings.append((r.device._core(), str(r.metric), float(r.value), str(r.detail)))
-        return readings, [(u.device._core(), str(u.metric), str(u.reason)) for u in unsupported]
 
 
 class NvmlSource(HealthSource):
@@ -222,14 +100,13 @@ class NvmlSource(HealthSource):
 
     @property
     def device(self) -> HealthDevice:
-        return _device(self._native.device)
+        return self._native.device
 
     def unsupported(self) -> list[UnsupportedMetric]:
-        return _unsupported(self._native.unsupported())
+        return self._native.unsupported()
 
     def poll(self) -> tuple[list[HealthReading], list[UnsupportedMetric]]:
-        readings, unsupported = self._native.poll()  # the GIL is released while NVML is queried
-        return _readings(readings), _unsupported(unsupported)
+        return self._native.poll()  # the GIL is released while NVML is queried
 
 
 def nvml_device_count(library_path: Optional[str] = None) -> int:
@@ -276,14 +153,13 @@ def _ordinal(device: Any) -> int:
 
 
 class _Delivery:
-    """Turns the engine's event JSON into a HealthEvent for hooks and on_event."""
+    """Hands each event to the hooks and on_event."""
 
     def __init__(self, on_event: Optional[Callable[[HealthEvent], None]], hooks: Any):
         self.on_event = on_event
         self.hooks = hooks
 
-    def __call__(self, text: str) -> None:
-        event = _event(text)
+    def __call__(self, event: HealthEvent) -> None:
         if self.hooks is not None:
             self.hooks.deliver_health_event(event)  # logs what the manager's callback raises
         if self.on_event is not None:
@@ -324,7 +200,7 @@ class HardwareHealthMonitor:
         self.config = config
         self.sources = sources
         # The callback holds what it needs, not this object: dropping the monitor stops it.
-        self._monitor = _core.HealthMonitor(config._core(), native, _Delivery(on_event, hooks))
+        self._monitor = _core.HealthMonitor(config, native, _Delivery(on_event, hooks))
         _live_monitors.add(self)
 
     def start(self) -> "HardwareHealthMonitor":
@@ -353,10 +229,10 @@ class HardwareHealthMonitor:
 
     def poll_once(self) -> list[HealthEvent]:
         """One synchronous poll of every source (serialized with the thread's polls)."""
-        return [_event(t) for t in self._monitor.poll_once()]
+        return self._monitor.poll_once()
 
     def events(self) -> list[HealthEvent]:
-        return [_event(t) for t in self._monitor.events()]
+        return self._monitor.events()
 
     def errors(self) -> list[dict[str, Any]]:
         """Stored failures: sources that raised and callbacks that raised, oldest first."""
@@ -367,7 +243,7 @@ class HardwareHealthMonitor:
         self._monitor.rethrow_error()
 
     def last_readings(self) -> list[HealthReading]:
-        return _readings(self._monitor.last_readings())
+        return self._monitor.last_readings()
 
     def unsupported(self) -> list[UnsupportedMetric]:
-        return _unsupported(self._monitor.unsupported())
+        return self._monitor.unsupported()

@@ -26,7 +26,7 @@ FaultReport attributed(const std::string& kind, const std::vector<const RankView
                        const std::vector<bool>& bad) {
   FaultReport r;
   r.kind = kind;
-  r.scope = "rank";
+  r.scope = kScopeRank;
   for (std::size_t i = 0; i < present.size(); ++i) {
     if (!bad[i]) continue;
     r.ranks.push_back(present[i]->rank);
@@ -61,7 +61,7 @@ std::optional<FaultReport> ioStall(const std::vector<const RankView*>& p, const 
              watched >= o.io_persistence_ns;
   }
   if (!strictMinority(bad)) return std::nullopt;
-  return attributed(dataloader ? "dataloader_stall" : "checkpoint_io_stall", p, bad);
+  return attributed(dataloader ? report_kind::kDataloaderStall : report_kind::kCheckpointIoStall, p, bad);
 }
 
 }  // namespace
@@ -94,31 +94,34 @@ FaultReport diagnose(const std::vector<RankView>& views, const DiagnosisOptions&
     return r;
   };
   // Attribution needs a strict majority of the whole group to have answered.
-  if (2 * present.size() <= views.size()) return finish(FaultReport{"inconclusive_stall", "peer_group", {}, {}, {}, {}});
+  if (2 * present.size() <= views.size())
+    return finish(FaultReport{report_kind::kInconclusiveStall, kScopePeerGroup, {}, {}, {}, {}});
 
   if (auto r = ioStall(present, options, true)) return finish(*r);
   if (auto r = ioStall(present, options, false)) return finish(*r);
 
   std::vector<bool> outside(present.size());
   for (std::size_t i = 0; i < present.size(); ++i) outside[i] = !present[i]->snapshot.in_collective;
-  if (strictMinority(outside)) return finish(attributed("process_stall", present, outside));
+  if (strictMinority(outside)) return finish(attributed(report_kind::kProcessStall, present, outside));
 
   if (std::none_of(outside.begin(), outside.end(), [](bool b) { return b; })) {
     std::vector<std::string> positions;
     for (const RankView* v : present) positions.push_back(key(v->snapshot));
     const auto c3 = consensus::exact(positions);
-    if (c3.status == consensus::Status::kAttributed) return finish(attributed("collective_desync", present, c3.bitmap));
+    if (c3.status == consensus::Status::kAttributed)
+      return finish(attributed(report_kind::kCollectiveDesync, present, c3.bitmap));
     if (c3.status == consensus::Status::kAgree && !missing.empty()) {
       // Everyone who answered waits at the same place: the ranks whose daemons did not
       // answer are the ones holding the group.
-      FaultReport r{"unresponsive_rank", "rank", missing, {}, {}, {}};
+      FaultReport r{report_kind::kUnresponsiveRank, kScopeRank, missing, {}, {}, {}};
       for (const RankView& v : views)
         if (!v.present) r.hosts.push_back(v.host);
       return finish(r);
     }
-    if (c3.status == consensus::Status::kAgree) return finish(FaultReport{"group_stall", "peer_group", {}, {}, {}, {}});
+    if (c3.status == consensus::Status::kAgree)
+      return finish(FaultReport{report_kind::kGroupStall, kScopePeerGroup, {}, {}, {}, {}});
   }
-  return finish(FaultReport{"inconclusive_stall", "peer_group", {}, {}, {}, {}});
+  return finish(FaultReport{report_kind::kInconclusiveStall, kScopePeerGroup, {}, {}, {}, {}});
 }
 
 nlohmann::json toJson(const FaultReport& r) {

@@ -190,16 +190,54 @@ def test_sources_need_distinct_names_and_nvml_subclasses_keep_their_poll(fake_nv
                                                             "temperature_slowdown_c"}
 
 
-@pytest.mark.parametrize("config, field", [
-    (HealthConfig(interval_s=0), "interval_s"),
-    (HealthConfig(warning_interval_s=-1), "warning_interval_s"),
-    (HealthConfig(fatal_xids="48"), "fatal_xids"),
-    (HealthConfig(fatal_xids=[48, 0]), "fatal_xids"),
-    (HealthConfig(nvlink_error_threshold="100"), "nvlink_error_threshold"),
+@pytest.mark.parametrize("fields, field", [
+    ({"interval_s": 0}, "interval_s"),
+    ({"warning_interval_s": -1}, "warning_interval_s"),
+    ({"fatal_xids": "48"}, "fatal_xids"),
+    ({"fatal_xids": [48, 0]}, "fatal_xids"),
+    ({"fatal_xids": [48, True]}, "fatal_xids"),
+    ({"nvlink_error_threshold": "100"}, "nvlink_error_threshold"),
 ])
-def test_bad_config_names_the_field(config, field):
+def test_bad_config_names_the_field(fields, field):
     with pytest.raises(InvalidArgumentError, match=field):
-        HardwareHealthMonitor(config, [ScriptedSource([[]])])
+        HardwareHealthMonitor(HealthConfig(**fields), [ScriptedSource([[]])])
+
+
+def test_config_is_the_engine_options_with_its_defaults():
+    from lm_resiliency import _core, health
+
+    assert HealthConfig is _core.HealthConfig and health.METRICS is _core.HEALTH_METRICS
+    c = HealthConfig()
+    assert c.interval_s == 5.0 and c.fatal_xids == (48, 74, 79, 95, 119, 120, 140) == health.DEFAULT_FATAL_XIDS
+    assert (c.nvlink_error_threshold, c.nvlink_window_s, c.warning_interval_s) == (100, 60, 300)
+    assert (c.temperature_margin_c, c.temperature_warning_margin_c) == (5, 15)
+    assert HealthConfig(interval_s=1, fatal_xids=[79]) == HealthConfig(interval_s=1.0, fatal_xids=(79,)) != c
+    assert "interval_s=1.0" in repr(HealthConfig(interval_s=1))
+    c.interval_s = 0  # attribute assignment: the value is checked when a monitor is built
+    with pytest.raises(InvalidArgumentError, match="interval_s"):
+        HardwareHealthMonitor(c, [ScriptedSource([[]])])
+    with pytest.raises(InvalidArgumentError, match="temperature_margin_c"):
+        c.temperature_margin_c = "5"
+    assert {"ecc_uncorrectable_volatile", "nvlink_crc_errors", "device_lost", "xid"} <= set(health.METRICS)
+    assert len(health.METRICS) == 21
+
+
+def test_records_compare_hash_and_read_strictly():
+    reading = r("temperature_c", 40)
+    assert reading == HealthReading(GPU0, "temperature_c", 40.0, "") and reading.detail == ""
+    assert len({GPU0, HealthDevice(0, "GPU-test-0", "00000000:18:00.0", "test")}) == 1
+    assert "uuid='GPU-test-0'" in repr(GPU0)
+    event = HealthEvent(GPU0, "s", "h", "xid", 79, 0, "fatal", 1.5, "XID 79")
+    assert event.fatal and event.resource() == "h/gpu-0"
+    assert HealthEvent.from_dict(event.to_dict()) == event and hash(HealthEvent.from_dict(event.to_dict())) == hash(event)
+    assert event.to_dict()["type"] == "lmr.health_event" and json.loads(event.to_json())["schema_version"] == 1
+    for change, path in (({"extra": 1}, "extra"), ({"severity": "bad"}, "severity"),
+                         ({"device": {**event.to_dict()["device"], "index": "0"}}, "device.index"),
+                         ({"type": "other"}, "type")):
+        with pytest.raises(InvalidArgumentError, match=path):
+            HealthEvent.from_dict({**event.to_dict(), **change})
+    with pytest.raises(InvalidArgumentError, match="severity"):
+        HealthEvent(GPU0, "s", "h", "xid", 79, 0, "deadly", 1.5, "")
 
 
 def test_bad_constructor_arguments():

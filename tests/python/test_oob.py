@@ -1,6 +1,7 @@
 """Out-of-band hang and stall localization: the daemons (lmr-oobd) and the training-side
 publishers in real 4-rank gloo jobs of the reference workload, plus the pieces alone."""
 
+import json
 import os
 import signal
 import time
@@ -220,6 +221,63 @@ def test_derived_ports_differ_across_generations_and_runs():
     ports = [derived_port("run", g, 29500) for g in range(50)]
     assert len(set(ports)) == 50 and all(20000 <= p < 50000 and p != 29500 for p in ports)
     assert derived_port("run-a", 0) != derived_port("run-b", 0)
+
+
+def test_derived_port_is_the_engine_s_and_matches_the_former_python_formula():
+    import hashlib
+
+    def former(run_id, generation, master_port=0):
+        h = int.from_bytes(hashlib.sha256(f"lmr-oob|{run_id}|{master_port}".encode()).digest()[:8], "big")
+        port = 20000 + (h + generation) % 30000
+        return 20000 + (h + generation + 1) % 30000 if port == master_port else port
+
+    for run_id, generation, master_port in (("run", 0, 29500), ("run-a", 3, 0), ("job-42", 17, 29400),
+                                            ("", 0, 0), ("x", 22868, 25000), ("torchelastic_a1b2", 1, 29500)):
+        assert _core.oob_derived_port(run_id, generation, master_port) == former(run_id, generation, master_port)
+        assert derived_port(run_id, generation, master_port) == former(run_id, generation, master_port)
+
+
+def test_collective_codes_and_digests_are_the_engine_s():
+    import zlib
+
+    assert _core.COLLECTIVE_OPS["all_reduce"] == 1 and _core.COLLECTIVE_OPS["reduce_scatter_single"] == 23
+    assert set(_core.COLLECTIVE_OPS) == set(publisher._PARAMS)
+    assert max(_core.COLLECTIVE_OPS.values()) < _core.FIRST_INTERNAL_COLLECTIVE_OP
+    for text in ("", "0,1,2,3", "(torch.float32, -1, (4, 4))"):
+        assert _core.fingerprint_digest(text) == zlib.crc32(text.encode())
+
+
+def test_report_reader_rejects_what_the_daemon_never_writes(tmp_path):
+    good = {"kind": "process_stall", "scope": "rank", "ranks": [1], "hosts": ["h"]}
+    assert SCOUTFaultReport.from_dict(good).ranks == (1,)
+    for bad, message in (({**good, "rank": 1}, "rank: unknown field"), ({**good, "ranks": [1, "2"]}, r"ranks\[1\]"),
+                         ({**good, "hosts": [3]}, r"hosts\[0\]"), ({**good, "step": 1.5}, "step"),
+                         ({**good, "type": "lmr.health_event"}, "type"), ([good], "must be an object")):
+        with pytest.raises(lmr.InvalidArgumentError, match=message):
+            SCOUTFaultReport.from_dict(bad)
+    path = tmp_path / "r.json"
+    _core.write_text_atomic(path, json.dumps({**good, "evidence": {"reason": "x"}}))
+    assert SCOUTFaultReport.from_file(path).evidence == {"reason": "x"}
+    path.write_text("{")
+    with pytest.raises(lmr.InvalidArgumentError, match="r.json"):
+        SCOUTFaultReport.from_file(path)
+    with pytest.raises(lmr.LmrIOError, match="nope.json"):
+        SCOUTFaultReport.from_file(tmp_path / "nope.json")
+    with pytest.raises(lmr.InvalidArgumentError, match="kind"):
+        SCOUTFaultReport(kind="weird", scope="rank", ranks=(), hosts=())
+
+
+def test_atomic_write_is_the_engine_s(tmp_path):
+    import importlib
+
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("lm_resiliency._atomic")
+    target = tmp_path / "a.txt"
+    _core.write_text_atomic(target, "one\n")
+    _core.write_text_atomic(str(target), "two ü\n")
+    assert target.read_text(encoding="utf-8") == "two ü\n" and os.listdir(tmp_path) == ["a.txt"]
+    with pytest.raises(lmr.LmrIOError, match="missing"):
+        _core.write_text_atomic(tmp_path / "missing" / "a.txt", "x")
 
 
 def test_report_parsing_is_strict():

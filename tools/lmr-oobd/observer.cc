@@ -11,6 +11,7 @@
 #include "lmr/common/hex.h"
 #include "lmr/common/log.h"
 #include "lmr/common/sha256.h"
+#include "lmr/oob/report.h"
 
 namespace lmr::oobd {
 namespace {
@@ -228,24 +229,21 @@ std::optional<std::string> Observer::round(const oob::Snapshot& snapshot, std::i
     quiet_ns = quiet_ns < 0 ? v.stalled_ns : std::min(quiet_ns, v.stalled_ns);
     ++steps[v.snapshot.step];
   }
-  const oob::FaultReport fault = oob::diagnose(views, options_.diagnosis);
-  nlohmann::json report = oob::toJson(fault);
-  report["schema_version"] = 1;
-  report["type"] = "lmr.scout_fault_report";
-  report["report_id"] = stem_ + "-r" + r;
-  report["run_id"] = options_.run_id;
-  report["generation"] = options_.generation;
-  report["round"] = k;
-  report["peer_group"] = options_.group;
-  report["group_ranks"] = options_.group_ranks;
-  report["step"] = std::max_element(steps.begin(), steps.end(), [](auto& a, auto& b) { return a.second < b.second; })
-                       ->first;
-  report["threshold_s"] = static_cast<double>(options_.threshold.count()) / kNsPerSec;
+  oob::ScoutFaultReport report = oob::ScoutFaultReport::of(oob::diagnose(views, options_.diagnosis));
+  report.report_id = stem_ + "-r" + r;
+  report.run_id = options_.run_id;
+  report.generation = options_.generation;
+  report.round = k;
+  report.peer_group = options_.group;
+  report.group_ranks = options_.group_ranks;
+  report.step = static_cast<std::int64_t>(
+      std::max_element(steps.begin(), steps.end(), [](auto& a, auto& b) { return a.second < b.second; })->first);
+  report.threshold_s = static_cast<double>(options_.threshold.count()) / kNsPerSec;
   // The group went quiet when its last rank stopped; the report exists now.
   const double since_snapshot = std::chrono::duration<double>(Clock::now() - t0).count();
-  report["detection_latency_s"] = static_cast<double>(quiet_ns) / kNsPerSec + since_snapshot;
-  report["written_by"] = mine.rank;
-  const std::string text = report.dump(2) + "\n";
+  report.detection_latency_s = static_cast<double>(quiet_ns) / kNsPerSec + since_snapshot;
+  report.written_by = mine.rank;
+  const std::string text = oob::toJson(report).dump(2) + "\n";
   if (index == 0) store_.set(key("report/" + r), text);
   handled_progress_ns_ = snapshot.progress_ns;
   next_round_ = k + 1;

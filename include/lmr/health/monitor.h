@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -39,10 +40,13 @@ struct MonitorOptions {
   double warning_interval_s = 300;
   // Throws InvalidArgument naming the field.
   void validate() const;
+  bool operator==(const MonitorOptions&) const = default;
 };
 
 enum class Severity { kWarning, kFatal };
 const char* severityName(Severity severity);
+// "fatal" or "warning"; InvalidArgument naming `path` otherwise.
+Severity severityFromName(const std::string& name, const std::string& path = "severity");
 
 // Event metrics (a family of readings: both ECC uncorrectable counters raise
 // "ecc_uncorrectable").
@@ -60,6 +64,9 @@ inline constexpr const char* kTemperature = "temperature";
 inline constexpr const char* kRecoveryAction = "recovery_action";
 }  // namespace event_metric
 
+// Every event metric name above.
+const std::vector<const char*>& eventMetricNames();
+
 struct Event {
   DeviceInfo device;
   std::string source;  // Source::name()
@@ -70,9 +77,23 @@ struct Event {
   Severity severity = Severity::kWarning;
   double time_s = 0;  // seconds since the Unix epoch
   std::string message;
+  bool operator==(const Event&) const = default;
 };
 
+inline constexpr const char* kEventType = "lmr.health_event";
+
+// {"schema_version": 1, "type": kEventType, "device": {...}, "source", "host", "metric",
+// "value", "threshold", "severity", "time", "message"}.
 nlohmann::json toJson(const Event& event);
+// The strict reader of toJson's document: every key required (schema_version optional, 1),
+// no others, each of its type. Throws InvalidArgument starting with the JSON path
+// ("device.index: ...").
+Event parseEvent(const nlohmann::json& document);
+// The GPU of an event as a fault-injection kit resource name: "<host>/gpu-<index>".
+std::string resourceName(const Event& event);
+// The kit failure kind an event is evidence of: resource_unavailable for a lost device,
+// none otherwise.
+std::optional<std::string> kitKind(const Event& event);
 // A reading value as JSON: counts as integers, other values as they are.
 nlohmann::json jsonValue(double value);
 nlohmann::json toJson(const DeviceInfo& device);

@@ -16,6 +16,7 @@ struct DeviceInfo {
   std::string uuid;        // "GPU-..." where known, else empty
   std::string pci_bus_id;  // "00000000:18:00.0" where known, else empty
   std::string name;        // product name where known
+  bool operator==(const DeviceInfo&) const = default;
 };
 
 // The metric vocabulary the monitor's rules understand. A source may report other metric
@@ -47,11 +48,15 @@ inline constexpr const char* kDeviceLost = "device_lost";          // 1: the dev
 inline constexpr const char* kXid = "xid";
 }  // namespace metric
 
+// Every metric name above, counters first (the vocabulary a source should report in).
+const std::vector<const char*>& metricNames();
+
 struct Reading {
   DeviceInfo device;
   std::string metric;
   double value = 0;
   std::string detail;  // optional free text (an XID's description, a link list)
+  bool operator==(const Reading&) const = default;
 };
 
 // A metric a device does not support. Sources report each once and stop querying it.
@@ -59,6 +64,7 @@ struct UnsupportedMetric {
   DeviceInfo device;
   std::string metric;
   std::string reason;
+  bool operator==(const UnsupportedMetric&) const = default;
 };
 
 struct PollResult {

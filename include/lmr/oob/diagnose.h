@@ -36,11 +36,23 @@ struct DiagnosisOptions {
   std::int64_t io_persistence_ns = 2'000'000'000;
 };
 
+// What diagnose() concludes (the report kinds of a stall; see diagnose below).
+namespace report_kind {
+inline constexpr const char* kCollectiveDesync = "collective_desync";
+inline constexpr const char* kProcessStall = "process_stall";
+inline constexpr const char* kDataloaderStall = "dataloader_stall";
+inline constexpr const char* kCheckpointIoStall = "checkpoint_io_stall";
+inline constexpr const char* kUnresponsiveRank = "unresponsive_rank";
+inline constexpr const char* kGroupStall = "group_stall";
+inline constexpr const char* kInconclusiveStall = "inconclusive_stall";
+}  // namespace report_kind
+
+inline constexpr const char* kScopeRank = "rank";             // ranks attributed
+inline constexpr const char* kScopePeerGroup = "peer_group";  // inconclusive about who
+
 struct FaultReport {
-  // collective_desync | process_stall | dataloader_stall | checkpoint_io_stall |
-  // unresponsive_rank | group_stall | inconclusive_stall
-  std::string kind;
-  std::string scope;  // "rank" or "peer_group"
+  std::string kind;   // a report_kind
+  std::string scope;  // kScopeRank or kScopePeerGroup
   std::vector<std::int64_t> ranks;       // attributed ranks (empty for peer_group)
   std::vector<std::string> hosts;        // their hosts
   std::vector<std::int64_t> missing_ranks;  // daemons that did not answer

@@ -9,7 +9,7 @@ import os
 from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Union
 
 from lm_resiliency import _core
-from lm_resiliency._atomic import write_text_atomic
+from lm_resiliency._core import write_text_atomic
 from lm_resiliency.errors import InvalidArgumentError
 
 __all__ = [

@@ -10,7 +10,7 @@ import os
 from typing import Any, Iterable, Optional, Sequence, Union
 
 from lm_resiliency import _core
-from lm_resiliency._atomic import write_text_atomic
+from lm_resiliency._core import write_text_atomic
 from lm_resiliency.errors import InvalidArgumentError
 from lm_resiliency.fault_injection.campaign import FaultCampaign, RecordStatus
 

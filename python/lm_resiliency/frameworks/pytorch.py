@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from lm_resiliency import _core
 from lm_resiliency.errors import InvalidArgumentError
 from lm_resiliency.frameworks.base import FrameworkAdapter, MeshDim
 from lm_resiliency.handle import Handle, Handles
@@ -243,7 +244,8 @@ class PyTorchAdapter(FrameworkAdapter):
     # --- communication ---------------------------------------------------------------
 
     def internal_collectives(self) -> dict[str, int]:
-        return {"ddp_bucket": 32, "ddp_buffers": 33}
+        first = _core.FIRST_INTERNAL_COLLECTIVE_OP
+        return {"ddp_bucket": first, "ddp_buffers": first + 1}
 
     def publish_internal_collectives(self, on_collective: Callable[[str, Any, Optional[torch.Tensor]], None],
                                      on_done: Callable[[], None],

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import tempfile
 from typing import Mapping, Optional
 
+from lm_resiliency import _core
 from lm_resiliency.errors import InvalidArgumentError
 
 __all__ = ["HangDetectionConfig", "derived_port", "rendezvous_endpoint"]
-
-_PORT_BASE, _PORT_SPAN = 20000, 30000
 
 
 @dataclasses.dataclass
@@ -91,12 +89,9 @@ class HangDetectionConfig:
 def derived_port(run_id: str, generation: int, master_port: int = 0) -> int:
     """The daemons' TCP port for one (run, generation): successive generations step to the
     next port, so a successor never reuses the listener of a predecessor still shutting
-    down, and different run ids land on unrelated ports. Never equal to `master_port`."""
-    h = int.from_bytes(hashlib.sha256(f"lmr-oob|{run_id}|{master_port}".encode()).digest()[:8], "big")
-    port = _PORT_BASE + (h + generation) % _PORT_SPAN
-    if port == master_port:
-        port = _PORT_BASE + (h + generation + 1) % _PORT_SPAN
-    return port
+    down, and different run ids land on unrelated ports. Never equal to `master_port`
+    (lmr::oob::derivedPort)."""
+    return _core.oob_derived_port(run_id, generation, master_port)
 
 
 def rendezvous_endpoint(config: HangDetectionConfig, env: Mapping[str, str] = os.environ) -> Optional[tuple[str, int]]:

@@ -24,7 +24,7 @@ from typing import Any, Optional
 import torch.distributed as dist
 
 from lm_resiliency import _core
-from lm_resiliency._atomic import write_text_atomic
+from lm_resiliency._core import write_text_atomic
 from lm_resiliency.errors import InvalidArgumentError, PeerFailureError
 from lm_resiliency.attach import HANG_DETECTION, attach
 from lm_resiliency.orchestration import OrchestrationHooks

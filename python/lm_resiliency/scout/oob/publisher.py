@@ -18,44 +18,46 @@ from __future__ import annotations
 import contextlib
 import inspect
 import threading
-import zlib
 from typing import Any, Iterable, Iterator, Optional
 
 import torch
 import torch.distributed as dist
 
+from lm_resiliency import _core
+
 __all__ = ["Publisher", "active", "checkpoint_io", "instrument_dataloader"]
 
-# name: (op code, tensor parameter, root parameter, reduce-op parameter, metadata rule)
-# metadata rule: "tensor" (dtype and shape), "dtype" (shapes are rank-dependent), None.
-_OPS = {
-    "all_reduce": (1, "tensor", None, "op", "tensor"),
-    "broadcast": (2, "tensor", "src", None, "tensor"),
-    "reduce": (3, "tensor", "dst", "op", "tensor"),
-    "all_gather": (4, "tensor", None, None, "tensor"),
-    "all_gather_into_tensor": (5, "input_tensor", None, None, "tensor"),
-    "reduce_scatter": (6, "output", None, "op", "tensor"),
-    "reduce_scatter_tensor": (7, "input", None, "op", "tensor"),
-    "all_to_all": (8, "input_tensor_list", None, None, "dtype"),
-    "all_to_all_single": (9, "input", None, None, "dtype"),
-    "barrier": (10, None, None, None, None),
-    "gather": (11, "tensor", "dst", None, "tensor"),
-    "scatter": (12, "tensor", "src", None, "tensor"),
-    "send": (13, "tensor", None, None, "tensor"),
-    "recv": (14, "tensor", None, None, "tensor"),
-    "isend": (15, "tensor", None, None, "tensor"),
-    "irecv": (16, "tensor", None, None, "tensor"),
-    "all_gather_object": (17, None, None, None, None),
-    "broadcast_object_list": (18, None, "src", None, None),
-    "gather_object": (19, None, "dst", None, None),
-    "scatter_object_list": (20, None, "src", None, None),
-    "monitored_barrier": (21, None, None, None, None),
-    "all_gather_single": (22, "input_tensor", None, None, "tensor"),  # FSDP2's all-gather (torch >= 2.12)
-    "reduce_scatter_single": (23, "input", None, "op", "tensor"),  # FSDP2's reduce-scatter
+# name: (tensor parameter, root parameter, reduce-op parameter, metadata rule); the op codes
+# are lmr::oob's (_core.COLLECTIVE_OPS). Metadata rule: "tensor" (dtype and shape), "dtype"
+# (shapes are rank-dependent), None.
+_PARAMS = {
+    "all_reduce": ("tensor", None, "op", "tensor"),
+    "broadcast": ("tensor", "src", None, "tensor"),
+    "reduce": ("tensor", "dst", "op", "tensor"),
+    "all_gather": ("tensor", None, None, "tensor"),
+    "all_gather_into_tensor": ("input_tensor", None, None, "tensor"),
+    "reduce_scatter": ("output", None, "op", "tensor"),
+    "reduce_scatter_tensor": ("input", None, "op", "tensor"),
+    "all_to_all": ("input_tensor_list", None, None, "dtype"),
+    "all_to_all_single": ("input", None, None, "dtype"),
+    "barrier": (None, None, None, None),
+    "gather": ("tensor", "dst", None, "tensor"),
+    "scatter": ("tensor", "src", None, "tensor"),
+    "send": ("tensor", None, None, "tensor"),
+    "recv": ("tensor", None, None, "tensor"),
+    "isend": ("tensor", None, None, "tensor"),
+    "irecv": ("tensor", None, None, "tensor"),
+    "all_gather_object": (None, None, None, None),
+    "broadcast_object_list": (None, "src", None, None),
+    "gather_object": (None, "dst", None, None),
+    "scatter_object_list": (None, "src", None, None),
+    "monitored_barrier": (None, None, None, None),
+    "all_gather_single": ("input_tensor", None, None, "tensor"),  # FSDP2's all-gather (torch >= 2.12)
+    "reduce_scatter_single": ("input", None, "op", "tensor"),  # FSDP2's reduce-scatter
 }
 _ALWAYS_ASYNC = {"isend", "irecv"}
 # Collectives a framework runs outside the public Python calls are published by its adapter
-# (internal_collectives(): names with codes from 32 up).
+# (internal_collectives(): names with codes from _core.FIRST_INTERNAL_COLLECTIVE_OP up).
 
 _lock = threading.Lock()
 _stack: list["Publisher"] = []
@@ -69,8 +71,7 @@ def active() -> Optional["Publisher"]:
     return _stack[-1] if _stack else None
 
 
-def _crc(text: str) -> int:
-    return zlib.crc32(text.encode())
+_crc = _core.fingerprint_digest
 
 
 class Publisher:
@@ -151,7 +152,8 @@ class Publisher:
 
 
 def _wrap(name: str, original: Any) -> Any:
-    code, tensor_param, root_param, op_param, rule = _OPS[name]
+    code = _core.COLLECTIVE_OPS[name]
+    tensor_param, root_param, op_param, rule = _PARAMS[name]
     params = list(inspect.signature(original).parameters)
     defaults = {k: p.default for k, p in inspect.signature(original).parameters.items()}
     pos = {k: i for i, k in enumerate(params)}
@@ -198,7 +200,7 @@ def install_wrappers() -> None:
         _installs += 1
         if _installs > 1:
             return
-        for name in _OPS:
+        for name in _PARAMS:
             original = getattr(dist, name, None)
             if original is None:
                 continue
