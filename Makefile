@@ -3,7 +3,7 @@
 #   make test   set-up, build, C++ tests (ctest), Python tests (pytest)
 #   make test-fast  the same without the tests that spawn multi-rank worlds
 #   make lint   ruff check, clang-format --dry-run -Werror, then make lint-threads
-#   make format apply ruff's safe fixes and clang-format (files in .clang-format-ignore are skipped)
+#   make format apply ruff's safe fixes and clang-format
 #   make lint-threads  liblmr under clang -Wthread-safety -Werror (syntax only; a minute or more)
 #   make bench  set-up, build with benchmarks, CPU benchmark ratios
 #   make deps   Debian packages and the .venv only
@@ -26,7 +26,7 @@ PIP_BUILD_FLAGS := --no-build-isolation --no-deps -q \
 
 FUZZ_SECONDS ?= 120
 FUZZ_APT_PACKAGES := clang libclang-rt-14-dev
-# clang-format 19 (Debian bookworm) reads .clang-format-ignore and keeps trailing comments as written.
+# clang-format 19 (Debian bookworm) keeps trailing comments as written (AlignTrailingComments: Leave).
 CLANG_FORMAT := clang-format-19
 LINT_APT_PACKAGES := $(CLANG_FORMAT) clang
 # The C++ that clang-format checks: what git tracks under these paths.

@@ -33,12 +33,14 @@ std::string bigManifest(int incidents) {
     } else {
       const std::int64_t start = 1 + static_cast<std::int64_t>(rng() % 10000000);
       const std::int64_t every = 1000000 + static_cast<std::int64_t>(rng() % 9000000);
-      m += "{\"range\":{\"start\":" + std::to_string(start) + ",\"end\":1000000000,\"every\":" + std::to_string(every) + "}";
+      m += "{\"range\":{\"start\":" + std::to_string(start) + ",\"end\":1000000000,\"every\":" + std::to_string(every) +
+           "}";
       m += ",\"probability\":0.5";
     }
     m += "},\"lifetime\":{\"matching_calls\":1},\"faults\":[{\"fault_id\":\"f\",\"type\":\"tensor_corruption\","
-         "\"target\":{\"rank\":" + std::to_string(i % 64) + ",\"component\":\"transformer_block\",\"index\":" +
-         std::to_string(i % 80) + ",\"surface\":\"output\"},\"parameters\":{\"operation\":\"sign_flip\"}}]}";
+         "\"target\":{\"rank\":" +
+         std::to_string(i % 64) + ",\"component\":\"transformer_block\",\"index\":" + std::to_string(i % 80) +
+         ",\"surface\":\"output\"},\"parameters\":{\"operation\":\"sign_flip\"}}]}";
   }
   return m + "]}";
 }

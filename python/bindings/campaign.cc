@@ -52,15 +52,15 @@ template <typename Store>
 nb::class_<Store, StateStore> bindStore(nb::module_& m, const char* name) {
   nb::class_<Store, StateStore> cls(m, name);
   cls.def("load",
-           [](Store& s) -> std::optional<std::string> {
-             std::optional<Journal> j;
-             {
-               nb::gil_scoped_release release;
-               j = s.load();
-             }
-             if (!j) return std::nullopt;
-             return j->dump();
-           })
+          [](Store& s) -> std::optional<std::string> {
+            std::optional<Journal> j;
+            {
+              nb::gil_scoped_release release;
+              j = s.load();
+            }
+            if (!j) return std::nullopt;
+            return j->dump();
+          })
       .def(
           "compare_and_swap",
           [](Store& s, const std::optional<std::string>& expected, const std::string& updated) {
@@ -76,18 +76,34 @@ nb::class_<Store, StateStore> bindStore(nb::module_& m, const char* name) {
 }  // namespace
 
 void registerCampaign(nb::module_& m) {
-  const FailureType all_types[] = {
-      FailureType::kTensorCorruption, FailureType::kStaleState, FailureType::kDrop, FailureType::kDuplicate,
-      FailureType::kReorder, FailureType::kConfigDrift, FailureType::kDelay, FailureType::kHang, FailureType::kTimeout,
-      FailureType::kException, FailureType::kResourceExhaustion, FailureType::kProcessTermination,
-      FailureType::kResourceUnavailable, FailureType::kCheckpointCorruption, FailureType::kCheckpointTruncation,
-      FailureType::kCheckpointMissing, FailureType::kIoError, FailureType::kPayloadCorruption,
-      FailureType::kCollectiveDesync, FailureType::kMessageDrop, FailureType::kNetworkPartition};
+  const FailureType all_types[] = {FailureType::kTensorCorruption,
+                                   FailureType::kStaleState,
+                                   FailureType::kDrop,
+                                   FailureType::kDuplicate,
+                                   FailureType::kReorder,
+                                   FailureType::kConfigDrift,
+                                   FailureType::kDelay,
+                                   FailureType::kHang,
+                                   FailureType::kTimeout,
+                                   FailureType::kException,
+                                   FailureType::kResourceExhaustion,
+                                   FailureType::kProcessTermination,
+                                   FailureType::kResourceUnavailable,
+                                   FailureType::kCheckpointCorruption,
+                                   FailureType::kCheckpointTruncation,
+                                   FailureType::kCheckpointMissing,
+                                   FailureType::kIoError,
+                                   FailureType::kPayloadCorruption,
+                                   FailureType::kCollectiveDesync,
+                                   FailureType::kMessageDrop,
+                                   FailureType::kNetworkPartition};
   const SafetyClass all_safety[] = {SafetyClass::kSafeInProcess, SafetyClass::kIsolatedDestructive,
                                     SafetyClass::kClusterDestructive};
-  const TemporalClass all_temporal[] = {TemporalClass::kTransient, TemporalClass::kIntermittent, TemporalClass::kPermanent};
-  const RecordStatus all_status[] = {RecordStatus::kSkippedProbability, RecordStatus::kArmed, RecordStatus::kActive,
-                                     RecordStatus::kCompleted, RecordStatus::kFailed, RecordStatus::kCancelled};
+  const TemporalClass all_temporal[] = {TemporalClass::kTransient, TemporalClass::kIntermittent,
+                                        TemporalClass::kPermanent};
+  const RecordStatus all_status[] = {
+      RecordStatus::kSkippedProbability, RecordStatus::kArmed,  RecordStatus::kActive,
+      RecordStatus::kCompleted,          RecordStatus::kFailed, RecordStatus::kCancelled};
   m.attr("FAILURE_TYPES") = names(all_types);
   m.attr("SAFETY_CLASSES") = names(all_safety);
   m.attr("TEMPORAL_CLASSES") = names(all_temporal);
@@ -98,11 +114,15 @@ void registerCampaign(nb::module_& m) {
   m.def("expected_kind", [](const std::string& t, const std::string& s) {
     return std::string(expectedKind(failureType(t), surface(s)));
   });
-  m.def("is_built_in_effect", [](const std::string& t, const std::string& s) { return isBuiltInEffect(failureType(t), surface(s)); });
+  m.def("is_built_in_effect",
+        [](const std::string& t, const std::string& s) { return isBuiltInEffect(failureType(t), surface(s)); });
 
   nb::class_<Campaign>(m, "Campaign")
       .def_static(
-          "parse", [](const std::string& text, const std::string& source) { return std::make_shared<Campaign>(Campaign::parse(text, source)); },
+          "parse",
+          [](const std::string& text, const std::string& source) {
+            return std::make_shared<Campaign>(Campaign::parse(text, source));
+          },
           nb::arg("text"), nb::arg("source") = "campaign")
       .def_prop_ro("name", &Campaign::name)
       .def_prop_ro("seed_text", [](const Campaign& c) { return json::int128ToString(c.seed()); })
@@ -115,7 +135,8 @@ void registerCampaign(nb::module_& m) {
           [](const Campaign& c, std::int64_t after, std::int64_t through, std::int64_t origin_offset) {
             std::vector<std::tuple<std::size_t, std::string, std::int64_t, std::int64_t, bool>> out;
             forEachCandidate(c, origin_offset, after, through, [&](const Candidate& cand) {
-              out.emplace_back(cand.incident, c.incidents()[cand.incident].incident_id, cand.position, cand.iteration, cand.selected);
+              out.emplace_back(cand.incident, c.incidents()[cand.incident].incident_id, cand.position, cand.iteration,
+                               cand.selected);
             });
             return out;
           },
@@ -123,7 +144,9 @@ void registerCampaign(nb::module_& m) {
           "(incident index, incident_id, position, iteration, selected) of every candidate in (after, through].")
       .def(
           "check_target_overlaps",
-          [](const Campaign& c, const std::function<std::string(std::size_t, std::size_t)>& key) { checkTargetOverlaps(c, key); },
+          [](const Campaign& c, const std::function<std::string(std::size_t, std::size_t)>& key) {
+            checkTargetOverlaps(c, key);
+          },
           nb::arg("target_key"));
 
   nb::class_<StateStore>(m, "StateStore");
@@ -132,36 +155,44 @@ void registerCampaign(nb::module_& m) {
       .def(nb::init<std::string>(), nb::arg("path"))
       .def_prop_ro("path", &JsonFileStateStore::path);
   nb::class_<InjectionRecord>(m, "InjectionRecord")
-      .def_static("from_json", [](const std::string& text) { return InjectionRecord::fromJson(json::parse(text, "record").value, ""); })
+      .def_static(
+          "from_json",
+          [](const std::string& text) { return InjectionRecord::fromJson(json::parse(text, "record").value, ""); })
       .def("to_json", [](const InjectionRecord& r) { return r.toJson().dump(); })
       .def_ro("injection_id", &InjectionRecord::injection_id)
       .def_ro("occurrence_id", &InjectionRecord::occurrence_id)
       .def_prop_ro("status", [](const InjectionRecord& r) { return std::string(name(r.status)); })
       .def_prop_ro("injection_succeeded", &InjectionRecord::injectionSucceeded)
-      .def("transition", [](InjectionRecord& r, const std::string& status) {
-        auto s = parseRecordStatus(status);
-        if (!s) throw InvalidArgument("unknown record status \"" + status + "\"");
-        r.transition(*s);
-      })
-      .def("set_execution", [](InjectionRecord& r, const std::string& executor, bool verified, std::optional<std::int64_t> actual_iteration,
-                               const std::string& activation_json, const std::string& error) {
-        r.executor = executor;
-        r.verified = verified;
-        r.actual_iteration = actual_iteration;
-        r.activation_evidence = json::parse(activation_json, "activation evidence").value;
-        r.error = error;
-      })
+      .def("transition",
+           [](InjectionRecord& r, const std::string& status) {
+             auto s = parseRecordStatus(status);
+             if (!s) throw InvalidArgument("unknown record status \"" + status + "\"");
+             r.transition(*s);
+           })
+      .def("set_execution",
+           [](InjectionRecord& r, const std::string& executor, bool verified,
+              std::optional<std::int64_t> actual_iteration, const std::string& activation_json,
+              const std::string& error) {
+             r.executor = executor;
+             r.verified = verified;
+             r.actual_iteration = actual_iteration;
+             r.activation_evidence = json::parse(activation_json, "activation evidence").value;
+             r.error = error;
+           })
       .def("set_deactivation", [](InjectionRecord& r, const std::string& evidence_json) {
         r.deactivation_evidence = json::parse(evidence_json, "deactivation evidence").value;
       });
   m.def(
       "make_record",
-      [](const Campaign& c, std::size_t incident, std::size_t fault, std::int64_t position, std::int64_t iteration, bool selected,
-         std::int64_t attempt) { return makeRecord(c, incident, fault, Candidate{incident, position, iteration, selected}, attempt); },
+      [](const Campaign& c, std::size_t incident, std::size_t fault, std::int64_t position, std::int64_t iteration,
+         bool selected, std::int64_t attempt) {
+        return makeRecord(c, incident, fault, Candidate{incident, position, iteration, selected}, attempt);
+      },
       nb::arg("campaign"), nb::arg("incident"), nb::arg("fault"), nb::arg("position"), nb::arg("iteration"),
       nb::arg("selected"), nb::arg("attempt"));
-  m.def("validate_localization_result",
-        [](const std::string& text) { return LocalizationResult::fromJson(json::parse(text, "result").value, "").toJson().dump(); });
+  m.def("validate_localization_result", [](const std::string& text) {
+    return LocalizationResult::fromJson(json::parse(text, "result").value, "").toJson().dump();
+  });
 
   nb::class_<CampaignReport>(m, "CampaignReport")
       .def("to_json", &CampaignReport::toJson, nb::arg("indent") = 2)
@@ -175,7 +206,8 @@ void registerCampaign(nb::module_& m) {
       out.push_back(LocalizationResult::fromJson(json::parse(texts[i], "result").value, json::item("results", i)));
     return out;
   };
-  m.def("evaluate", [parseResults](const Campaign& c, const std::vector<InjectionRecord>& records, const std::vector<std::string>& results) {
+  m.def("evaluate", [parseResults](const Campaign& c, const std::vector<InjectionRecord>& records,
+                                   const std::vector<std::string>& results) {
     return evaluate(c, records, parseResults(results));
   });
   m.def(
@@ -199,7 +231,8 @@ void registerCampaign(nb::module_& m) {
         a.records = records;
         return a.toJson(2);
       },
-      nb::arg("campaign"), nb::arg("rank"), nb::arg("completed_iterations"), nb::arg("clock_offset"), nb::arg("records"));
+      nb::arg("campaign"), nb::arg("rank"), nb::arg("completed_iterations"), nb::arg("clock_offset"),
+      nb::arg("records"));
   m.def("localization_artifact_json", [parseResults](const std::vector<std::string>& results) {
     return localizationArtifactJson(parseResults(results), 2);
   });
@@ -222,7 +255,8 @@ void registerCampaign(nb::module_& m) {
       [](const Campaign& c, const std::vector<InjectionRecord>& records, const std::vector<AttributionTuple>& items,
          const std::vector<std::int64_t>& recoveries) {
         std::vector<Attribution> attributions;
-        for (const auto& [step, rank, source, kind, state] : items) attributions.push_back({step, rank, source, kind, state});
+        for (const auto& [step, rank, source, kind, state] : items)
+          attributions.push_back({step, rank, source, kind, state});
         std::vector<std::pair<std::string, std::string>> out;
         for (const Explained& e : explainAttributions(c, records, attributions, recoveries))
           out.emplace_back(std::string(name(e.explanation)), e.occurrence_id);

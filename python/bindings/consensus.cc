@@ -79,9 +79,8 @@ void registerConsensus(nb::module_& m) {
       "Exact strict-majority consensus over one bytes value per peer position.");
   m.def(
       "timing",
-      [](const std::vector<double>& seconds, const TimingOptions& options, const std::vector<std::int64_t>& peer_ranks) {
-        return consensus::timing(seconds, options, peer_ranks);
-      },
+      [](const std::vector<double>& seconds, const TimingOptions& options,
+         const std::vector<std::int64_t>& peer_ranks) { return consensus::timing(seconds, options, peer_ranks); },
       nb::arg("seconds"), nb::arg("options") = TimingOptions{}, nb::arg("peer_ranks") = std::vector<std::int64_t>{},
       "Robust timing consensus (median and 1.4826 x MAD) over one timing per peer position.");
 }

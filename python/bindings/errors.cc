@@ -22,7 +22,8 @@ PyObject* g_unsupported = nullptr;
 PyObject* makeException(nb::module_& m, const char* name, PyObject* builtin, const char* doc) {
   PyObject* bases = builtin == nullptr ? nullptr : PyTuple_Pack(2, g_base, builtin);
   const std::string qualified = std::string("lm_resiliency._core.") + name;
-  PyObject* type = PyErr_NewExceptionWithDoc(qualified.c_str(), doc, bases != nullptr ? bases : PyExc_Exception, nullptr);
+  PyObject* type =
+      PyErr_NewExceptionWithDoc(qualified.c_str(), doc, bases != nullptr ? bases : PyExc_Exception, nullptr);
   Py_XDECREF(bases);
   if (type == nullptr) throw nb::python_error();
   m.attr(name) = nb::handle(type);
@@ -37,8 +38,8 @@ void registerErrors(nb::module_& m) {
   g_io = makeException(m, "LmrIOError", PyExc_OSError, "A file, shared-memory or device transfer failed.");
   g_timeout = makeException(m, "LmrTimeoutError", PyExc_TimeoutError, "A bounded wait expired.");
   g_peer = makeException(m, "PeerFailureError", PyExc_RuntimeError, "A peer rank or daemon failed.");
-  g_unsupported = makeException(m, "UnsupportedError", PyExc_RuntimeError,
-                                "Valid request this build or machine cannot serve.");
+  g_unsupported =
+      makeException(m, "UnsupportedError", PyExc_RuntimeError, "Valid request this build or machine cannot serve.");
 
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {

@@ -144,7 +144,7 @@ health::NvmlOptions nvmlOptions(const std::string& library_path, bool xid_events
   return o;
 }
 
-template <double MonitorOptions::*Field>
+template <double MonitorOptions::* Field>
 void numberOption(nb::class_<MonitorOptions>& c, const char* name) {
   c.def_prop_rw(
       name, [](const MonitorOptions& o) { return o.*Field; },
@@ -153,8 +153,8 @@ void numberOption(nb::class_<MonitorOptions>& c, const char* name) {
 
 std::string deviceRepr(const DeviceInfo& d) {
   return "HealthDevice(index=" + std::to_string(d.index) + ", uuid=" + reprText(nb::str(d.uuid.c_str())) +
-         ", pci_bus_id=" + reprText(nb::str(d.pci_bus_id.c_str())) +
-         ", name=" + reprText(nb::str(d.name.c_str())) + ")";
+         ", pci_bus_id=" + reprText(nb::str(d.pci_bus_id.c_str())) + ", name=" + reprText(nb::str(d.name.c_str())) +
+         ")";
 }
 
 void registerConfig(nb::module_& m) {
@@ -267,8 +267,14 @@ void registerRecords(nb::module_& m) {
           "__init__",
           [](Event* self, const DeviceInfo& device, std::string source, std::string host, std::string metric,
              double value, double threshold, const std::string& severity, double time, std::string message) {
-            new (self) Event{device,    std::move(source), std::move(host),
-                             std::move(metric), value, threshold, health::severityFromName(severity), time,
+            new (self) Event{device,
+                             std::move(source),
+                             std::move(host),
+                             std::move(metric),
+                             value,
+                             threshold,
+                             health::severityFromName(severity),
+                             time,
                              std::move(message)};
           },
           nb::arg("device"), nb::arg("source"), nb::arg("host"), nb::arg("metric"), nb::arg("value"),
@@ -323,19 +329,23 @@ void registerNvml(nb::module_& m) {
       .def_prop_ro("device", [](const health::NvmlSource& s) { return s.device(); })
       .def("unsupported", &health::NvmlSource::unsupported);
 
-  m.def("nvml_device_count", [](const std::string& path) { return health::nvmlDeviceCount(nvmlOptions(path)); },
-        nb::arg("library_path") = "");
-  m.def("nvml_device_info",
-        [](unsigned index, const std::string& path) { return health::nvmlDeviceInfo(index, nvmlOptions(path)); },
-        nb::arg("index"), nb::arg("library_path") = "");
-  m.def("nvml_index_for_cuda_ordinal",
-        [](int ordinal, const std::string& pci_bus_id, const std::string& path) {
-          return health::nvmlIndexForCudaOrdinal(ordinal, pci_bus_id, nvmlOptions(path));
-        },
-        nb::arg("ordinal"), nb::arg("pci_bus_id") = "", nb::arg("library_path") = "");
-  m.def("nvml_index_by_uuid",
-        [](const std::string& uuid, const std::string& path) { return health::nvmlIndexByUuid(uuid, nvmlOptions(path)); },
-        nb::arg("uuid"), nb::arg("library_path") = "");
+  m.def(
+      "nvml_device_count", [](const std::string& path) { return health::nvmlDeviceCount(nvmlOptions(path)); },
+      nb::arg("library_path") = "");
+  m.def(
+      "nvml_device_info",
+      [](unsigned index, const std::string& path) { return health::nvmlDeviceInfo(index, nvmlOptions(path)); },
+      nb::arg("index"), nb::arg("library_path") = "");
+  m.def(
+      "nvml_index_for_cuda_ordinal",
+      [](int ordinal, const std::string& pci_bus_id, const std::string& path) {
+        return health::nvmlIndexForCudaOrdinal(ordinal, pci_bus_id, nvmlOptions(path));
+      },
+      nb::arg("ordinal"), nb::arg("pci_bus_id") = "", nb::arg("library_path") = "");
+  m.def(
+      "nvml_index_by_uuid",
+      [](const std::string& uuid, const std::string& path) { return health::nvmlIndexByUuid(uuid, nvmlOptions(path)); },
+      nb::arg("uuid"), nb::arg("library_path") = "");
 }
 
 void registerMonitor(nb::module_& m) {
@@ -367,23 +377,26 @@ void registerMonitor(nb::module_& m) {
           },
           nb::arg("options"), nb::arg("sources"), nb::arg("on_event").none())
       .def("start", [](PyMonitor& m) { m.monitor->start(); })
-      .def("stop", [](PyMonitor& m) {
-        nb::gil_scoped_release release;
-        m.monitor->stop();
-      })
+      .def("stop",
+           [](PyMonitor& m) {
+             nb::gil_scoped_release release;
+             m.monitor->stop();
+           })
       .def_prop_ro("running", [](PyMonitor& m) { return m.monitor->running(); })
       .def_prop_ro("polls", [](PyMonitor& m) { return m.monitor->polls(); })
-      .def("poll_once", [](PyMonitor& m) {
-        nb::gil_scoped_release release;
-        return m.monitor->pollOnce();
-      })
+      .def("poll_once",
+           [](PyMonitor& m) {
+             nb::gil_scoped_release release;
+             return m.monitor->pollOnce();
+           })
       .def("events", [](PyMonitor& m) { return m.monitor->events(); })
-      .def("errors", [](PyMonitor& m) {
-        nb::list out;
-        for (const auto& e : m.monitor->errors())
-          out.append(nb::make_tuple(e.source, std::string(errorKindName(e.kind)), e.message, e.time_s));
-        return out;
-      })
+      .def("errors",
+           [](PyMonitor& m) {
+             nb::list out;
+             for (const auto& e : m.monitor->errors())
+               out.append(nb::make_tuple(e.source, std::string(errorKindName(e.kind)), e.message, e.time_s));
+             return out;
+           })
       .def("last_readings", [](PyMonitor& m) { return m.monitor->lastReadings(); })
       .def("unsupported", [](PyMonitor& m) { return m.monitor->unsupported(); })
       .def("rethrow_error", [](PyMonitor& m) { m.monitor->rethrowError(); });

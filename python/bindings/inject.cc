@@ -54,8 +54,8 @@ void registerInject(nb::module_& m) {
       "The built-in effect of a fault, with every parameter default applied.");
   m.def(
       "corrupt",
-      [](HostBytes bytes, const std::string& dtype, std::int64_t rows, const std::string& seed, const std::string& injection_id,
-         const campaign::EffectSpec& spec) {
+      [](HostBytes bytes, const std::string& dtype, std::int64_t rows, const std::string& seed,
+         const std::string& injection_id, const campaign::EffectSpec& spec) {
         const Dtype d = parseDtype(dtype);
         const std::int64_t numel = elementCount(bytes, d);
         const Selection selection(seedFrom(seed), injection_id, spec.scope, numel, rows);
@@ -104,7 +104,8 @@ void registerInject(nb::module_& m) {
       "Undoes a corruption: exact restore where untouched since, delta subtraction elsewhere.");
   m.def(
       "selection_indices",
-      [](const std::string& seed, const std::string& injection_id, const std::string& scope, std::int64_t numel, std::int64_t rows) {
+      [](const std::string& seed, const std::string& injection_id, const std::string& scope, std::int64_t numel,
+         std::int64_t rows) {
         return Selection(seedFrom(seed), injection_id, parseScope(scope), numel, rows).indices();
       },
       "The element indices an injection selects (for checks and history windows).");

@@ -20,8 +20,8 @@ void registerOob(nb::module_& m) {
       "oob_segment_name",
       [](const std::string& run_id, std::int64_t generation, std::int64_t pid, const std::string& group,
          std::int64_t rank) { return oob::segmentName(run_id, generation, pid, group, rank); },
-      nb::arg("run_id"), nb::arg("generation"), nb::arg("pid"),
-        nb::arg("group"), nb::arg("rank"), "The shared-memory name of one rank's progress record.");
+      nb::arg("run_id"), nb::arg("generation"), nb::arg("pid"), nb::arg("group"), nb::arg("rank"),
+      "The shared-memory name of one rank's progress record.");
   m.def("oob_now_ns", &oob::nowNs, "CLOCK_MONOTONIC in nanoseconds (the records' clock).");
   m.def("oob_derived_port", &oob::derivedPort, nb::arg("run_id"), nb::arg("generation"), nb::arg("master_port") = 0,
         "The daemons' TCP port for one (run, generation); never master_port (lmr::oob::derivedPort).");
@@ -48,9 +48,8 @@ void registerOob(nb::module_& m) {
       .def(
           "collective_entered",
           [](oob::ProgressWriter& w, std::uint32_t op, std::uint32_t reduce_or_root, std::uint64_t group,
-             std::uint64_t meta, std::uint64_t sequence) {
-            w.collectiveEntered({op, reduce_or_root, group, meta, sequence});
-          },
+             std::uint64_t meta,
+             std::uint64_t sequence) { w.collectiveEntered({op, reduce_or_root, group, meta, sequence}); },
           nb::arg("op"), nb::arg("reduce_or_root"), nb::arg("group"), nb::arg("meta"), nb::arg("sequence"))
       .def("collective_exited", &oob::ProgressWriter::collectiveExited)
       .def("dataloader_begin", &oob::ProgressWriter::dataloaderBegin)

@@ -59,10 +59,22 @@ void registerOobReport(nb::module_& m) {
              std::int64_t generation, std::string run_id, std::string report_id, std::optional<std::int64_t> step,
              std::optional<std::int64_t> round, std::optional<double> threshold_s, std::string peer_group,
              Ranks group_ranks, std::optional<std::int64_t> written_by) {
-            ScoutFaultReport r{std::move(kind), std::move(scope), std::move(ranks), std::move(hosts),
-                               std::move(missing_ranks), toJsonValue(evidence, "evidence"), detection_latency_s,
-                               generation, std::move(run_id), std::move(report_id), step, round, threshold_s,
-                               std::move(peer_group), std::move(group_ranks), written_by};
+            ScoutFaultReport r{std::move(kind),
+                               std::move(scope),
+                               std::move(ranks),
+                               std::move(hosts),
+                               std::move(missing_ranks),
+                               toJsonValue(evidence, "evidence"),
+                               detection_latency_s,
+                               generation,
+                               std::move(run_id),
+                               std::move(report_id),
+                               step,
+                               round,
+                               threshold_s,
+                               std::move(peer_group),
+                               std::move(group_ranks),
+                               written_by};
             oob::validate(r);
             new (self) ScoutFaultReport(std::move(r));
           },
@@ -90,9 +102,8 @@ void registerOobReport(nb::module_& m) {
       .def_ro("written_by", &ScoutFaultReport::written_by)
       .def_prop_ro("_kit_kind", [](const ScoutFaultReport& r) { return kitKind(r.kind); })
       .def_static(
-          "from_dict",
-          [](nb::handle data) { return oob::parseReport(toJsonValue(data, "SCOUTFaultReport")); }, nb::arg("data"),
-          "Strict: raises InvalidArgumentError naming the JSON path of what is wrong.")
+          "from_dict", [](nb::handle data) { return oob::parseReport(toJsonValue(data, "SCOUTFaultReport")); },
+          nb::arg("data"), "Strict: raises InvalidArgumentError naming the JSON path of what is wrong.")
       .def_static(
           "from_file",
           [](const std::filesystem::path& path) {

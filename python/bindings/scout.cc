@@ -54,16 +54,20 @@ replay::Cadence cadence(std::int64_t check, std::int64_t embedding, std::int64_t
 }  // namespace
 
 void registerScout(nb::module_& m) {
-  m.def("mesh_peer_groups", [](const std::vector<DimSpec>& dims, std::int64_t world) { return layout(dims, world).peerGroups(); });
-  m.def("mesh_compute_groups", [](const std::vector<DimSpec>& dims, std::int64_t world) { return layout(dims, world).computeGroups(); });
-  m.def("mesh_needs_materialization",
-        [](const std::vector<DimSpec>& dims, std::int64_t world) { return layout(dims, world).needsMaterialization(); });
+  m.def("mesh_peer_groups",
+        [](const std::vector<DimSpec>& dims, std::int64_t world) { return layout(dims, world).peerGroups(); });
+  m.def("mesh_compute_groups",
+        [](const std::vector<DimSpec>& dims, std::int64_t world) { return layout(dims, world).computeGroups(); });
+  m.def("mesh_needs_materialization", [](const std::vector<DimSpec>& dims, std::int64_t world) {
+    return layout(dims, world).needsMaterialization();
+  });
 
   m.def(
       "replay_plan",
       [](std::int64_t check, std::int64_t embedding, std::int64_t hidden, std::int64_t output, std::int64_t optimizer,
          std::int64_t step, std::int64_t layers, std::int64_t slices) {
-        const replay::Plan p = replay::planAt(cadence(check, embedding, hidden, output, optimizer), step, layers, slices);
+        const replay::Plan p =
+            replay::planAt(cadence(check, embedding, hidden, output, optimizer), step, layers, slices);
         return std::make_tuple(p.embedding, p.hidden_layer, p.output, p.optimizer_slice);
       },
       "(embedding, hidden layer or None, output, optimizer slice or None) due after `step`.");
@@ -71,12 +75,11 @@ void registerScout(nb::module_& m) {
     const replay::Plan p = replay::fullPlan(step, layers, slices);
     return std::make_tuple(p.embedding, p.hidden_layer, p.output, p.optimizer_slice);
   });
-  m.def("replay_intervals",
-        [](std::int64_t check, std::int64_t embedding, std::int64_t hidden, std::int64_t output, std::int64_t optimizer,
-           std::int64_t layers) {
-          const auto iv = replay::effectiveIntervals(cadence(check, embedding, hidden, output, optimizer), layers);
-          return std::make_tuple(iv.embedding, iv.hidden, iv.output, iv.optimizer);
-        });
+  m.def("replay_intervals", [](std::int64_t check, std::int64_t embedding, std::int64_t hidden, std::int64_t output,
+                               std::int64_t optimizer, std::int64_t layers) {
+    const auto iv = replay::effectiveIntervals(cadence(check, embedding, hidden, output, optimizer), layers);
+    return std::make_tuple(iv.embedding, iv.hidden, iv.output, iv.optimizer);
+  });
   m.def(
       "replay_seed",
       [](const std::string& recipe, std::int64_t step) {
@@ -98,8 +101,9 @@ void registerScout(nb::module_& m) {
       },
       nb::arg("wall_ns"), nb::arg("before"), nb::arg("after"),
       "An interval's time without the scheduler's share: wall - wait, clamped to [CPU time, wall].");
-  m.def("replay_is_state_source", [](const std::string& source) { return replay::isStateSource(source); },
-        "Whether an evidence surface compares held state (params, state) rather than recomputed values.");
+  m.def(
+      "replay_is_state_source", [](const std::string& source) { return replay::isStateSource(source); },
+      "Whether an evidence surface compares held state (params, state) rather than recomputed values.");
   m.def("contract_digest", [](const std::vector<std::string>& fields) {
     const std::string d = replay::contractDigest(fields);
     return nb::bytes(d.data(), d.size());
@@ -158,7 +162,8 @@ void registerScout(nb::module_& m) {
         return replay::decideCheck(peerLayout(ranks, state_groups), step, checked, not_ready, in, tracker);
       },
       nb::arg("ranks"), nb::arg("state_groups"), nb::arg("step"), nb::arg("checked"), nb::arg("not_ready"),
-      nb::arg("votes"), nb::arg("tracker"), "The verdict of a check from every peer's vote (lmr::replay::decideCheck).");
+      nb::arg("votes"), nb::arg("tracker"),
+      "The verdict of a check from every peer's vote (lmr::replay::decideCheck).");
   m.def("replay_source_rank", [](const std::vector<std::int64_t>& ranks, std::int64_t step) {
     return replay::sourceRank(replay::PeerLayout{ranks, {}}, step);
   });
@@ -172,14 +177,15 @@ void registerScout(nb::module_& m) {
 
   nb::class_<replay::StragglerTracker>(m, "StragglerTracker")
       .def(nb::init<replay::StragglerOptions>(), nb::arg("options"))
-      .def("observe",
-           [](replay::StragglerTracker& t, const std::string& recipe, std::int64_t step,
-              const std::vector<std::vector<double>>& repetitions, const std::vector<std::int64_t>& ranks) {
-             auto v = t.observe(recipe, step, repetitions, ranks);
-             return std::make_tuple(v.check, v.confirmed, v.outlier_checks);
-           },
-           nb::arg("recipe"), nb::arg("step"), nb::arg("repetitions"), nb::arg("peer_ranks"),
-           "(timing consensus on each peer's fastest repetition, confirmed by position, outlier checks in the window).");
+      .def(
+          "observe",
+          [](replay::StragglerTracker& t, const std::string& recipe, std::int64_t step,
+             const std::vector<std::vector<double>>& repetitions, const std::vector<std::int64_t>& ranks) {
+            auto v = t.observe(recipe, step, repetitions, ranks);
+            return std::make_tuple(v.check, v.confirmed, v.outlier_checks);
+          },
+          nb::arg("recipe"), nb::arg("step"), nb::arg("repetitions"), nb::arg("peer_ranks"),
+          "(timing consensus on each peer's fastest repetition, confirmed by position, outlier checks in the window).");
 }
 
 }  // namespace lmr::python

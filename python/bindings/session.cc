@@ -1,10 +1,10 @@
 // Bindings of lmr::campaign::Session and the state stores it claims candidates in. Evidence
 // crosses as JSON text; a store written in Python crosses as two callables over journal text.
+#include <nanobind/stl/function.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
-#include <nanobind/stl/function.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
@@ -57,7 +57,8 @@ E parsed(std::optional<E> (*parse)(std::string_view) noexcept, const std::string
 
 void registerSession(nb::module_& m) {
   nb::class_<CallbackStateStore, StateStore>(m, "CallbackStateStore")
-      .def(nb::init<CallbackStateStore::Load, CallbackStateStore::Swap>(), nb::arg("load"), nb::arg("compare_and_swap"));
+      .def(nb::init<CallbackStateStore::Load, CallbackStateStore::Swap>(), nb::arg("load"),
+           nb::arg("compare_and_swap"));
 
   nb::class_<ExecutorInfo>(m, "ExecutorInfo")
       .def(
@@ -66,8 +67,8 @@ void registerSession(nb::module_& m) {
              bool one_shot, bool completes_inline) {
             std::vector<FailureType> supported;
             for (const std::string& t : types) supported.push_back(parsed(parseFailureType, t, "failure type"));
-            new (e) ExecutorInfo{std::move(name), std::move(supported), parsed(parseSafetyClass, max_safety, "safety class"),
-                                 one_shot, completes_inline};
+            new (e) ExecutorInfo{std::move(name), std::move(supported),
+                                 parsed(parseSafetyClass, max_safety, "safety class"), one_shot, completes_inline};
           },
           nb::arg("name"), nb::arg("supported_types"), nb::arg("max_safety"), nb::arg("one_shot"),
           nb::arg("completes_inline"))
@@ -96,9 +97,8 @@ void registerSession(nb::module_& m) {
       .def(
           "__init__",
           [](Session* s, std::shared_ptr<Campaign> c, std::shared_ptr<StateStore> store, std::int64_t rank,
-             std::optional<std::int64_t> world, std::int64_t completed) {
-            new (s) Session(std::move(c), std::move(store), rank, world, completed);
-          },
+             std::optional<std::int64_t> world,
+             std::int64_t completed) { new (s) Session(std::move(c), std::move(store), rank, world, completed); },
           nb::arg("campaign"), nb::arg("store"), nb::arg("rank"), nb::arg("world").none(), nb::arg("completed"))
       .def(
           "prepare",
@@ -125,7 +125,8 @@ void registerSession(nb::module_& m) {
           nb::arg("exhausted"))
       .def(
           "activation_raised",
-          [](Session& s, const std::string& id, const std::string& executor, const std::string& ev, const std::string& error) {
+          [](Session& s, const std::string& id, const std::string& executor, const std::string& ev,
+             const std::string& error) {
             s.activationRaised(id, executor, evidence(ev, "activation evidence"), error);
           },
           nb::arg("injection_id"), nb::arg("executor"), nb::arg("evidence"), nb::arg("error"))
@@ -138,8 +139,8 @@ void registerSession(nb::module_& m) {
             if (deactivation) d = evidence(*deactivation, "deactivation evidence");
             s.settle(id, cancelled, failed_reason, verified, evidence(ev, "activation evidence"), error, d);
           },
-          nb::arg("injection_id"), nb::arg("cancelled"), nb::arg("failed_reason"), nb::arg("verified"), nb::arg("evidence"),
-          nb::arg("error"), nb::arg("deactivation").none())
+          nb::arg("injection_id"), nb::arg("cancelled"), nb::arg("failed_reason"), nb::arg("verified"),
+          nb::arg("evidence"), nb::arg("error"), nb::arg("deactivation").none())
       .def("replaced", &Session::replaced, nb::arg("injection_id"), nb::arg("completed"))
       .def(
           "armed_until",

@@ -29,11 +29,15 @@ using ByteArray = nb::ndarray<nb::ro, std::uint8_t, nb::ndim<1>, nb::c_contig>;
 
 void registerSignature(nb::module_& m) {
   nb::class_<Signature>(m, "Signature")
-      .def_prop_ro("content", [](const Signature& s) { return toBytes(s.content); }, "16-byte fingerprint of the bytes.")
-      .def_prop_ro("meta", [](const Signature& s) { return toBytes(s.meta); }, "16-byte digest of dtype, shape, strides.")
-      .def_prop_ro("digest", [](const Signature& s) { return toBytes(s.digest); }, "16-byte value peers compare.")
+      .def_prop_ro(
+          "content", [](const Signature& s) { return toBytes(s.content); }, "16-byte fingerprint of the bytes.")
+      .def_prop_ro(
+          "meta", [](const Signature& s) { return toBytes(s.meta); }, "16-byte digest of dtype, shape, strides.")
+      .def_prop_ro(
+          "digest", [](const Signature& s) { return toBytes(s.digest); }, "16-byte value peers compare.")
       .def("hex", [](const Signature& s) { return s.digest.hex(); })
-      .def("__eq__", [](const Signature& a, const Signature& b) { return a.digest == b.digest && a.content == b.content; })
+      .def("__eq__",
+           [](const Signature& a, const Signature& b) { return a.digest == b.digest && a.content == b.content; })
       .def("__hash__", [](const Signature& s) { return static_cast<std::int64_t>(s.digest.lo >> 1); })
       .def("__repr__", [](const Signature& s) { return "Signature(" + s.digest.hex() + ")"; });
 

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
-#include <string>
 #include <set>
+#include <string>
 #include <tuple>
 
 #include "lmr/common/error.h"
@@ -28,7 +28,9 @@ void checkHeader(const Json& j, const char* kind) {
   }
 }
 
-std::string prefixed(std::string_view source, const std::string& message) { return std::string(source) + ": " + message; }
+std::string prefixed(std::string_view source, const std::string& message) {
+  return std::string(source) + ": " + message;
+}
 
 // The record the manifest implies for `r`'s candidate, to compare field by field.
 void checkAgainstManifest(const InjectionArtifact& a, const InjectionRecord& r, const std::string& where) {
@@ -38,7 +40,8 @@ void checkAgainstManifest(const InjectionArtifact& a, const InjectionRecord& r, 
   std::size_t fault = inc->faults.size();
   for (std::size_t f = 0; f < inc->faults.size(); ++f)
     if (inc->faults[f].fault_id == r.fault_id) fault = f;
-  if (fault == inc->faults.size()) throw InvalidArgument(where + ": fault \"" + r.fault_id + "\" is not in incident \"" + r.incident_id + "\"");
+  if (fault == inc->faults.size())
+    throw InvalidArgument(where + ": fault \"" + r.fault_id + "\" is not in incident \"" + r.incident_id + "\"");
   if (!inc->trigger.isCandidate(r.iteration)) {
     throw InvalidArgument(where + ": iteration " + std::to_string(r.iteration) + " is not a trigger candidate");
   }
@@ -48,11 +51,12 @@ void checkAgainstManifest(const InjectionArtifact& a, const InjectionRecord& r, 
   const InjectionRecord expected = makeRecord(c, incident, fault, cand, r.attempt);
   const Json got = r.toJson();
   const Json want = expected.toJson();
-  for (const char* key : {"injection_id", "occurrence_id", "training_iteration", "type", "temporal_class", "safety_class",
-                          "target", "parameters", "execution_rank", "expected_rank", "expected_resource",
-                          "expected_component", "expected_layer", "expected_kind"}) {
+  for (const char* key : {"injection_id", "occurrence_id", "training_iteration", "type", "temporal_class",
+                          "safety_class", "target", "parameters", "execution_rank", "expected_rank",
+                          "expected_resource", "expected_component", "expected_layer", "expected_kind"}) {
     if (got[key] != want[key]) {
-      throw InvalidArgument(where + "." + key + ": " + got[key].dump() + " contradicts the manifest (" + want[key].dump() + ")");
+      throw InvalidArgument(where + "." + key + ": " + got[key].dump() + " contradicts the manifest (" +
+                            want[key].dump() + ")");
     }
   }
   if (r.execution_rank != a.rank) {
@@ -67,7 +71,8 @@ void checkAgainstManifest(const InjectionArtifact& a, const InjectionRecord& r, 
   if (skipped && r.attempt != 1) throw InvalidArgument(where + ".attempt: a probability skip is attempt 1");
   const bool too_many = (inc->retrigger == Retrigger::kOnce && r.attempt > 1) ||
                         (inc->retrigger == Retrigger::kMaxOccurrences && r.attempt > inc->max_occurrences);
-  if (too_many) throw InvalidArgument(where + ".attempt: " + std::to_string(r.attempt) + " exceeds the retrigger policy");
+  if (too_many)
+    throw InvalidArgument(where + ".attempt: " + std::to_string(r.attempt) + " exceeds the retrigger policy");
 }
 
 }  // namespace
@@ -76,15 +81,18 @@ InjectionArtifact InjectionArtifact::parse(std::string_view text, std::string_vi
   const json::Document doc = json::parse(text, source);
   try {
     const Json& j = doc.value;
-    json::requireKnownKeys(j, "", {"schema_version", "kind", "rank", "completed_iterations", "clock_offset",
-                                   "manifest_identity", "manifest", "records"});
+    json::requireKnownKeys(j, "",
+                           {"schema_version", "kind", "rank", "completed_iterations", "clock_offset",
+                            "manifest_identity", "manifest", "records"});
     checkHeader(j, kInjectionKind);
     InjectionArtifact a;
     a.source = std::string(source);
     a.rank = json::asNonNegativeInteger(json::requireMember(j, "", "rank"), "rank");
-    a.completed_iterations = json::asNonNegativeInteger(json::requireMember(j, "", "completed_iterations"), "completed_iterations");
+    a.completed_iterations =
+        json::asNonNegativeInteger(json::requireMember(j, "", "completed_iterations"), "completed_iterations");
     a.clock_offset = json::asNonNegativeInteger(json::requireMember(j, "", "clock_offset"), "clock_offset");
-    const std::string identity = json::asIdentifier(json::requireMember(j, "", "manifest_identity"), "manifest_identity");
+    const std::string identity =
+        json::asIdentifier(json::requireMember(j, "", "manifest_identity"), "manifest_identity");
     // Re-parse the embedded manifest from its own text, keeping its 128-bit seed exact.
     json::Document manifest;
     manifest.value = json::requireMember(j, "", "manifest");
@@ -101,7 +109,8 @@ InjectionArtifact InjectionArtifact::parse(std::string_view text, std::string_vi
     }
     const Json& records = json::requireMember(j, "", "records");
     if (!records.is_array()) fail("records", "must be an array");
-    for (std::size_t i = 0; i < records.size(); ++i) a.records.push_back(InjectionRecord::fromJson(records[i], item("records", i)));
+    for (std::size_t i = 0; i < records.size(); ++i)
+      a.records.push_back(InjectionRecord::fromJson(records[i], item("records", i)));
     return a;
   } catch (const InvalidArgument& e) {
     throw InvalidArgument(prefixed(source, e.message()));
@@ -130,7 +139,8 @@ std::vector<LocalizationResult> parseLocalizationArtifact(std::string_view text,
     const Json& results = json::requireMember(j, "", "results");
     if (!results.is_array()) fail("results", "must be an array");
     std::vector<LocalizationResult> out;
-    for (std::size_t i = 0; i < results.size(); ++i) out.push_back(LocalizationResult::fromJson(results[i], item("results", i)));
+    for (std::size_t i = 0; i < results.size(); ++i)
+      out.push_back(LocalizationResult::fromJson(results[i], item("results", i)));
     return out;
   } catch (const InvalidArgument& e) {
     throw InvalidArgument(prefixed(source, e.message()));
@@ -143,7 +153,8 @@ std::string localizationArtifactJson(const std::vector<LocalizationResult>& resu
   return Json{{"schema_version", 1}, {"kind", kLocalizationKind}, {"results", arr}}.dump(indent);
 }
 
-CampaignReport compareArtifacts(const std::vector<InjectionArtifact>& artifacts, const std::vector<LocalizationResult>& results) {
+CampaignReport compareArtifacts(const std::vector<InjectionArtifact>& artifacts,
+                                const std::vector<LocalizationResult>& results) {
   if (artifacts.empty()) throw InvalidArgument("compare needs at least one injection artifact");
   const InjectionArtifact& first = artifacts.front();
   const Campaign& campaign = *first.campaign;
@@ -152,19 +163,20 @@ CampaignReport compareArtifacts(const std::vector<InjectionArtifact>& artifacts,
   std::set<std::string> seen;
   for (const InjectionArtifact& a : artifacts) {
     if (a.campaign->identity() != campaign.identity()) {
-      throw InvalidArgument(a.source + ": manifest " + a.campaign->identity() + " differs from " + first.source + "'s " +
-                            campaign.identity());
+      throw InvalidArgument(a.source + ": manifest " + a.campaign->identity() + " differs from " + first.source +
+                            "'s " + campaign.identity());
     }
     if (a.clock_offset != first.clock_offset) {
-      throw InvalidArgument(a.source + ": clock_offset " + std::to_string(a.clock_offset) + " differs from " + first.source + "'s " +
-                            std::to_string(first.clock_offset));
+      throw InvalidArgument(a.source + ": clock_offset " + std::to_string(a.clock_offset) + " differs from " +
+                            first.source + "'s " + std::to_string(first.clock_offset));
     }
     completed = std::max(completed, a.completed_iterations);
     for (std::size_t i = 0; i < a.records.size(); ++i) {
       const InjectionRecord& r = a.records[i];
       const std::string where = a.source + ": " + item("records", i);
       checkAgainstManifest(a, r, where);
-      if (!seen.insert(r.injection_id).second) throw InvalidArgument(where + ": action " + r.injection_id + " is recorded twice");
+      if (!seen.insert(r.injection_id).second)
+        throw InvalidArgument(where + ": action " + r.injection_id + " is recorded twice");
       all.push_back(r);
     }
   }
@@ -188,9 +200,10 @@ CampaignReport compareArtifacts(const std::vector<InjectionArtifact>& artifacts,
     s.reasons.push_back("no injection record for this candidate (lost occurrence)");
     report.occurrences.push_back(std::move(s));
   });
-  std::sort(report.occurrences.begin(), report.occurrences.end(), [](const OccurrenceScore& a, const OccurrenceScore& b) {
-    return std::tie(a.iteration, a.incident_id, a.attempt) < std::tie(b.iteration, b.incident_id, b.attempt);
-  });
+  std::sort(report.occurrences.begin(), report.occurrences.end(),
+            [](const OccurrenceScore& a, const OccurrenceScore& b) {
+              return std::tie(a.iteration, a.incident_id, a.attempt) < std::tie(b.iteration, b.incident_id, b.attempt);
+            });
   return report;
 }
 
@@ -216,7 +229,8 @@ std::string formatReportTable(const CampaignReport& report) {
       expected += "]";
       if (!o.expected_resources.empty()) {
         expected += " resources [";
-        for (std::size_t i = 0; i < o.expected_resources.size(); ++i) expected += (i ? "," : "") + o.expected_resources[i];
+        for (std::size_t i = 0; i < o.expected_resources.size(); ++i)
+          expected += (i ? "," : "") + o.expected_resources[i];
         expected += "]";
       }
       if (!o.reasons.empty()) expected += "  -- " + o.reasons.front();

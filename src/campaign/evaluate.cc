@@ -140,8 +140,9 @@ bool matchAssociations(const std::vector<Action>& actions, const std::vector<con
 }  // namespace
 
 LocalizationResult LocalizationResult::fromJson(const Json& j, const std::string& path) {
-  json::requireKnownKeys(j, path, {"occurrence_id", "detected", "failed_ranks", "failed_resources", "kind", "components",
-                                   "layer_id", "latency_ms", "scope"});
+  json::requireKnownKeys(j, path,
+                         {"occurrence_id", "detected", "failed_ranks", "failed_resources", "kind", "components",
+                          "layer_id", "latency_ms", "scope"});
   LocalizationResult r;
   r.occurrence_id = json::asIdentifier(json::requireMember(j, path, "occurrence_id"), child(path, "occurrence_id"));
   r.detected = json::asBoolean(json::requireMember(j, path, "detected"), child(path, "detected"));
@@ -154,12 +155,15 @@ LocalizationResult LocalizationResult::fromJson(const Json& j, const std::string
   if (const Json* v = findMember(j, "failed_ranks")) {
     const std::string p = child(path, "failed_ranks");
     if (!v->is_array()) fail(p, "must be an array of ranks, got " + json::describe(*v));
-    for (std::size_t i = 0; i < v->size(); ++i) r.failed_ranks.push_back(json::asNonNegativeInteger((*v)[i], item(p, i)));
+    for (std::size_t i = 0; i < v->size(); ++i)
+      r.failed_ranks.push_back(json::asNonNegativeInteger((*v)[i], item(p, i)));
     r.failed_ranks = sortedUnique(r.failed_ranks);
   }
-  if (const Json* v = findMember(j, "failed_resources")) r.failed_resources = stringArray(*v, child(path, "failed_resources"));
+  if (const Json* v = findMember(j, "failed_resources"))
+    r.failed_resources = stringArray(*v, child(path, "failed_resources"));
   if (const Json* v = findMember(j, "kind"); v && !v->is_null()) r.kind = json::asIdentifier(*v, child(path, "kind"));
-  if (const Json* v = findMember(j, "components"); v && !v->is_null()) r.components = stringArray(*v, child(path, "components"));
+  if (const Json* v = findMember(j, "components"); v && !v->is_null())
+    r.components = stringArray(*v, child(path, "components"));
   if (const Json* v = findMember(j, "layer_id"); v && !v->is_null()) {
     r.layer_id = json::asInteger(*v, child(path, "layer_id"));
     if (*r.layer_id < -1) fail(child(path, "layer_id"), "must be a layer index or -1");
@@ -173,8 +177,11 @@ LocalizationResult LocalizationResult::fromJson(const Json& j, const std::string
 }
 
 Json LocalizationResult::toJson() const {
-  Json j{{"occurrence_id", occurrence_id}, {"detected", detected}, {"failed_ranks", failed_ranks},
-         {"failed_resources", failed_resources}, {"scope", scope}};
+  Json j{{"occurrence_id", occurrence_id},
+         {"detected", detected},
+         {"failed_ranks", failed_ranks},
+         {"failed_resources", failed_resources},
+         {"scope", scope}};
   j["kind"] = kind ? Json(*kind) : Json(nullptr);
   j["components"] = components ? Json(*components) : Json(nullptr);
   j["layer_id"] = layer_id ? Json(*layer_id) : Json(nullptr);
@@ -204,7 +211,8 @@ std::size_t CampaignReport::scored() const {
   return std::count_if(occurrences.begin(), occurrences.end(), [](const auto& o) { return !o.skipped; });
 }
 std::size_t CampaignReport::injected() const {
-  return std::count_if(occurrences.begin(), occurrences.end(), [](const auto& o) { return !o.skipped && o.injection_succeeded; });
+  return std::count_if(occurrences.begin(), occurrences.end(),
+                       [](const auto& o) { return !o.skipped && o.injection_succeeded; });
 }
 std::size_t CampaignReport::detected() const {
   return std::count_if(occurrences.begin(), occurrences.end(), [](const auto& o) { return !o.skipped && o.detected; });
@@ -242,9 +250,11 @@ std::string CampaignReport::toJson(int indent) const {
   for (const auto& o : occurrences) occ.push_back(o.toJson());
   for (const auto& r : records) recs.push_back(r.toJson());
   for (const auto& r : results) res.push_back(r.toJson());
-  Json j{{"schema_version", 1},         {"kind", "lmr.campaign_report"}, {"campaign", campaign},
-         {"manifest_identity", manifest_identity}, {"occurrences", occ}, {"records", recs},
-         {"results", res},              {"unmatched_results", unmatched_results}, {"totals", totalsJson()}};
+  Json j{{"schema_version", 1},   {"kind", "lmr.campaign_report"},
+         {"campaign", campaign},  {"manifest_identity", manifest_identity},
+         {"occurrences", occ},    {"records", recs},
+         {"results", res},        {"unmatched_results", unmatched_results},
+         {"totals", totalsJson()}};
   return json::dumpWithRawMember(std::move(j), "manifest", manifest, indent);
 }
 
@@ -274,16 +284,20 @@ CampaignReport evaluate(const Campaign& campaign, const std::vector<InjectionRec
     s.iteration = key.position;
     s.attempt = key.attempt;
     const Incident* inc = campaign.findIncident(key.incident_id);
-    if (inc == nullptr) throw InvalidArgument("record " + recs.front()->injection_id + " names no incident of the manifest");
+    if (inc == nullptr)
+      throw InvalidArgument("record " + recs.front()->injection_id + " names no incident of the manifest");
 
-    s.skipped = std::all_of(recs.begin(), recs.end(), [](auto* r) { return r->status == RecordStatus::kSkippedProbability; });
+    s.skipped =
+        std::all_of(recs.begin(), recs.end(), [](auto* r) { return r->status == RecordStatus::kSkippedProbability; });
     std::map<std::string, const InjectionRecord*> by_fault;
     for (const InjectionRecord* r : recs) by_fault[r->fault_id] = r;
     std::vector<Action> actions;
     bool all_injected = true;
     for (const Fault& f : inc->faults) {
-      Action a{{f.target.expectedRank(), f.target.resource}, std::string(expectedKind(f.type, f.target.surface)),
-               f.target.component, std::nullopt};
+      Action a{{f.target.expectedRank(), f.target.resource},
+               std::string(expectedKind(f.type, f.target.surface)),
+               f.target.component,
+               std::nullopt};
       if (f.target.component == "transformer_block") a.layer = f.target.index;
       actions.push_back(a);
       auto it = by_fault.find(f.fault_id);
@@ -331,7 +345,8 @@ CampaignReport evaluate(const Campaign& campaign, const std::vector<InjectionRec
       }
       if (r->detected && r->scope != "peer_group") attributing.push_back(r);
     }
-    if (!s.detected) s.reasons.push_back(mine.empty() ? "no localization result" : "no result detected the injected kind");
+    if (!s.detected)
+      s.reasons.push_back(mine.empty() ? "no localization result" : "no result detected the injected kind");
 
     bool attributed = false;
     if (attributing.empty()) {
@@ -400,7 +415,8 @@ CampaignReport evaluate(const Campaign& campaign, const std::vector<InjectionRec
         }
       }
       // Layer evidence: a specific layer must belong to the targets it names.
-      const bool any_layer_target = std::any_of(actions.begin(), actions.end(), [](const Action& a) { return a.layer.has_value(); });
+      const bool any_layer_target =
+          std::any_of(actions.begin(), actions.end(), [](const Action& a) { return a.layer.has_value(); });
       for (const LocalizationResult* r : attributing) {
         if (r->layer_id && *r->layer_id >= 0 && !any_layer_target) {
           s.reasons.push_back("layer " + std::to_string(*r->layer_id) + " reported for targets that are not layers");
@@ -421,9 +437,10 @@ CampaignReport evaluate(const Campaign& campaign, const std::vector<InjectionRec
     s.localized = s.injection_succeeded && s.detected && attributed;
     report.occurrences.push_back(std::move(s));
   }
-  std::sort(report.occurrences.begin(), report.occurrences.end(), [&](const OccurrenceScore& a, const OccurrenceScore& b) {
-    return std::tie(a.iteration, a.incident_id, a.attempt) < std::tie(b.iteration, b.incident_id, b.attempt);
-  });
+  std::sort(report.occurrences.begin(), report.occurrences.end(),
+            [&](const OccurrenceScore& a, const OccurrenceScore& b) {
+              return std::tie(a.iteration, a.incident_id, a.attempt) < std::tie(b.iteration, b.incident_id, b.attempt);
+            });
   return report;
 }
 

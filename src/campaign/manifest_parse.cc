@@ -96,14 +96,16 @@ Lifetime parseLifetime(const Json& j, const std::string& path) {
 }
 
 Target parseTarget(const Json& j, const std::string& path) {
-  json::requireKnownKeys(j, path, {"surface", "rank", "model_part", "component", "index", "module_path", "operation",
-                                   "resource", "path", "metadata"});
+  json::requireKnownKeys(j, path,
+                         {"surface", "rank", "model_part", "component", "index", "module_path", "operation", "resource",
+                          "path", "metadata"});
   Target t;
   t.surface = parseEnum<Surface>(requireMember(j, path, "surface"), child(path, "surface"), parseSurface,
                                  "input, output, weight, bias, gradient, optimizer_state, rng_state, sampler_state, "
                                  "data, checkpoint, compute, collective, process, resource, config");
   if (const Json* v = findMember(j, "rank")) t.rank = json::asNonNegativeInteger(*v, child(path, "rank"));
-  if (const Json* v = findMember(j, "model_part")) t.model_part = json::asNonNegativeInteger(*v, child(path, "model_part"));
+  if (const Json* v = findMember(j, "model_part"))
+    t.model_part = json::asNonNegativeInteger(*v, child(path, "model_part"));
   t.component = optionalIdentifier(j, path, "component");
   if (const Json* v = findMember(j, "index")) t.index = json::asNonNegativeInteger(*v, child(path, "index"));
   t.module_path = optionalIdentifier(j, path, "module_path");
@@ -113,7 +115,8 @@ Target parseTarget(const Json& j, const std::string& path) {
   t.metadata = objectOrEmpty(j, path, "metadata");
 
   if (isModuleSurface(t.surface) && !t.component && !t.module_path) {
-    fail(path, "surface \"" + std::string(name(t.surface)) + "\" names a module: give \"module_path\" or \"component\"");
+    fail(path,
+         "surface \"" + std::string(name(t.surface)) + "\" names a module: give \"module_path\" or \"component\"");
   }
   if (t.component) {
     if (contains(kIndexedComponents, *t.component) && !t.index) {
@@ -192,9 +195,9 @@ void checkIncidentRules(const Incident& inc, const std::string& path) {
       }
       if (t.probability > 0.0) {
         if (auto spacing = t.minSpacing(); spacing && *spacing < inc.lifetime.count) {
-          fail(child(lifetime_path, "iterations"),
-               "active windows of " + std::to_string(inc.lifetime.count) +
-                   " iterations overlap: trigger candidates are only " + std::to_string(*spacing) + " apart");
+          fail(child(lifetime_path, "iterations"), "active windows of " + std::to_string(inc.lifetime.count) +
+                                                       " iterations overlap: trigger candidates are only " +
+                                                       std::to_string(*spacing) + " apart");
         }
       }
       break;
@@ -208,7 +211,8 @@ Incident parseIncident(const Json& j, const std::string& path) {
   inc.trigger = parseTrigger(requireMember(j, path, "trigger"), child(path, "trigger"));
   inc.lifetime = parseLifetime(requireMember(j, path, "lifetime"), child(path, "lifetime"));
   if (const Json* r = findMember(j, "retrigger")) {
-    inc.retrigger = parseEnum<Retrigger>(*r, child(path, "retrigger"), parseRetrigger, "once, every_attempt, max_occurrences");
+    inc.retrigger =
+        parseEnum<Retrigger>(*r, child(path, "retrigger"), parseRetrigger, "once, every_attempt, max_occurrences");
   }
   const Json* max = findMember(j, "max_occurrences");
   if (inc.retrigger == Retrigger::kMaxOccurrences) {
@@ -256,13 +260,15 @@ Campaign Campaign::fromDocument(const json::Document& doc) {
   Campaign c;
   if (const Json* v = findMember(j, "schema_version")) {
     const std::int64_t version = json::asInteger(*v, "schema_version");
-    if (version != 1) fail("schema_version", "unsupported version " + std::to_string(version) + " (this build reads 1)");
+    if (version != 1)
+      fail("schema_version", "unsupported version " + std::to_string(version) + " (this build reads 1)");
   }
   c.name_ = json::asIdentifier(requireMember(j, "", "name"), "name");
   c.seed_ = parseSeed(doc);
   if (const Json* clock = findMember(j, "clock")) {
     json::requireKnownKeys(*clock, "clock", {"type", "origin"});
-    if (const Json* type = findMember(*clock, "type"); type && json::asString(*type, "clock.type") != "training_iteration") {
+    if (const Json* type = findMember(*clock, "type");
+        type && json::asString(*type, "clock.type") != "training_iteration") {
       fail("clock.type", "unknown value " + json::describe(*type) + " (allowed: training_iteration)");
     }
     if (const Json* origin = findMember(*clock, "origin")) {

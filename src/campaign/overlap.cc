@@ -111,8 +111,10 @@ std::optional<std::pair<std::int64_t, std::int64_t>> progressionOverlap(const Pr
 
 }  // namespace
 
-std::optional<std::pair<std::int64_t, std::int64_t>> firstWindowOverlap(const Trigger& a, std::optional<std::int64_t> window_a,
-                                                                        const Trigger& b, std::optional<std::int64_t> window_b) {
+std::optional<std::pair<std::int64_t, std::int64_t>> firstWindowOverlap(const Trigger& a,
+                                                                        std::optional<std::int64_t> window_a,
+                                                                        const Trigger& b,
+                                                                        std::optional<std::int64_t> window_b) {
   const I128 wa = window_a.value_or(kForever);
   const I128 wb = window_b.value_or(kForever);
   // Occurrences at x (of a) and y (of b) overlap iff -(wb - 1) <= y - x <= wa - 1.
@@ -142,8 +144,9 @@ void checkTargetOverlaps(const Campaign& campaign,
       const std::string key = target_key(i, f);
       if (key.empty()) continue;
       if (auto [it, inserted] = seen.emplace(key, f); !inserted) {
-        throw InvalidArgument("incidents[" + std::to_string(i) + "].faults[" + std::to_string(f) + "]: resolves to the same target as faults[" +
-                              std::to_string(it->second) + "] (" + key + "); correlated actions need distinct targets");
+        throw InvalidArgument("incidents[" + std::to_string(i) + "].faults[" + std::to_string(f) +
+                              "]: resolves to the same target as faults[" + std::to_string(it->second) + "] (" + key +
+                              "); correlated actions need distinct targets");
       }
       if (incidents[i].trigger.probability > 0.0) by_key[key].push_back(i);
     }
@@ -153,11 +156,12 @@ void checkTargetOverlaps(const Campaign& campaign,
       for (std::size_t y = x + 1; y < members.size(); ++y) {
         const Incident& a = incidents[members[x]];
         const Incident& b = incidents[members[y]];
-        if (auto hit = firstWindowOverlap(a.trigger, a.lifetime.windowIterations(), b.trigger, b.lifetime.windowIterations())) {
+        if (auto hit = firstWindowOverlap(a.trigger, a.lifetime.windowIterations(), b.trigger,
+                                          b.lifetime.windowIterations())) {
           throw InvalidArgument("incidents[" + std::to_string(members[y]) + "] (\"" + b.incident_id + "\" at " +
                                 std::to_string(hit->second) + ") can be active together with incidents[" +
-                                std::to_string(members[x]) + "] (\"" + a.incident_id + "\" at " + std::to_string(hit->first) +
-                                ") on the same target (" + key + ")");
+                                std::to_string(members[x]) + "] (\"" + a.incident_id + "\" at " +
+                                std::to_string(hit->first) + ") on the same target (" + key + ")");
         }
       }
     }

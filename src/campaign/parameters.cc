@@ -12,8 +12,8 @@ using json::child;
 using json::fail;
 using json::findMember;
 
-constexpr std::string_view kOperations[] = {"single_bitflip", "multi_bitflip", "set_value", "scale", "noise",
-                                            "sign_flip"};
+constexpr std::string_view kOperations[] = {"single_bitflip", "multi_bitflip", "set_value",
+                                            "scale",          "noise",         "sign_flip"};
 constexpr std::string_view kScopes[] = {"single", "row", "1%", "10%", "100%"};
 constexpr std::string_view kMagnitudes[] = {"catastrophic", "large", "medium", "subtle", "near_invisible"};
 // The longest wait a platform timer takes (Python's threading.TIMEOUT_MAX on Linux), in ms.
@@ -46,10 +46,12 @@ void validateBuiltInParameters(const Fault& fault, const std::string& path) {
   switch (fault.type) {
     case FailureType::kTensorCorruption: {
       const Json* op = findMember(p, "operation");
-      if (op == nullptr) fail(child(path, "operation"), "required for tensor_corruption (allowed: " + join(kOperations) + ")");
+      if (op == nullptr)
+        fail(child(path, "operation"), "required for tensor_corruption (allowed: " + join(kOperations) + ")");
       operation = enumValue(*op, child(path, "operation"), kOperations);
       allowed = {"operation", "scope"};
-      if (operation == "single_bitflip" || operation == "multi_bitflip" || operation == "scale" || operation == "noise") {
+      if (operation == "single_bitflip" || operation == "multi_bitflip" || operation == "scale" ||
+          operation == "noise") {
         allowed.push_back("magnitude");
       }
       if (operation == "set_value") allowed.push_back("value");
@@ -59,16 +61,10 @@ void validateBuiltInParameters(const Fault& fault, const std::string& path) {
     }
     case FailureType::kStaleState:
     case FailureType::kDuplicate:
-    case FailureType::kDrop:
-      allowed = {"scope"};
-      break;
-    case FailureType::kReorder:
-      break;  // always the full leading dimension: no scope
-    case FailureType::kDelay:
-      allowed = {"delay_ms"};
-      break;
-    default:
-      return;  // not a built-in effect
+    case FailureType::kDrop: allowed = {"scope"}; break;
+    case FailureType::kReorder: break;  // always the full leading dimension: no scope
+    case FailureType::kDelay: allowed = {"delay_ms"}; break;
+    default: return;  // not a built-in effect
   }
   if (fault.type != FailureType::kDelay) {
     if (parameter_surface) allowed.push_back("parameter");
@@ -81,7 +77,8 @@ void validateBuiltInParameters(const Fault& fault, const std::string& path) {
     if (!ok) {
       std::string what = std::string(name(fault.type)) + (operation.empty() ? "" : " " + operation) + " on surface " +
                          std::string(name(surface));
-      fail(child(path, key), "does not apply to " + what + " (accepted: " + (allowed.empty() ? "none" : join(allowed)) + ")");
+      fail(child(path, key),
+           "does not apply to " + what + " (accepted: " + (allowed.empty() ? "none" : join(allowed)) + ")");
     }
   }
 
@@ -94,7 +91,8 @@ void validateBuiltInParameters(const Fault& fault, const std::string& path) {
     if (v == nullptr) fail(child(path, "value"), "required for set_value (a number, \"nan\", \"inf\" or \"-inf\")");
     if (v->is_string()) {
       const std::string s = v->get<std::string>();
-      if (s != "nan" && s != "inf" && s != "-inf") fail(child(path, "value"), "a string value must be \"nan\", \"inf\" or \"-inf\"");
+      if (s != "nan" && s != "inf" && s != "-inf")
+        fail(child(path, "value"), "a string value must be \"nan\", \"inf\" or \"-inf\"");
     } else {
       json::asNumber(*v, child(path, "value"));
     }

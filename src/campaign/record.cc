@@ -39,10 +39,11 @@ bool InjectionRecord::injectionSucceeded() const {
 }
 
 void InjectionRecord::transition(RecordStatus next) {
-  const bool ok = (status == RecordStatus::kArmed &&
-                   (next == RecordStatus::kActive || next == RecordStatus::kFailed || next == RecordStatus::kCancelled)) ||
-                  (status == RecordStatus::kActive &&
-                   (next == RecordStatus::kCompleted || next == RecordStatus::kFailed || next == RecordStatus::kCancelled));
+  const bool ok =
+      (status == RecordStatus::kArmed &&
+       (next == RecordStatus::kActive || next == RecordStatus::kFailed || next == RecordStatus::kCancelled)) ||
+      (status == RecordStatus::kActive &&
+       (next == RecordStatus::kCompleted || next == RecordStatus::kFailed || next == RecordStatus::kCancelled));
   if (!ok) {
     throw InvalidArgument("record " + injection_id + ": cannot move from " + std::string(name(status)) + " to " +
                           std::string(name(next)));
@@ -80,11 +81,33 @@ Json InjectionRecord::toJson() const {
 }
 
 InjectionRecord InjectionRecord::fromJson(const Json& j, const std::string& path) {
-  json::requireKnownKeys(j, path, {"injection_id", "occurrence_id", "incident_id", "fault_id", "iteration",
-                                   "training_iteration", "actual_iteration", "attempt", "status", "type", "temporal_class",
-                                   "safety_class", "target", "parameters", "execution_rank", "expected_rank",
-                                   "expected_resource", "expected_component", "expected_layer", "expected_kind", "executor",
-                                   "verified", "injection_succeeded", "activation_evidence", "deactivation_evidence", "error"});
+  json::requireKnownKeys(j, path,
+                         {"injection_id",
+                          "occurrence_id",
+                          "incident_id",
+                          "fault_id",
+                          "iteration",
+                          "training_iteration",
+                          "actual_iteration",
+                          "attempt",
+                          "status",
+                          "type",
+                          "temporal_class",
+                          "safety_class",
+                          "target",
+                          "parameters",
+                          "execution_rank",
+                          "expected_rank",
+                          "expected_resource",
+                          "expected_component",
+                          "expected_layer",
+                          "expected_kind",
+                          "executor",
+                          "verified",
+                          "injection_succeeded",
+                          "activation_evidence",
+                          "deactivation_evidence",
+                          "error"});
   auto member = [&](const char* key) -> const Json& { return json::requireMember(j, path, key); };
   InjectionRecord r;
   r.injection_id = json::asIdentifier(member("injection_id"), child(path, "injection_id"));
@@ -116,8 +139,9 @@ InjectionRecord InjectionRecord::fromJson(const Json& j, const std::string& path
   r.deactivation_evidence = member("deactivation_evidence");
   r.error = json::asString(member("error"), child(path, "error"));
   if (succeeded != r.injectionSucceeded()) {
-    fail(child(path, "injection_succeeded"), std::string("is ") + (succeeded ? "true" : "false") + " but the record is " +
-                                                  std::string(name(r.status)) + (r.verified ? ", verified" : ", unverified"));
+    fail(child(path, "injection_succeeded"), std::string("is ") + (succeeded ? "true" : "false") +
+                                                 " but the record is " + std::string(name(r.status)) +
+                                                 (r.verified ? ", verified" : ", unverified"));
   }
   if (r.status == RecordStatus::kSkippedProbability && (r.verified || r.actual_iteration)) {
     fail(child(path, "status"), "a probability skip has no activation");
@@ -125,8 +149,8 @@ InjectionRecord InjectionRecord::fromJson(const Json& j, const std::string& path
   return r;
 }
 
-InjectionRecord makeRecord(const Campaign& campaign, std::size_t incident, std::size_t fault, const Candidate& candidate,
-                           std::int64_t attempt) {
+InjectionRecord makeRecord(const Campaign& campaign, std::size_t incident, std::size_t fault,
+                           const Candidate& candidate, std::int64_t attempt) {
   const Incident& inc = campaign.incidents().at(incident);
   const Fault& f = inc.faults.at(fault);
   InjectionRecord r;

@@ -166,8 +166,8 @@ std::vector<Action> Session::observe(std::int64_t completed) {
       const Fault& fault = inc.faults[a.fault];
       if (fault.type != FailureType::kStaleState && fault.type != FailureType::kDuplicate) continue;
       const std::string occurrence = occurrenceId(inc.incident_id, c.position);
-      out.push_back({c.incident, a.fault, c.position, c.iteration, 1, occurrence, injectionId(occurrence, fault.fault_id),
-                     std::nullopt});
+      out.push_back({c.incident, a.fault, c.position, c.iteration, 1, occurrence,
+                     injectionId(occurrence, fault.fault_id), std::nullopt});
     }
   }
   return out;

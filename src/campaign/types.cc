@@ -34,18 +34,25 @@ constexpr Names<FailureType, 21> kFailureTypes = {{
 }};
 
 constexpr Names<Surface, 15> kSurfaces = {{
-    {Surface::kInput, "input"},         {Surface::kOutput, "output"},
-    {Surface::kWeight, "weight"},       {Surface::kBias, "bias"},
-    {Surface::kGradient, "gradient"},   {Surface::kOptimizerState, "optimizer_state"},
-    {Surface::kRngState, "rng_state"},  {Surface::kSamplerState, "sampler_state"},
-    {Surface::kData, "data"},           {Surface::kCheckpoint, "checkpoint"},
-    {Surface::kCompute, "compute"},     {Surface::kCollective, "collective"},
-    {Surface::kProcess, "process"},     {Surface::kResource, "resource"},
+    {Surface::kInput, "input"},
+    {Surface::kOutput, "output"},
+    {Surface::kWeight, "weight"},
+    {Surface::kBias, "bias"},
+    {Surface::kGradient, "gradient"},
+    {Surface::kOptimizerState, "optimizer_state"},
+    {Surface::kRngState, "rng_state"},
+    {Surface::kSamplerState, "sampler_state"},
+    {Surface::kData, "data"},
+    {Surface::kCheckpoint, "checkpoint"},
+    {Surface::kCompute, "compute"},
+    {Surface::kCollective, "collective"},
+    {Surface::kProcess, "process"},
+    {Surface::kResource, "resource"},
     {Surface::kConfig, "config"},
 }};
 
-constexpr Names<ClockOrigin, 2> kOrigins = {{{ClockOrigin::kTrainingRun, "training_run"},
-                                             {ClockOrigin::kCampaignStart, "campaign_start"}}};
+constexpr Names<ClockOrigin, 2> kOrigins = {
+    {{ClockOrigin::kTrainingRun, "training_run"}, {ClockOrigin::kCampaignStart, "campaign_start"}}};
 constexpr Names<Retrigger, 3> kRetriggers = {{{Retrigger::kOnce, "once"},
                                               {Retrigger::kEveryAttempt, "every_attempt"},
                                               {Retrigger::kMaxOccurrences, "max_occurrences"}}};
@@ -100,11 +107,14 @@ std::optional<RecordStatus> parseRecordStatus(std::string_view s) noexcept { ret
 
 bool isModuleSurface(Surface s) noexcept {
   switch (s) {
-    case Surface::kInput: case Surface::kOutput: case Surface::kWeight: case Surface::kBias:
-    case Surface::kGradient: case Surface::kOptimizerState: case Surface::kCompute:
-      return true;
-    default:
-      return false;
+    case Surface::kInput:
+    case Surface::kOutput:
+    case Surface::kWeight:
+    case Surface::kBias:
+    case Surface::kGradient:
+    case Surface::kOptimizerState:
+    case Surface::kCompute: return true;
+    default: return false;
   }
 }
 
@@ -118,15 +128,11 @@ bool isBuiltInEffect(FailureType type, Surface surface) noexcept {
   switch (type) {
     case FailureType::kTensorCorruption:
     case FailureType::kStaleState:
-    case FailureType::kDuplicate:
-      return tensor;
+    case FailureType::kDuplicate: return tensor;
     case FailureType::kDrop:
-    case FailureType::kReorder:
-      return flow;
-    case FailureType::kDelay:
-      return isModuleSurface(surface);
-    default:
-      return false;
+    case FailureType::kReorder: return flow;
+    case FailureType::kDelay: return isModuleSurface(surface);
+    default: return false;
   }
 }
 
@@ -152,13 +158,11 @@ SafetyClass requiredSafety(FailureType type, Surface surface) noexcept {
     case FailureType::kCheckpointTruncation:
     case FailureType::kCheckpointMissing:
     case FailureType::kIoError:
-    case FailureType::kPayloadCorruption:
-      return SafetyClass::kIsolatedDestructive;
+    case FailureType::kPayloadCorruption: return SafetyClass::kIsolatedDestructive;
     case FailureType::kResourceUnavailable:
     case FailureType::kCollectiveDesync:
     case FailureType::kMessageDrop:
-    case FailureType::kNetworkPartition:
-      return SafetyClass::kClusterDestructive;
+    case FailureType::kNetworkPartition: return SafetyClass::kClusterDestructive;
   }
   return SafetyClass::kClusterDestructive;
 }
@@ -167,32 +171,25 @@ std::string_view expectedKind(FailureType type, Surface surface) noexcept {
   switch (type) {
     case FailureType::kTensorCorruption:
     case FailureType::kStaleState:
-    case FailureType::kPayloadCorruption:
-      return "sdc";
+    case FailureType::kPayloadCorruption: return "sdc";
     case FailureType::kDrop:
     case FailureType::kDuplicate:
-    case FailureType::kReorder:
-      return surface == Surface::kCollective ? "hang" : "sdc";
-    case FailureType::kConfigDrift:
-      return "config_drift";
-    case FailureType::kDelay:
-      return "straggler";
+    case FailureType::kReorder: return surface == Surface::kCollective ? "hang" : "sdc";
+    case FailureType::kConfigDrift: return "config_drift";
+    case FailureType::kDelay: return "straggler";
     case FailureType::kHang:
     case FailureType::kTimeout:
     case FailureType::kCollectiveDesync:
     case FailureType::kMessageDrop:
-    case FailureType::kNetworkPartition:
-      return "hang";
+    case FailureType::kNetworkPartition: return "hang";
     case FailureType::kException:
     case FailureType::kResourceExhaustion:
     case FailureType::kProcessTermination:
-    case FailureType::kResourceUnavailable:
-      return "process_failure";
+    case FailureType::kResourceUnavailable: return "process_failure";
     case FailureType::kCheckpointCorruption:
     case FailureType::kCheckpointTruncation:
     case FailureType::kCheckpointMissing:
-    case FailureType::kIoError:
-      return "checkpoint_failure";
+    case FailureType::kIoError: return "checkpoint_failure";
   }
   return "unknown";
 }

@@ -21,23 +21,44 @@ double number(const Json& object, const char* key) { return json::asNumber(json:
 
 const std::vector<const char*>& metricNames() {
   static const std::vector<const char*> names = {
-      metric::kEccUncorrectableVolatile, metric::kEccUncorrectableAggregate, metric::kEccCorrectableVolatile,
-      metric::kEccCorrectableAggregate,  metric::kRemappedRowsCorrectable,   metric::kRemappedRowsUncorrectable,
-      metric::kRemapPending,             metric::kRemapFailure,              metric::kNvlinkCrc,
-      metric::kNvlinkReplay,             metric::kNvlinkRecovery,            metric::kNvlinkCrcFlit,
-      metric::kNvlinkCrcData,            metric::kNvlinkLinksActive,         metric::kNvlinkLinksTotal,
-      metric::kTemperature,              metric::kTemperatureShutdown,       metric::kTemperatureSlowdown,
-      metric::kRecoveryAction,           metric::kDeviceLost,                metric::kXid,
+      metric::kEccUncorrectableVolatile,
+      metric::kEccUncorrectableAggregate,
+      metric::kEccCorrectableVolatile,
+      metric::kEccCorrectableAggregate,
+      metric::kRemappedRowsCorrectable,
+      metric::kRemappedRowsUncorrectable,
+      metric::kRemapPending,
+      metric::kRemapFailure,
+      metric::kNvlinkCrc,
+      metric::kNvlinkReplay,
+      metric::kNvlinkRecovery,
+      metric::kNvlinkCrcFlit,
+      metric::kNvlinkCrcData,
+      metric::kNvlinkLinksActive,
+      metric::kNvlinkLinksTotal,
+      metric::kTemperature,
+      metric::kTemperatureShutdown,
+      metric::kTemperatureSlowdown,
+      metric::kRecoveryAction,
+      metric::kDeviceLost,
+      metric::kXid,
   };
   return names;
 }
 
 const std::vector<const char*>& eventMetricNames() {
   static const std::vector<const char*> names = {
-      event_metric::kEccUncorrectable, event_metric::kEccCorrectable, event_metric::kRemapFailure,
-      event_metric::kRemapPending,     event_metric::kRemappedRows,   event_metric::kDeviceLost,
-      event_metric::kXid,              event_metric::kNvlinkErrors,   event_metric::kNvlinkLinkDown,
-      event_metric::kTemperature,      event_metric::kRecoveryAction,
+      event_metric::kEccUncorrectable,
+      event_metric::kEccCorrectable,
+      event_metric::kRemapFailure,
+      event_metric::kRemapPending,
+      event_metric::kRemappedRows,
+      event_metric::kDeviceLost,
+      event_metric::kXid,
+      event_metric::kNvlinkErrors,
+      event_metric::kNvlinkLinkDown,
+      event_metric::kTemperature,
+      event_metric::kRecoveryAction,
   };
   return names;
 }
@@ -49,8 +70,9 @@ Severity severityFromName(const std::string& name, const std::string& path) {
 }
 
 Event parseEvent(const Json& d) {
-  json::requireKnownKeys(d, "", {"schema_version", "type", "device", "source", "host", "metric", "value", "threshold",
-                                 "severity", "time", "message"});
+  json::requireKnownKeys(d, "",
+                         {"schema_version", "type", "device", "source", "host", "metric", "value", "threshold",
+                          "severity", "time", "message"});
   if (member(d, "", "type") != kEventType) json::fail("type", "not a health event (" + json::describe(d["type"]) + ")");
   if (const Json* v = json::findMember(d, "schema_version"); v && json::asInteger(*v, "schema_version") != 1)
     json::fail("schema_version", "unsupported version " + json::describe(*v) + " (this reader knows 1)");

@@ -15,7 +15,11 @@ void NvmlSource::State::readEcc() {
       markUnsupported(m, "the NVML library has no nvmlDeviceGetTotalEccErrors");
     return;
   }
-  struct Query { const char* metric; int type; int counter; };
+  struct Query {
+    const char* metric;
+    int type;
+    int counter;
+  };
   const Query queries[] = {
       {metric::kEccUncorrectableVolatile, abi::kMemoryErrorUncorrected, abi::kVolatileEcc},
       {metric::kEccUncorrectableAggregate, abi::kMemoryErrorUncorrected, abi::kAggregateEcc},
@@ -25,14 +29,16 @@ void NvmlSource::State::readEcc() {
   for (const Query& q : queries) {
     if (!wanted(q.metric)) continue;
     unsigned long long count = 0;
-    if (check(lib->deviceGetTotalEccErrors(handle, q.type, q.counter, &count), "nvmlDeviceGetTotalEccErrors", {q.metric}))
+    if (check(lib->deviceGetTotalEccErrors(handle, q.type, q.counter, &count), "nvmlDeviceGetTotalEccErrors",
+              {q.metric}))
       add(q.metric, static_cast<double>(count));
   }
 }
 
 void NvmlSource::State::readRemap() {
-  const std::initializer_list<const char*> metrics = {metric::kRemappedRowsCorrectable, metric::kRemappedRowsUncorrectable,
-                                                      metric::kRemapPending, metric::kRemapFailure};
+  const std::initializer_list<const char*> metrics = {metric::kRemappedRowsCorrectable,
+                                                      metric::kRemappedRowsUncorrectable, metric::kRemapPending,
+                                                      metric::kRemapFailure};
   if (lib->deviceGetRemappedRows == nullptr) {
     for (const char* m : metrics) markUnsupported(m, "the NVML library has no nvmlDeviceGetRemappedRows");
     return;
@@ -112,7 +118,8 @@ void NvmlSource::State::readFields() {
   const bool per_link = have_fields && link_count > 0 && per_link_fields != 0 && wanted(metric::kNvlinkCrc);
   if (per_link) {
     for (int link = 0; link < link_count; ++link)
-      for (unsigned id : {abi::kFieldNvlinkErrorDlReplay, abi::kFieldNvlinkErrorDlRecovery, abi::kFieldNvlinkErrorDlCrc})
+      for (unsigned id :
+           {abi::kFieldNvlinkErrorDlReplay, abi::kFieldNvlinkErrorDlRecovery, abi::kFieldNvlinkErrorDlCrc})
         fields.push_back(nvmlFieldValue_t{id, static_cast<unsigned>(link), 0, 0, 0, 0, {}});
   }
   if (!fields.empty()) {
@@ -152,7 +159,8 @@ void NvmlSource::State::readFields() {
       }
       if (failure != abi::kSuccess && !check(failure, "per-link NVLink error fields", {}) && lost) return;
       per_link_fields = 1;
-      const unsigned ids[3] = {abi::kFieldNvlinkErrorDlReplay, abi::kFieldNvlinkErrorDlRecovery, abi::kFieldNvlinkErrorDlCrc};
+      const unsigned ids[3] = {abi::kFieldNvlinkErrorDlReplay, abi::kFieldNvlinkErrorDlRecovery,
+                               abi::kFieldNvlinkErrorDlCrc};
       for (int i = 0; i < 3; ++i) {
         double total = 0;
         if (linkTotal(static_cast<int>(ids[i]), &total)) add(kNvlinkErrorMetrics[i], total);
@@ -187,7 +195,8 @@ void NvmlSource::State::readLinkStates() {
       }
       continue;
     }
-    if (link_count < 0 && (rc == abi::kErrorInvalidArgument || rc == abi::kErrorNotSupported)) break;  // past the last link
+    if (link_count < 0 && (rc == abi::kErrorInvalidArgument || rc == abi::kErrorNotSupported))
+      break;  // past the last link
     if (!check(rc, "nvmlDeviceGetNvLinkState", {metric::kNvlinkLinksActive})) return;
   }
   if (link_count < 0) link_count = total;

@@ -25,14 +25,14 @@ std::string deviceKey(const std::string& source, const DeviceInfo& device) {
 
 bool is(const std::string& a, const char* b) { return a == b; }
 
-
 }  // namespace
 
 const char* severityName(Severity severity) { return severity == Severity::kFatal ? "fatal" : "warning"; }
 
 void MonitorOptions::validate() const {
   auto positive = [](double v, const char* name) {
-    if (!(std::isfinite(v) && v > 0)) throw InvalidArgument(std::string(name) + ": must be a positive number, got " + number(v));
+    if (!(std::isfinite(v) && v > 0))
+      throw InvalidArgument(std::string(name) + ": must be a positive number, got " + number(v));
   };
   auto nonNegative = [](double v, const char* name) {
     if (!(std::isfinite(v) && v >= 0)) throw InvalidArgument(std::string(name) + ": must be >= 0, got " + number(v));
@@ -57,10 +57,17 @@ nlohmann::json toJson(const DeviceInfo& device) {
 }
 
 nlohmann::json toJson(const Event& event) {
-  return {{"schema_version", 1},      {"type", "lmr.health_event"}, {"severity", severityName(event.severity)},
-          {"metric", event.metric},   {"value", jsonValue(event.value)}, {"threshold", jsonValue(event.threshold)},
-          {"device", toJson(event.device)}, {"source", event.source}, {"host", event.host},
-          {"time", event.time_s},     {"message", event.message}};
+  return {{"schema_version", 1},
+          {"type", "lmr.health_event"},
+          {"severity", severityName(event.severity)},
+          {"metric", event.metric},
+          {"value", jsonValue(event.value)},
+          {"threshold", jsonValue(event.threshold)},
+          {"device", toJson(event.device)},
+          {"source", event.source},
+          {"host", event.host},
+          {"time", event.time_s},
+          {"message", event.message}};
 }
 
 Rules::Rules(MonitorOptions options) : options_(std::move(options)) {
@@ -99,8 +106,8 @@ void Rules::counterGrowth(const std::string& source, const Reading& r, const cha
   const double previous = it->second;
   it->second = r.value;  // a smaller value is a counter reset: the new baseline
   if (r.value > previous)
-    emit(source, r, event_metric, severity, previous, r.metric + " grew from " + number(previous) + " to " + number(r.value),
-         now_s, out);
+    emit(source, r, event_metric, severity, previous,
+         r.metric + " grew from " + number(previous) + " to " + number(r.value), now_s, out);
 }
 
 double Rules::nvlinkDelta(const std::string& source, const Reading& r) {
@@ -111,21 +118,24 @@ double Rules::nvlinkDelta(const std::string& source, const Reading& r) {
   return delta;
 }
 
-void Rules::nvlinkGrowth(const std::string& source, const Reading& r, double delta, double now_s, std::vector<Event>* out) {
+void Rules::nvlinkGrowth(const std::string& source, const Reading& r, double delta, double now_s,
+                         std::vector<Event>* out) {
   const Key key{deviceKey(source, r.device), event_metric::kNvlinkErrors};
   const bool first = nvlink_total_.count(key) == 0;
   double& total = nvlink_total_[key];
   total += delta;
   auto& history = nvlink_history_[key];
   if (!first && !history.empty()) {
-    while (history.size() > 1 && history.front().first < now_s - options_.nvlink_window_s) history.erase(history.begin());
+    while (history.size() > 1 && history.front().first < now_s - options_.nvlink_window_s)
+      history.erase(history.begin());
     const double growth = total - history.front().second;
     Reading shown = r;
     shown.value = growth;
     if (growth > options_.nvlink_error_threshold) {
       emit(source, shown, event_metric::kNvlinkErrors, Severity::kFatal, options_.nvlink_error_threshold,
            "NVLink CRC/replay/recovery errors grew by " + number(growth) + " within " +
-               number(now_s - history.front().first) + " s", now_s, out);
+               number(now_s - history.front().first) + " s",
+           now_s, out);
     } else if (delta > 0) {
       emit(source, shown, event_metric::kNvlinkErrors, Severity::kWarning, options_.nvlink_error_threshold,
            "NVLink CRC/replay/recovery errors grew by " + number(delta), now_s, out);
@@ -144,11 +154,13 @@ void Rules::temperature(const std::string& source, const Reading& r, double now_
   const double* slowdown = limit(metric::kTemperatureSlowdown);
   // Fatal near shutdown, but never at or below the slowdown limit (some GPUs have the two
   // limits a few degrees apart): the GPU throttles there first.
-  const double fatal_at = shutdown ? std::max(*shutdown - options_.temperature_margin_c, slowdown ? *slowdown + 1 : 0) : 0;
+  const double fatal_at =
+      shutdown ? std::max(*shutdown - options_.temperature_margin_c, slowdown ? *slowdown + 1 : 0) : 0;
   if (shutdown && r.value >= fatal_at) {
     emit(source, r, event_metric::kTemperature, Severity::kFatal, fatal_at,
          "GPU at " + number(r.value) + " C, near its shutdown limit " + number(*shutdown) + " C (fatal from " +
-             number(fatal_at) + " C)", now_s, out);
+             number(fatal_at) + " C)",
+         now_s, out);
     return;
   }
   double warn_at = 0;
@@ -176,19 +188,22 @@ std::vector<Event> Rules::evaluate(const std::string& source, const std::vector<
     } else if (is(m, metric::kRemappedRowsUncorrectable)) {
       counterGrowth(source, r, event_metric::kRemappedRows, Severity::kWarning, now_s, &out);
     } else if (is(m, metric::kRemapFailure)) {
-      if (r.value >= 1) emit(source, r, event_metric::kRemapFailure, Severity::kFatal, 1, "row remapping failed", now_s, &out);
+      if (r.value >= 1)
+        emit(source, r, event_metric::kRemapFailure, Severity::kFatal, 1, "row remapping failed", now_s, &out);
     } else if (is(m, metric::kRemapPending)) {
       if (r.value >= 1)
-        emit(source, r, event_metric::kRemapPending, Severity::kWarning, 1, "a row remap is pending (applied at the next GPU reset)",
-             now_s, &out);
+        emit(source, r, event_metric::kRemapPending, Severity::kWarning, 1,
+             "a row remap is pending (applied at the next GPU reset)", now_s, &out);
     } else if (is(m, metric::kDeviceLost)) {
       if (r.value >= 1)
-        emit(source, r, event_metric::kDeviceLost, Severity::kFatal, 1, r.detail.empty() ? "device lost" : r.detail, now_s, &out);
+        emit(source, r, event_metric::kDeviceLost, Severity::kFatal, 1, r.detail.empty() ? "device lost" : r.detail,
+             now_s, &out);
     } else if (is(m, metric::kXid)) {
       const auto code = static_cast<std::int64_t>(r.value);
       const bool fatal = options_.fatal_xids.count(code) > 0;
       emit(source, r, event_metric::kXid, fatal ? Severity::kFatal : Severity::kWarning, 0,
-           "XID " + std::to_string(code) + (fatal ? " (configured fatal)" : "") + (r.detail.empty() ? "" : ": " + r.detail),
+           "XID " + std::to_string(code) + (fatal ? " (configured fatal)" : "") +
+               (r.detail.empty() ? "" : ": " + r.detail),
            now_s, &out, ":" + std::to_string(code));
     } else if (is(m, metric::kNvlinkCrc) || is(m, metric::kNvlinkReplay) || is(m, metric::kNvlinkRecovery)) {
       auto& entry = nvlink[deviceKey(source, r.device)];
@@ -198,7 +213,8 @@ std::vector<Event> Rules::evaluate(const std::string& source, const std::vector<
       double& most = limits_[Key{deviceKey(source, r.device), m}];
       if (r.value < most)
         emit(source, r, event_metric::kNvlinkLinkDown, Severity::kWarning, most,
-             number(r.value) + " of " + number(most) + " NVLink links active" + (r.detail.empty() ? "" : " (" + r.detail + ")"),
+             number(r.value) + " of " + number(most) + " NVLink links active" +
+                 (r.detail.empty() ? "" : " (" + r.detail + ")"),
              now_s, &out);
       most = std::max(most, r.value);
     } else if (is(m, metric::kTemperature)) {
@@ -206,12 +222,13 @@ std::vector<Event> Rules::evaluate(const std::string& source, const std::vector<
     } else if (is(m, metric::kRecoveryAction)) {
       const auto action = static_cast<std::int64_t>(r.value);
       if (action == 3)
-        emit(source, r, event_metric::kRecoveryAction, Severity::kWarning, 0, "driver asks to drain peer-to-peer traffic",
-             now_s, &out);
+        emit(source, r, event_metric::kRecoveryAction, Severity::kWarning, 0,
+             "driver asks to drain peer-to-peer traffic", now_s, &out);
       else if (action != 0)
         emit(source, r, event_metric::kRecoveryAction, Severity::kFatal, 0,
              "driver requests recovery action " + std::to_string(action) +
-                 " (1 GPU reset, 2 node reboot, 4 drain and reset, 5 IMEX domain recovery, 6 bus reset, 7 system reboot)",
+                 " (1 GPU reset, 2 node reboot, 4 drain and reset, 5 IMEX domain recovery, 6 bus reset, 7 system "
+                 "reboot)",
              now_s, &out);
     }
   }

@@ -54,23 +54,29 @@ E lookup(std::string_view s, const std::pair<std::string_view, E> (&table)[N], c
 }  // namespace
 
 Dtype parseDtype(std::string_view s) {
-  static const std::pair<std::string_view, Dtype> t[] = {
-      {"float16", Dtype::kFloat16}, {"bfloat16", Dtype::kBFloat16}, {"float32", Dtype::kFloat32}, {"float64", Dtype::kFloat64}};
+  static const std::pair<std::string_view, Dtype> t[] = {{"float16", Dtype::kFloat16},
+                                                         {"bfloat16", Dtype::kBFloat16},
+                                                         {"float32", Dtype::kFloat32},
+                                                         {"float64", Dtype::kFloat64}};
   return lookup(s, t, "dtype (bit-level effects support float16, bfloat16, float32, float64)");
 }
 
 Scope parseScope(std::string_view s) {
-  static const std::pair<std::string_view, Scope> t[] = {{"single", Scope::kSingle}, {"row", Scope::kRow},
-                                                         {"1%", Scope::kOnePercent}, {"10%", Scope::kTenPercent},
+  static const std::pair<std::string_view, Scope> t[] = {{"single", Scope::kSingle},
+                                                         {"row", Scope::kRow},
+                                                         {"1%", Scope::kOnePercent},
+                                                         {"10%", Scope::kTenPercent},
                                                          {"100%", Scope::kAll}};
   return lookup(s, t, "scope");
 }
 
 Operation parseOperation(std::string_view s) {
-  static const std::pair<std::string_view, Operation> t[] = {
-      {"single_bitflip", Operation::kSingleBitflip}, {"multi_bitflip", Operation::kMultiBitflip},
-      {"set_value", Operation::kSetValue},           {"scale", Operation::kScale},
-      {"noise", Operation::kNoise},                  {"sign_flip", Operation::kSignFlip}};
+  static const std::pair<std::string_view, Operation> t[] = {{"single_bitflip", Operation::kSingleBitflip},
+                                                             {"multi_bitflip", Operation::kMultiBitflip},
+                                                             {"set_value", Operation::kSetValue},
+                                                             {"scale", Operation::kScale},
+                                                             {"noise", Operation::kNoise},
+                                                             {"sign_flip", Operation::kSignFlip}};
   return lookup(s, t, "operation");
 }
 
@@ -217,7 +223,8 @@ Applied corrupt(void* data, Dtype dtype, std::int64_t numel, const Selection& se
   return out;
 }
 
-Applied overwrite(void* data, Dtype dtype, std::int64_t numel, const std::vector<std::int64_t>& indices, const void* values) {
+Applied overwrite(void* data, Dtype dtype, std::int64_t numel, const std::vector<std::int64_t>& indices,
+                  const void* values) {
   if (data == nullptr || numel <= 0) throw InvalidArgument("overwrite: empty buffer");
   for (std::int64_t i : indices)
     if (i < 0 || i >= numel) throw InvalidArgument("overwrite: index " + std::to_string(i) + " outside the tensor");

@@ -125,8 +125,11 @@ FaultReport diagnose(const std::vector<RankView>& views, const DiagnosisOptions&
 }
 
 nlohmann::json toJson(const FaultReport& r) {
-  return nlohmann::json{{"kind", r.kind},          {"scope", r.scope}, {"ranks", r.ranks},
-                        {"hosts", r.hosts},        {"missing_ranks", r.missing_ranks},
+  return nlohmann::json{{"kind", r.kind},
+                        {"scope", r.scope},
+                        {"ranks", r.ranks},
+                        {"hosts", r.hosts},
+                        {"missing_ranks", r.missing_ranks},
                         {"evidence", r.evidence}};
 }
 

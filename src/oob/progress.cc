@@ -126,7 +126,7 @@ ProgressWriter::ProgressWriter(const std::string& name, const std::string& token
     // Someone created it: reclaim it only from a dead owner on this exact channel.
     const int existing = ::shm_open(name.c_str(), O_RDWR, 0600);
     if (existing < 0) throw IoError("cannot open progress segment " + name + ": " + std::strerror(errno));
-    struct stat st {};
+    struct stat st{};
     Shared* old = (::fstat(existing, &st) == 0 && st.st_size >= static_cast<off_t>(sizeof(Shared)))
                       ? mapSegment(existing, PROT_READ)
                       : nullptr;
@@ -244,7 +244,7 @@ void ProgressWriter::checkpointEnd() noexcept {
 ProgressReader::ProgressReader(const std::string& name) {
   const int fd = ::shm_open(name.c_str(), O_RDONLY, 0);
   if (fd < 0) throw IoError("cannot open progress segment " + name + ": " + std::strerror(errno));
-  struct stat st {};
+  struct stat st{};
   if (::fstat(fd, &st) != 0 || st.st_size < static_cast<off_t>(sizeof(Shared))) {
     ::close(fd);
     throw IoError("progress segment " + name + " is not initialised");
@@ -270,9 +270,10 @@ std::optional<Snapshot> ProgressReader::snapshot() const noexcept {
     s.step = m.step.load(std::memory_order_relaxed);
     s.layer = m.layer.load(std::memory_order_relaxed);
     s.layer_calls = m.layer_calls.load(std::memory_order_relaxed);
-    s.collective = CollectiveFingerprint{m.op.load(std::memory_order_relaxed), m.reduce_or_root.load(std::memory_order_relaxed),
-                                         m.group.load(std::memory_order_relaxed), m.meta.load(std::memory_order_relaxed),
-                                         m.sequence.load(std::memory_order_relaxed)};
+    s.collective =
+        CollectiveFingerprint{m.op.load(std::memory_order_relaxed), m.reduce_or_root.load(std::memory_order_relaxed),
+                              m.group.load(std::memory_order_relaxed), m.meta.load(std::memory_order_relaxed),
+                              m.sequence.load(std::memory_order_relaxed)};
     s.in_collective = m.in_collective.load(std::memory_order_relaxed) != 0;
     s.collective_since_ns = m.collective_since_ns.load(std::memory_order_relaxed);
     s.progress_ns = m.progress_ns.load(std::memory_order_relaxed);

@@ -39,9 +39,9 @@ Json orNull(const auto& optional) { return optional ? Json(*optional) : Json(nul
 
 const std::vector<ReportKind>& reportKinds() {
   static const std::vector<ReportKind> kinds = {
-      {report_kind::kCollectiveDesync, "hang"}, {report_kind::kProcessStall, "hang"},
-      {report_kind::kDataloaderStall, "hang"},  {report_kind::kCheckpointIoStall, "hang"},
-      {report_kind::kUnresponsiveRank, "hang"}, {report_kind::kGroupStall, "hang"},
+      {report_kind::kCollectiveDesync, "hang"},  {report_kind::kProcessStall, "hang"},
+      {report_kind::kDataloaderStall, "hang"},   {report_kind::kCheckpointIoStall, "hang"},
+      {report_kind::kUnresponsiveRank, "hang"},  {report_kind::kGroupStall, "hang"},
       {report_kind::kInconclusiveStall, "hang"}, {report_kind::kDaemonFailure, std::nullopt},
   };
   return kinds;
@@ -92,9 +92,10 @@ Json toJson(const ScoutFaultReport& r) {
 }
 
 ScoutFaultReport parseReport(const Json& d) {
-  json::requireKnownKeys(d, "", {"schema_version", "type", "kind", "scope", "ranks", "hosts", "missing_ranks",
-                                 "evidence", "detection_latency_s", "generation", "run_id", "report_id", "step",
-                                 "round", "threshold_s", "peer_group", "group_ranks", "written_by"});
+  json::requireKnownKeys(
+      d, "",
+      {"schema_version", "type", "kind", "scope", "ranks", "hosts", "missing_ranks", "evidence", "detection_latency_s",
+       "generation", "run_id", "report_id", "step", "round", "threshold_s", "peer_group", "group_ranks", "written_by"});
   if (const Json* v = findMember(d, "type"); v && json::asString(*v, "type") != kReportType)
     fail("type", "not a SCOUTFaultReport (" + json::describe(*v) + ")");
   if (const Json* v = findMember(d, "schema_version"); v && json::asInteger(*v, "schema_version") != 1)

@@ -98,9 +98,7 @@ std::vector<bool> Store::waitAll(const std::vector<std::string>& keys, Clock::ti
 
 // ---- FileStore ----------------------------------------------------------------------------
 
-FileStore::FileStore(std::string directory) : directory_(std::move(directory)) {
-  files::makeDirectories(directory_);
-}
+FileStore::FileStore(std::string directory) : directory_(std::move(directory)) { files::makeDirectories(directory_); }
 
 std::string FileStore::path(const std::string& key) const {
   // Keys may hold '/' and other characters a file name cannot: name files by the key's hex.

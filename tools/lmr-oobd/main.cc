@@ -42,7 +42,8 @@ struct Args {
     const std::string& v = values.at(k);
     char* end = nullptr;
     const double x = std::strtod(v.c_str(), &end);
-    if (v.empty() || *end != '\0' || !(x >= 0)) throw lmr::InvalidArgument("--" + k + " must be a non-negative number, got \"" + v + "\"");
+    if (v.empty() || *end != '\0' || !(x >= 0))
+      throw lmr::InvalidArgument("--" + k + " must be a non-negative number, got \"" + v + "\"");
     return x;
   }
   long integer(const std::string& k, long fallback) const {
@@ -53,10 +54,11 @@ struct Args {
 };
 
 Args parse(int argc, char** argv) {
-  static const char* known[] = {"segment", "state-dir", "group-ranks", "index", "run-id", "instance", "generation", "group",
-                                "host", "master-addr", "master-port", "serve", "threshold-s", "poll-ms", "join-ms",
-                                "gather-ms", "setup-timeout-s", "io-absolute-s", "io-relative", "io-persistence-s",
-                                "gloo-hostname", "gloo-iface", "parent-pid", "ready-fd"};
+  static const char* known[] = {"segment",       "state-dir",       "group-ranks",   "index",       "run-id",
+                                "instance",      "generation",      "group",         "host",        "master-addr",
+                                "master-port",   "serve",           "threshold-s",   "poll-ms",     "join-ms",
+                                "gather-ms",     "setup-timeout-s", "io-absolute-s", "io-relative", "io-persistence-s",
+                                "gloo-hostname", "gloo-iface",      "parent-pid",    "ready-fd"};
   Args a;
   for (int i = 1; i < argc; ++i) {
     std::string s = argv[i];

@@ -96,7 +96,8 @@ int probe(const HealthArgs& args) {
       opened = std::make_unique<health::NvmlSource>(index, options);
     } catch (const IoError& e) {  // a GPU NVML lists but cannot open (lost before we started)
       fatal = true;
-      devices.push_back({{"device", {{"index", index}}}, {"error", e.message()},
+      devices.push_back({{"device", {{"index", index}}},
+                         {"error", e.message()},
                          {"events", {{{"severity", "fatal"}, {"metric", "device_lost"}, {"message", e.message()}}}}});
       continue;
     }
@@ -117,16 +118,21 @@ int probe(const HealthArgs& args) {
       j.erase("time");
       event_list.push_back(j);
     }
-    devices.push_back({{"device", health::toJson(source.device())}, {"readings", readings}, {"details", details},
-                       {"unsupported", unsupported}, {"events", event_list}});
+    devices.push_back({{"device", health::toJson(source.device())},
+                       {"readings", readings},
+                       {"details", details},
+                       {"unsupported", unsupported},
+                       {"events", event_list}});
   }
   if (args.json) {
-    std::cout << nlohmann::json{{"schema_version", 1}, {"type", "lmr.health_probe"}, {"devices", devices}}.dump(2) << '\n';
+    std::cout << nlohmann::json{{"schema_version", 1}, {"type", "lmr.health_probe"}, {"devices", devices}}.dump(2)
+              << '\n';
   } else {
     for (const auto& d : devices) {
       const auto& dev = d["device"];
       if (d.contains("error")) {
-        std::cout << "gpu " << dev["index"].get<int>() << "  fatal: device_lost: " << d["error"].get<std::string>() << '\n';
+        std::cout << "gpu " << dev["index"].get<int>() << "  fatal: device_lost: " << d["error"].get<std::string>()
+                  << '\n';
         continue;
       }
       std::cout << "gpu " << dev["index"].get<int>() << "  " << dev["name"].get<std::string>() << "  "
@@ -137,7 +143,8 @@ int probe(const HealthArgs& args) {
         std::cout << '\n';
       }
       for (const auto& u : d["unsupported"])
-        std::cout << "  unsupported: " << u["metric"].get<std::string>() << " (" << u["reason"].get<std::string>() << ")\n";
+        std::cout << "  unsupported: " << u["metric"].get<std::string>() << " (" << u["reason"].get<std::string>()
+                  << ")\n";
       for (const auto& e : d["events"])
         std::cout << "  " << e["severity"].get<std::string>() << ": " << e["metric"].get<std::string>() << ": "
                   << e["message"].get<std::string>() << '\n';
@@ -156,11 +163,14 @@ int watch(const HealthArgs& args) {
     } catch (const IoError& e) {  // cannot be opened: report it lost, watch the others
       fatal = true;
       if (json)
-        std::cout << nlohmann::json{{"type", "lmr.health_event"}, {"severity", "fatal"}, {"metric", "device_lost"},
-                                    {"device", {{"index", index}}}, {"message", e.message()}}.dump()
+        std::cout << nlohmann::json{{"type", "lmr.health_event"},
+                                    {"severity", "fatal"},
+                                    {"metric", "device_lost"},
+                                    {"device", {{"index", index}}},
+                                    {"message", e.message()}}
+                         .dump()
                   << std::endl;
-      else
-        std::cout << "fatal  gpu " << index << "  device_lost  " << e.message() << std::endl;
+      else std::cout << "fatal  gpu " << index << "  device_lost  " << e.message() << std::endl;
     }
   }
   if (sources.empty()) return 1;
@@ -193,7 +203,8 @@ int watch(const HealthArgs& args) {
 }  // namespace
 
 int runHealth(const std::vector<std::string>& args) {
-  if (args.empty() || (args[0] != "probe" && args[0] != "watch")) throw InvalidArgument("health needs 'probe' or 'watch'");
+  if (args.empty() || (args[0] != "probe" && args[0] != "watch"))
+    throw InvalidArgument("health needs 'probe' or 'watch'");
   const bool is_watch = args[0] == "watch";
   const HealthArgs parsed = parse(args, is_watch);
   return is_watch ? watch(parsed) : probe(parsed);

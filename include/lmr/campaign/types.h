@@ -10,20 +10,49 @@ namespace lmr::campaign {
 
 enum class FailureType : std::uint8_t {
   // numerical and state
-  kTensorCorruption, kStaleState, kDrop, kDuplicate, kReorder, kConfigDrift,
+  kTensorCorruption,
+  kStaleState,
+  kDrop,
+  kDuplicate,
+  kReorder,
+  kConfigDrift,
   // performance and liveness
-  kDelay, kHang, kTimeout,
+  kDelay,
+  kHang,
+  kTimeout,
   // runtime and availability
-  kException, kResourceExhaustion, kProcessTermination, kResourceUnavailable,
+  kException,
+  kResourceExhaustion,
+  kProcessTermination,
+  kResourceUnavailable,
   // checkpoint and storage
-  kCheckpointCorruption, kCheckpointTruncation, kCheckpointMissing, kIoError,
+  kCheckpointCorruption,
+  kCheckpointTruncation,
+  kCheckpointMissing,
+  kIoError,
   // communication
-  kPayloadCorruption, kCollectiveDesync, kMessageDrop, kNetworkPartition,
+  kPayloadCorruption,
+  kCollectiveDesync,
+  kMessageDrop,
+  kNetworkPartition,
 };
 
 enum class Surface : std::uint8_t {
-  kInput, kOutput, kWeight, kBias, kGradient, kOptimizerState, kRngState, kSamplerState,
-  kData, kCheckpoint, kCompute, kCollective, kProcess, kResource, kConfig,
+  kInput,
+  kOutput,
+  kWeight,
+  kBias,
+  kGradient,
+  kOptimizerState,
+  kRngState,
+  kSamplerState,
+  kData,
+  kCheckpoint,
+  kCompute,
+  kCollective,
+  kProcess,
+  kResource,
+  kConfig,
 };
 
 enum class ClockOrigin : std::uint8_t { kTrainingRun, kCampaignStart };

@@ -61,7 +61,8 @@ class Scoring : public ::testing::Test {
     return out;
   }
 
-  static LocalizationResult result(std::string id, std::vector<std::int64_t> ranks, std::vector<std::string> resources = {}) {
+  static LocalizationResult result(std::string id, std::vector<std::int64_t> ranks,
+                                   std::vector<std::string> resources = {}) {
     LocalizationResult r;
     r.occurrence_id = std::move(id);
     r.detected = true;
@@ -197,8 +198,9 @@ TEST_F(Scoring, FailedOrMissingInjectionsCannotBeLocalized) {
   auto partial = records();
   partial.erase(std::remove_if(partial.begin(), partial.end(), [](auto& r) { return r.injection_id == "pairs@20/b"; }),
                 partial.end());
-  const auto s = score(evaluate(campaign, partial, {result("pairs@20", {1}, {"gpu-a"}), result("pairs@20", {2}, {"gpu-b"})}),
-                       "pairs@20");
+  const auto s =
+      score(evaluate(campaign, partial, {result("pairs@20", {1}, {"gpu-a"}), result("pairs@20", {2}, {"gpu-b"})}),
+            "pairs@20");
   EXPECT_FALSE(s.injection_succeeded);
   EXPECT_FALSE(s.localized);
   EXPECT_EQ(s.reasons.front(), "no record of action b");
@@ -226,14 +228,28 @@ TEST(LocalizationResultJson, StrictFields) {
     }
   };
   EXPECT_EQ(error(R"({"occurrence_id": "a@1", "detected": true, "failed_ranks": [2, 1, 2], "kind": "sdc"})"), "");
-  EXPECT_EQ(error(R"({"occurrence_id": "a@1", "detected": "true"})").rfind("results[0].detected: must be a JSON boolean", 0), 0u);
-  EXPECT_EQ(error(R"({"occurrence_id": "a@1", "detected": true, "failed_resources": "gpu"})").rfind("results[0].failed_resources: must be an array", 0), 0u);
-  EXPECT_EQ(error(R"({"occurrence_id": "a@1", "detected": true, "failed_ranks": ["1"]})").rfind("results[0].failed_ranks[0]: must be a JSON integer", 0), 0u);
-  EXPECT_EQ(error(R"({"occurrence_id": "a@1", "detected": true, "components": [""]})").rfind("results[0].components[0]: must be a non-empty", 0), 0u);
-  EXPECT_EQ(error(R"({"occurrence_id": "a@1", "detected": true, "kind": ""})").rfind("results[0].kind: must be a non-empty", 0), 0u);
-  EXPECT_EQ(error(R"({"occurrence_id": "a@1", "detected": true, "layer_id": -2})").rfind("results[0].layer_id: must be a layer", 0), 0u);
-  EXPECT_EQ(error(R"({"occurrence_id": "a@1", "detected": true, "rank": 1})").rfind("results[0].rank: unknown field", 0), 0u);
-  const auto r = LocalizationResult::fromJson(Json::parse(R"({"occurrence_id": "a@1", "detected": true, "failed_ranks": [2, 1, 2]})"), "r");
+  EXPECT_EQ(
+      error(R"({"occurrence_id": "a@1", "detected": "true"})").rfind("results[0].detected: must be a JSON boolean", 0),
+      0u);
+  EXPECT_EQ(error(R"({"occurrence_id": "a@1", "detected": true, "failed_resources": "gpu"})")
+                .rfind("results[0].failed_resources: must be an array", 0),
+            0u);
+  EXPECT_EQ(error(R"({"occurrence_id": "a@1", "detected": true, "failed_ranks": ["1"]})")
+                .rfind("results[0].failed_ranks[0]: must be a JSON integer", 0),
+            0u);
+  EXPECT_EQ(error(R"({"occurrence_id": "a@1", "detected": true, "components": [""]})")
+                .rfind("results[0].components[0]: must be a non-empty", 0),
+            0u);
+  EXPECT_EQ(error(R"({"occurrence_id": "a@1", "detected": true, "kind": ""})")
+                .rfind("results[0].kind: must be a non-empty", 0),
+            0u);
+  EXPECT_EQ(error(R"({"occurrence_id": "a@1", "detected": true, "layer_id": -2})")
+                .rfind("results[0].layer_id: must be a layer", 0),
+            0u);
+  EXPECT_EQ(
+      error(R"({"occurrence_id": "a@1", "detected": true, "rank": 1})").rfind("results[0].rank: unknown field", 0), 0u);
+  const auto r = LocalizationResult::fromJson(
+      Json::parse(R"({"occurrence_id": "a@1", "detected": true, "failed_ranks": [2, 1, 2]})"), "r");
   EXPECT_EQ(r.failed_ranks, (std::vector<std::int64_t>{1, 2}));
   EXPECT_EQ(LocalizationResult::fromJson(r.toJson(), "r").toJson(), r.toJson());
 }

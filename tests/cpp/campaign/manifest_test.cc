@@ -35,7 +35,8 @@ TEST(Manifest, SpecExampleParsesWithDefaults) {
 }
 
 TEST(Manifest, AllExamplesParse) {
-  for (const char* name : {"mixed-production-failures.json", "permanent-node-loss.json", "dense-sdc-qualification.json"}) {
+  for (const char* name :
+       {"mixed-production-failures.json", "permanent-node-loss.json", "dense-sdc-qualification.json"}) {
     EXPECT_EQ(parseError(readExample(name)), "") << name;
   }
   const Campaign loss = Campaign::parse(readExample("permanent-node-loss.json"));
@@ -107,76 +108,215 @@ struct BadCase {
 TEST(Manifest, ErrorsNameTheJsonPath) {
   const std::vector<BadCase> cases = {
       {"unknown top-level key", [](Json& m) { m["bogus"] = 1; }, "bogus: unknown field"},
-      {"misspelled trigger field", [](Json& m) { m["incidents"][0]["trigger"]["att"] = Json{1}; }, "incidents[0].trigger.att: unknown field"},
-      {"rank boolean", [](Json& m) { m["incidents"][0]["faults"][0]["target"]["rank"] = true; }, "incidents[0].faults[0].target.rank: must be a JSON integer"},
-      {"rank fractional", [](Json& m) { m["incidents"][0]["faults"][0]["target"]["rank"] = 3.0; }, "incidents[0].faults[0].target.rank: must be a JSON integer"},
-      {"rank string", [](Json& m) { m["incidents"][0]["faults"][0]["target"]["rank"] = "3"; }, "incidents[0].faults[0].target.rank: must be a JSON integer"},
-      {"rank negative", [](Json& m) { m["incidents"][0]["faults"][0]["target"]["rank"] = -1; }, "incidents[0].faults[0].target.rank: must be a non-negative"},
-      {"at unsorted", [](Json& m) { m["incidents"][0]["trigger"]["at"] = Json{20, 10}; }, "incidents[0].trigger.at[1]: must be sorted and unique"},
-      {"at duplicate", [](Json& m) { m["incidents"][0]["trigger"]["at"] = Json{10, 10}; }, "incidents[0].trigger.at[1]: must be sorted"},
-      {"at zero", [](Json& m) { m["incidents"][0]["trigger"]["at"] = Json{0, 10}; }, "incidents[0].trigger.at[0]: must be a positive integer"},
-      {"at empty", [](Json& m) { m["incidents"][0]["trigger"]["at"] = Json::array(); }, "incidents[0].trigger.at: must be a non-empty array"},
-      {"at and range", [](Json& m) { m["incidents"][0]["trigger"]["range"] = Json{{"start", 1}, {"end", 5}}; }, "incidents[0].trigger: needs exactly one"},
-      {"range end before start", [](Json& m) { m["incidents"][0]["trigger"] = Json{{"range", Json{{"start", 9}, {"end", 5}}}}; }, "incidents[0].trigger.range.end: must be >= start"},
-      {"range every zero", [](Json& m) { m["incidents"][0]["trigger"] = Json{{"range", Json{{"start", 1}, {"end", 5}, {"every", 0}}}}; }, "incidents[0].trigger.range.every: must be a positive"},
-      {"range unknown key", [](Json& m) { m["incidents"][0]["trigger"] = Json{{"range", Json{{"start", 1}, {"stop", 5}}}}; }, "incidents[0].trigger.range.stop: unknown field"},
-      {"probability above one", [](Json& m) { m["incidents"][0]["trigger"]["probability"] = 1.5; }, "incidents[0].trigger.probability: must be in [0, 1]"},
-      {"probability boolean", [](Json& m) { m["incidents"][0]["trigger"]["probability"] = true; }, "incidents[0].trigger.probability: must be a number"},
-      {"two lifetimes", [](Json& m) { m["incidents"][0]["lifetime"]["iterations"] = 2; }, "incidents[0].lifetime: needs exactly one"},
-      {"until with two candidates", [](Json& m) { m["incidents"][0]["lifetime"] = Json{{"until", "recovery"}}; }, "incidents[0].lifetime.until: a permanent lifetime needs exactly one"},
-      {"until unknown", [](Json& m) { m["incidents"][0]["trigger"]["at"] = Json{5}; m["incidents"][0]["lifetime"] = Json{{"until", "forever"}}; }, "incidents[0].lifetime.until: unknown value"},
-      {"matching_calls on weight", [](Json& m) { m["incidents"][0]["faults"][0]["target"]["surface"] = "weight"; }, "incidents[0].lifetime.matching_calls: not valid for surface \"weight\""},
-      {"multi-call with two candidates", [](Json& m) { m["incidents"][0]["lifetime"] = Json{{"matching_calls", 2}}; }, "incidents[0].lifetime.matching_calls: more than one call"},
-      {"overlapping windows (at)", [](Json& m) { m["incidents"][0]["trigger"]["at"] = Json{10, 12}; m["incidents"][0]["lifetime"] = Json{{"iterations", 3}}; }, "incidents[0].lifetime.iterations: active windows of 3 iterations overlap"},
-      {"overlapping windows (range)", [](Json& m) { m["incidents"][0]["trigger"] = Json{{"range", Json{{"start", 1}, {"end", 9}, {"every", 2}}}}; m["incidents"][0]["lifetime"] = Json{{"iterations", 3}}; }, "incidents[0].lifetime.iterations: active windows"},
-      {"zero lifetime", [](Json& m) { m["incidents"][0]["lifetime"] = Json{{"iterations", 0}}; }, "incidents[0].lifetime.iterations: must be a positive"},
-      {"duplicate incident", [](Json& m) { m["incidents"].push_back(m["incidents"][0]); }, "incidents[1].incident_id: duplicate incident_id \"sdc\""},
-      {"duplicate fault", [](Json& m) { m["incidents"][0]["faults"].push_back(m["incidents"][0]["faults"][0]); }, "incidents[0].faults[1].fault_id: duplicate fault_id"},
+      {"misspelled trigger field", [](Json& m) { m["incidents"][0]["trigger"]["att"] = Json{1}; },
+       "incidents[0].trigger.att: unknown field"},
+      {"rank boolean", [](Json& m) { m["incidents"][0]["faults"][0]["target"]["rank"] = true; },
+       "incidents[0].faults[0].target.rank: must be a JSON integer"},
+      {"rank fractional", [](Json& m) { m["incidents"][0]["faults"][0]["target"]["rank"] = 3.0; },
+       "incidents[0].faults[0].target.rank: must be a JSON integer"},
+      {"rank string", [](Json& m) { m["incidents"][0]["faults"][0]["target"]["rank"] = "3"; },
+       "incidents[0].faults[0].target.rank: must be a JSON integer"},
+      {"rank negative", [](Json& m) { m["incidents"][0]["faults"][0]["target"]["rank"] = -1; },
+       "incidents[0].faults[0].target.rank: must be a non-negative"},
+      {"at unsorted", [](Json& m) { m["incidents"][0]["trigger"]["at"] = Json{20, 10}; },
+       "incidents[0].trigger.at[1]: must be sorted and unique"},
+      {"at duplicate", [](Json& m) { m["incidents"][0]["trigger"]["at"] = Json{10, 10}; },
+       "incidents[0].trigger.at[1]: must be sorted"},
+      {"at zero", [](Json& m) { m["incidents"][0]["trigger"]["at"] = Json{0, 10}; },
+       "incidents[0].trigger.at[0]: must be a positive integer"},
+      {"at empty", [](Json& m) { m["incidents"][0]["trigger"]["at"] = Json::array(); },
+       "incidents[0].trigger.at: must be a non-empty array"},
+      {"at and range", [](Json& m) { m["incidents"][0]["trigger"]["range"] = Json{{"start", 1}, {"end", 5}}; },
+       "incidents[0].trigger: needs exactly one"},
+      {"range end before start",
+       [](Json& m) { m["incidents"][0]["trigger"] = Json{{"range", Json{{"start", 9}, {"end", 5}}}}; },
+       "incidents[0].trigger.range.end: must be >= start"},
+      {"range every zero",
+       [](Json& m) { m["incidents"][0]["trigger"] = Json{{"range", Json{{"start", 1}, {"end", 5}, {"every", 0}}}}; },
+       "incidents[0].trigger.range.every: must be a positive"},
+      {"range unknown key",
+       [](Json& m) { m["incidents"][0]["trigger"] = Json{{"range", Json{{"start", 1}, {"stop", 5}}}}; },
+       "incidents[0].trigger.range.stop: unknown field"},
+      {"probability above one", [](Json& m) { m["incidents"][0]["trigger"]["probability"] = 1.5; },
+       "incidents[0].trigger.probability: must be in [0, 1]"},
+      {"probability boolean", [](Json& m) { m["incidents"][0]["trigger"]["probability"] = true; },
+       "incidents[0].trigger.probability: must be a number"},
+      {"two lifetimes", [](Json& m) { m["incidents"][0]["lifetime"]["iterations"] = 2; },
+       "incidents[0].lifetime: needs exactly one"},
+      {"until with two candidates", [](Json& m) { m["incidents"][0]["lifetime"] = Json{{"until", "recovery"}}; },
+       "incidents[0].lifetime.until: a permanent lifetime needs exactly one"},
+      {"until unknown",
+       [](Json& m) {
+         m["incidents"][0]["trigger"]["at"] = Json{5};
+         m["incidents"][0]["lifetime"] = Json{{"until", "forever"}};
+       },
+       "incidents[0].lifetime.until: unknown value"},
+      {"matching_calls on weight", [](Json& m) { m["incidents"][0]["faults"][0]["target"]["surface"] = "weight"; },
+       "incidents[0].lifetime.matching_calls: not valid for surface \"weight\""},
+      {"multi-call with two candidates", [](Json& m) { m["incidents"][0]["lifetime"] = Json{{"matching_calls", 2}}; },
+       "incidents[0].lifetime.matching_calls: more than one call"},
+      {"overlapping windows (at)",
+       [](Json& m) {
+         m["incidents"][0]["trigger"]["at"] = Json{10, 12};
+         m["incidents"][0]["lifetime"] = Json{{"iterations", 3}};
+       },
+       "incidents[0].lifetime.iterations: active windows of 3 iterations overlap"},
+      {"overlapping windows (range)",
+       [](Json& m) {
+         m["incidents"][0]["trigger"] = Json{{"range", Json{{"start", 1}, {"end", 9}, {"every", 2}}}};
+         m["incidents"][0]["lifetime"] = Json{{"iterations", 3}};
+       },
+       "incidents[0].lifetime.iterations: active windows"},
+      {"zero lifetime", [](Json& m) { m["incidents"][0]["lifetime"] = Json{{"iterations", 0}}; },
+       "incidents[0].lifetime.iterations: must be a positive"},
+      {"duplicate incident", [](Json& m) { m["incidents"].push_back(m["incidents"][0]); },
+       "incidents[1].incident_id: duplicate incident_id \"sdc\""},
+      {"duplicate fault", [](Json& m) { m["incidents"][0]["faults"].push_back(m["incidents"][0]["faults"][0]); },
+       "incidents[0].faults[1].fault_id: duplicate fault_id"},
       {"empty name", [](Json& m) { m["name"] = ""; }, "name: must be a non-empty string"},
       {"blank name", [](Json& m) { m["name"] = "  "; }, "name: must be a non-empty string"},
       {"numeric name", [](Json& m) { m["name"] = 7; }, "name: must be a string"},
-      {"numeric incident id", [](Json& m) { m["incidents"][0]["incident_id"] = 7; }, "incidents[0].incident_id: must be a string"},
-      {"null fault id", [](Json& m) { m["incidents"][0]["faults"][0]["fault_id"] = nullptr; }, "incidents[0].faults[0].fault_id: must be a string"},
+      {"numeric incident id", [](Json& m) { m["incidents"][0]["incident_id"] = 7; },
+       "incidents[0].incident_id: must be a string"},
+      {"null fault id", [](Json& m) { m["incidents"][0]["faults"][0]["fault_id"] = nullptr; },
+       "incidents[0].faults[0].fault_id: must be a string"},
       {"missing name", [](Json& m) { m.erase("name"); }, "name: required field is missing"},
       {"no incidents", [](Json& m) { m["incidents"] = Json::array(); }, "incidents: must be a non-empty array"},
-      {"no faults", [](Json& m) { m["incidents"][0]["faults"] = Json::array(); }, "incidents[0].faults: must be a non-empty array"},
+      {"no faults", [](Json& m) { m["incidents"][0]["faults"] = Json::array(); },
+       "incidents[0].faults: must be a non-empty array"},
       {"schema version 2", [](Json& m) { m["schema_version"] = 2; }, "schema_version: unsupported version 2"},
       {"clock origin", [](Json& m) { m["clock"] = Json{{"origin", "wall_clock"}}; }, "clock.origin: unknown value"},
       {"clock type", [](Json& m) { m["clock"] = Json{{"type", "forward_call"}}; }, "clock.type: unknown value"},
-      {"max_occurrences missing", [](Json& m) { m["incidents"][0]["retrigger"] = "max_occurrences"; }, "incidents[0].max_occurrences: required"},
-      {"max_occurrences with once", [](Json& m) { m["incidents"][0]["max_occurrences"] = 2; }, "incidents[0].max_occurrences: only valid"},
-      {"retrigger unknown", [](Json& m) { m["incidents"][0]["retrigger"] = "always"; }, "incidents[0].retrigger: unknown value"},
-      {"unknown type", [](Json& m) { m["incidents"][0]["faults"][0]["type"] = "bitrot"; }, "incidents[0].faults[0].type: unknown value"},
-      {"unknown surface", [](Json& m) { m["incidents"][0]["faults"][0]["target"]["surface"] = "activations"; }, "incidents[0].faults[0].target.surface: unknown value"},
-      {"module surface without module", [](Json& m) { auto& t = m["incidents"][0]["faults"][0]["target"]; t.erase("component"); t.erase("index"); }, "incidents[0].faults[0].target: surface \"output\" names a module"},
-      {"indexed component without index", [](Json& m) { m["incidents"][0]["faults"][0]["target"].erase("index"); }, "incidents[0].faults[0].target.index: required for component"},
-      {"embedding with index", [](Json& m) { m["incidents"][0]["faults"][0]["target"]["component"] = "embedding"; }, "incidents[0].faults[0].target.index: component \"embedding\" is not indexed"},
-      {"unknown component, built-in", [](Json& m) { auto& t = m["incidents"][0]["faults"][0]["target"]; t["component"] = "router"; t.erase("index"); }, "incidents[0].faults[0].target.component: the built-in resolver"},
-      {"blank module_path", [](Json& m) { m["incidents"][0]["faults"][0]["target"]["module_path"] = " "; }, "incidents[0].faults[0].target.module_path: must be a non-empty string"},
-      {"numeric operation selector", [](Json& m) { m["incidents"][0]["faults"][0]["target"]["operation"] = 3; }, "incidents[0].faults[0].target.operation: must be a string"},
-      {"target metadata not an object", [](Json& m) { m["incidents"][0]["faults"][0]["target"]["metadata"] = Json::array(); }, "incidents[0].faults[0].target.metadata: must be an object"},
+      {"max_occurrences missing", [](Json& m) { m["incidents"][0]["retrigger"] = "max_occurrences"; },
+       "incidents[0].max_occurrences: required"},
+      {"max_occurrences with once", [](Json& m) { m["incidents"][0]["max_occurrences"] = 2; },
+       "incidents[0].max_occurrences: only valid"},
+      {"retrigger unknown", [](Json& m) { m["incidents"][0]["retrigger"] = "always"; },
+       "incidents[0].retrigger: unknown value"},
+      {"unknown type", [](Json& m) { m["incidents"][0]["faults"][0]["type"] = "bitrot"; },
+       "incidents[0].faults[0].type: unknown value"},
+      {"unknown surface", [](Json& m) { m["incidents"][0]["faults"][0]["target"]["surface"] = "activations"; },
+       "incidents[0].faults[0].target.surface: unknown value"},
+      {"module surface without module",
+       [](Json& m) {
+         auto& t = m["incidents"][0]["faults"][0]["target"];
+         t.erase("component");
+         t.erase("index");
+       },
+       "incidents[0].faults[0].target: surface \"output\" names a module"},
+      {"indexed component without index", [](Json& m) { m["incidents"][0]["faults"][0]["target"].erase("index"); },
+       "incidents[0].faults[0].target.index: required for component"},
+      {"embedding with index", [](Json& m) { m["incidents"][0]["faults"][0]["target"]["component"] = "embedding"; },
+       "incidents[0].faults[0].target.index: component \"embedding\" is not indexed"},
+      {"unknown component, built-in",
+       [](Json& m) {
+         auto& t = m["incidents"][0]["faults"][0]["target"];
+         t["component"] = "router";
+         t.erase("index");
+       },
+       "incidents[0].faults[0].target.component: the built-in resolver"},
+      {"blank module_path", [](Json& m) { m["incidents"][0]["faults"][0]["target"]["module_path"] = " "; },
+       "incidents[0].faults[0].target.module_path: must be a non-empty string"},
+      {"numeric operation selector", [](Json& m) { m["incidents"][0]["faults"][0]["target"]["operation"] = 3; },
+       "incidents[0].faults[0].target.operation: must be a string"},
+      {"target metadata not an object",
+       [](Json& m) { m["incidents"][0]["faults"][0]["target"]["metadata"] = Json::array(); },
+       "incidents[0].faults[0].target.metadata: must be an object"},
       {"campaign metadata not an object", [](Json& m) { m["metadata"] = "x"; }, "metadata: must be an object"},
-      {"missing operation", [](Json& m) { m["incidents"][0]["faults"][0]["parameters"] = Json::object(); }, "incidents[0].faults[0].parameters.operation: required"},
-      {"unknown operation", [](Json& m) { m["incidents"][0]["faults"][0]["parameters"]["operation"] = "zap"; }, "incidents[0].faults[0].parameters.operation: unknown value"},
-      {"unknown parameter", [](Json& m) { m["incidents"][0]["faults"][0]["parameters"]["strength"] = 2; }, "incidents[0].faults[0].parameters.strength: does not apply"},
-      {"factor on bit flip", [](Json& m) { m["incidents"][0]["faults"][0]["parameters"]["factor"] = 2; }, "incidents[0].faults[0].parameters.factor: does not apply"},
-      {"magnitude on sign flip", [](Json& m) { m["incidents"][0]["faults"][0]["parameters"] = Json{{"operation", "sign_flip"}, {"magnitude", "large"}}; }, "incidents[0].faults[0].parameters.magnitude: does not apply"},
-      {"bad scope", [](Json& m) { m["incidents"][0]["faults"][0]["parameters"]["scope"] = "5%"; }, "incidents[0].faults[0].parameters.scope: unknown value"},
-      {"bad magnitude", [](Json& m) { m["incidents"][0]["faults"][0]["parameters"]["magnitude"] = "huge"; }, "incidents[0].faults[0].parameters.magnitude: unknown value"},
-      {"set_value without value", [](Json& m) { m["incidents"][0]["faults"][0]["parameters"] = Json{{"operation", "set_value"}}; }, "incidents[0].faults[0].parameters.value: required"},
-      {"set_value NaN spelling", [](Json& m) { m["incidents"][0]["faults"][0]["parameters"] = Json{{"operation", "set_value"}, {"value", "NaN"}}; }, "incidents[0].faults[0].parameters.value: a string value must be"},
-      {"set_value boolean", [](Json& m) { m["incidents"][0]["faults"][0]["parameters"] = Json{{"operation", "set_value"}, {"value", true}}; }, "incidents[0].faults[0].parameters.value: must be a number"},
-      {"scale by one", [](Json& m) { m["incidents"][0]["faults"][0]["parameters"] = Json{{"operation", "scale"}, {"factor", 1}}; }, "incidents[0].faults[0].parameters.factor: 1 would change nothing"},
-      {"noise std zero", [](Json& m) { m["incidents"][0]["faults"][0]["parameters"] = Json{{"operation", "noise"}, {"std", 0}}; }, "incidents[0].faults[0].parameters.std: must be positive"},
-      {"state_key on output", [](Json& m) { m["incidents"][0]["faults"][0]["parameters"]["state_key"] = "exp_avg"; }, "incidents[0].faults[0].parameters.state_key: does not apply"},
-      {"parameter on output", [](Json& m) { m["incidents"][0]["faults"][0]["parameters"]["parameter"] = "weight"; }, "incidents[0].faults[0].parameters.parameter: does not apply"},
-      {"reorder with scope", [](Json& m) { m["incidents"][0]["faults"][0]["type"] = "reorder"; m["incidents"][0]["faults"][0]["parameters"] = Json{{"scope", "row"}}; }, "incidents[0].faults[0].parameters.scope: does not apply"},
-      {"non-finite bounded weight fault", [](Json& m) { auto& inc = m["incidents"][0]; inc["lifetime"] = Json{{"iterations", 1}}; inc["faults"][0]["target"]["surface"] = "weight"; inc["faults"][0]["parameters"] = Json{{"operation", "set_value"}, {"value", "nan"}}; }, "incidents[0].faults[0].parameters.value: a non-finite value on surface \"weight\""},
-      {"delay without delay_ms", [](Json& m) { auto& f = m["incidents"][0]["faults"][0]; f["type"] = "delay"; f["target"]["surface"] = "compute"; f["parameters"] = Json::object(); }, "incidents[0].faults[0].parameters.delay_ms: required"},
-      {"delay_ms string", [](Json& m) { auto& f = m["incidents"][0]["faults"][0]; f["type"] = "delay"; f["target"]["surface"] = "compute"; f["parameters"] = Json{{"delay_ms", "500"}}; }, "incidents[0].faults[0].parameters.delay_ms: must be a number"},
-      {"delay_ms boolean", [](Json& m) { auto& f = m["incidents"][0]["faults"][0]; f["type"] = "delay"; f["target"]["surface"] = "compute"; f["parameters"] = Json{{"delay_ms", true}}; }, "incidents[0].faults[0].parameters.delay_ms: must be a number"},
-      {"delay_ms negative", [](Json& m) { auto& f = m["incidents"][0]["faults"][0]; f["type"] = "delay"; f["target"]["surface"] = "compute"; f["parameters"] = Json{{"delay_ms", -5}}; }, "incidents[0].faults[0].parameters.delay_ms: must be positive"},
-      {"delay_ms too long", [](Json& m) { auto& f = m["incidents"][0]["faults"][0]; f["type"] = "delay"; f["target"]["surface"] = "compute"; f["parameters"] = Json{{"delay_ms", 1e300}}; }, "incidents[0].faults[0].parameters.delay_ms: exceeds"},
+      {"missing operation", [](Json& m) { m["incidents"][0]["faults"][0]["parameters"] = Json::object(); },
+       "incidents[0].faults[0].parameters.operation: required"},
+      {"unknown operation", [](Json& m) { m["incidents"][0]["faults"][0]["parameters"]["operation"] = "zap"; },
+       "incidents[0].faults[0].parameters.operation: unknown value"},
+      {"unknown parameter", [](Json& m) { m["incidents"][0]["faults"][0]["parameters"]["strength"] = 2; },
+       "incidents[0].faults[0].parameters.strength: does not apply"},
+      {"factor on bit flip", [](Json& m) { m["incidents"][0]["faults"][0]["parameters"]["factor"] = 2; },
+       "incidents[0].faults[0].parameters.factor: does not apply"},
+      {"magnitude on sign flip",
+       [](Json& m) {
+         m["incidents"][0]["faults"][0]["parameters"] = Json{{"operation", "sign_flip"}, {"magnitude", "large"}};
+       },
+       "incidents[0].faults[0].parameters.magnitude: does not apply"},
+      {"bad scope", [](Json& m) { m["incidents"][0]["faults"][0]["parameters"]["scope"] = "5%"; },
+       "incidents[0].faults[0].parameters.scope: unknown value"},
+      {"bad magnitude", [](Json& m) { m["incidents"][0]["faults"][0]["parameters"]["magnitude"] = "huge"; },
+       "incidents[0].faults[0].parameters.magnitude: unknown value"},
+      {"set_value without value",
+       [](Json& m) { m["incidents"][0]["faults"][0]["parameters"] = Json{{"operation", "set_value"}}; },
+       "incidents[0].faults[0].parameters.value: required"},
+      {"set_value NaN spelling",
+       [](Json& m) {
+         m["incidents"][0]["faults"][0]["parameters"] = Json{{"operation", "set_value"}, {"value", "NaN"}};
+       },
+       "incidents[0].faults[0].parameters.value: a string value must be"},
+      {"set_value boolean",
+       [](Json& m) {
+         m["incidents"][0]["faults"][0]["parameters"] = Json{{"operation", "set_value"}, {"value", true}};
+       },
+       "incidents[0].faults[0].parameters.value: must be a number"},
+      {"scale by one",
+       [](Json& m) { m["incidents"][0]["faults"][0]["parameters"] = Json{{"operation", "scale"}, {"factor", 1}}; },
+       "incidents[0].faults[0].parameters.factor: 1 would change nothing"},
+      {"noise std zero",
+       [](Json& m) { m["incidents"][0]["faults"][0]["parameters"] = Json{{"operation", "noise"}, {"std", 0}}; },
+       "incidents[0].faults[0].parameters.std: must be positive"},
+      {"state_key on output", [](Json& m) { m["incidents"][0]["faults"][0]["parameters"]["state_key"] = "exp_avg"; },
+       "incidents[0].faults[0].parameters.state_key: does not apply"},
+      {"parameter on output", [](Json& m) { m["incidents"][0]["faults"][0]["parameters"]["parameter"] = "weight"; },
+       "incidents[0].faults[0].parameters.parameter: does not apply"},
+      {"reorder with scope",
+       [](Json& m) {
+         m["incidents"][0]["faults"][0]["type"] = "reorder";
+         m["incidents"][0]["faults"][0]["parameters"] = Json{{"scope", "row"}};
+       },
+       "incidents[0].faults[0].parameters.scope: does not apply"},
+      {"non-finite bounded weight fault",
+       [](Json& m) {
+         auto& inc = m["incidents"][0];
+         inc["lifetime"] = Json{{"iterations", 1}};
+         inc["faults"][0]["target"]["surface"] = "weight";
+         inc["faults"][0]["parameters"] = Json{{"operation", "set_value"}, {"value", "nan"}};
+       },
+       "incidents[0].faults[0].parameters.value: a non-finite value on surface \"weight\""},
+      {"delay without delay_ms",
+       [](Json& m) {
+         auto& f = m["incidents"][0]["faults"][0];
+         f["type"] = "delay";
+         f["target"]["surface"] = "compute";
+         f["parameters"] = Json::object();
+       },
+       "incidents[0].faults[0].parameters.delay_ms: required"},
+      {"delay_ms string",
+       [](Json& m) {
+         auto& f = m["incidents"][0]["faults"][0];
+         f["type"] = "delay";
+         f["target"]["surface"] = "compute";
+         f["parameters"] = Json{{"delay_ms", "500"}};
+       },
+       "incidents[0].faults[0].parameters.delay_ms: must be a number"},
+      {"delay_ms boolean",
+       [](Json& m) {
+         auto& f = m["incidents"][0]["faults"][0];
+         f["type"] = "delay";
+         f["target"]["surface"] = "compute";
+         f["parameters"] = Json{{"delay_ms", true}};
+       },
+       "incidents[0].faults[0].parameters.delay_ms: must be a number"},
+      {"delay_ms negative",
+       [](Json& m) {
+         auto& f = m["incidents"][0]["faults"][0];
+         f["type"] = "delay";
+         f["target"]["surface"] = "compute";
+         f["parameters"] = Json{{"delay_ms", -5}};
+       },
+       "incidents[0].faults[0].parameters.delay_ms: must be positive"},
+      {"delay_ms too long",
+       [](Json& m) {
+         auto& f = m["incidents"][0]["faults"][0];
+         f["type"] = "delay";
+         f["target"]["surface"] = "compute";
+         f["parameters"] = Json{{"delay_ms", 1e300}};
+       },
+       "incidents[0].faults[0].parameters.delay_ms: exceeds"},
   };
   for (const BadCase& c : cases) {
     Json m = baseManifest();
@@ -199,7 +339,8 @@ TEST(Manifest, ExecutorParametersAndMetadataAreFreeButFinite) {
   Json m = baseManifest();
   auto& f = m["incidents"][0]["faults"][0];
   f["type"] = "process_termination";
-  f["target"] = Json{{"surface", "process"}, {"rank", 4}, {"metadata", Json{{"host", "n7"}, {"nested", Json{1, 2.5, nullptr}}}}};
+  f["target"] =
+      Json{{"surface", "process"}, {"rank", 4}, {"metadata", Json{{"host", "n7"}, {"nested", Json{1, 2.5, nullptr}}}}};
   f["parameters"] = Json{{"signal", "SIGKILL"}, {"grace_s", 2.5}, {"anything", Json{{"deep", Json::array()}}}};
   EXPECT_EQ(parseError(m.dump()), "");
   const Campaign c = Campaign::parse(m.dump());
@@ -227,7 +368,8 @@ TEST(Manifest, ValidBuiltInParameterCombinations) {
   auto& inc = m["incidents"][0];
   inc["lifetime"] = Json{{"iterations", 2}};
   inc["faults"][0]["target"]["surface"] = "optimizer_state";
-  inc["faults"][0]["parameters"] = Json{{"operation", "scale"}, {"factor", 4}, {"state_key", "exp_avg_sq"}, {"parameter", "weight"}};
+  inc["faults"][0]["parameters"] =
+      Json{{"operation", "scale"}, {"factor", 4}, {"state_key", "exp_avg_sq"}, {"parameter", "weight"}};
   EXPECT_EQ(parseError(m.dump()), "");
 }
 

@@ -16,16 +16,17 @@ using json::Json;
 
 // One incident "inc" with one fault "f" on `rank`, triggered at `at`, lasting `lifetime`.
 Json manifest(Json lifetime, Json trigger = Json{{"at", {3}}}, std::int64_t rank = 0, const char* surface = "weight") {
-  return Json{{"name", "session"},
-              {"incidents",
-               {{{"incident_id", "inc"},
-                 {"trigger", trigger},
-                 {"lifetime", lifetime},
-                 {"faults",
-                  {{{"fault_id", "f"},
-                    {"type", "tensor_corruption"},
-                    {"target", {{"rank", rank}, {"component", "transformer_block"}, {"index", 0}, {"surface", surface}}},
-                    {"parameters", {{"operation", "single_bitflip"}}}}}}}}}};
+  return Json{
+      {"name", "session"},
+      {"incidents",
+       {{{"incident_id", "inc"},
+         {"trigger", trigger},
+         {"lifetime", lifetime},
+         {"faults",
+          {{{"fault_id", "f"},
+            {"type", "tensor_corruption"},
+            {"target", {{"rank", rank}, {"component", "transformer_block"}, {"index", 0}, {"surface", surface}}},
+            {"parameters", {{"operation", "single_bitflip"}}}}}}}}}};
 }
 
 std::shared_ptr<Campaign> parse(const Json& m) { return std::make_shared<Campaign>(Campaign::parse(m.dump())); }
@@ -117,10 +118,12 @@ TEST(Session, UnselectedCandidatesAreRecordedAsSkipped) {
 
 TEST(Session, OnlyThisRanksFaultsAreArmedButSafetyCountsEveryRank) {
   Json m = manifest({{"iterations", 1}});
-  Json kill = {{"fault_id", "kill"}, {"type", "process_termination"}, {"target", {{"rank", 1}, {"surface", "process"}}}};
+  Json kill = {
+      {"fault_id", "kill"}, {"type", "process_termination"}, {"target", {{"rank", 1}, {"surface", "process"}}}};
   m["incidents"][0]["faults"].push_back(kill);
   Fixture fx{parse(m)};
-  const ExecutorInfo process{"process", {FailureType::kProcessTermination}, SafetyClass::kIsolatedDestructive, false, true};
+  const ExecutorInfo process{
+      "process", {FailureType::kProcessTermination}, SafetyClass::kIsolatedDestructive, false, true};
   auto rank0 = fx.session(0, 0, 2, {process});
   EXPECT_EQ(rank0->assignments().size(), 1u);
   const ArmPlan plan = rank0->arm(3);
@@ -139,7 +142,8 @@ TEST(Session, PrepareChecksRanksJournalAndExecutors) {
   const std::shared_ptr<Campaign> c = parse(manifest({{"iterations", 1}}, Json{{"at", {3}}}, 3));
   auto store = std::make_shared<MemoryStateStore>();
   Session outside(c, store, 0, 2, 0);
-  EXPECT_EQ(errorOf([&] { outside.prepare({}); }), "incidents[0].faults[0].target.rank: 3 is outside the world of 2 ranks");
+  EXPECT_EQ(errorOf([&] { outside.prepare({}); }),
+            "incidents[0].faults[0].target.rank: 3 is outside the world of 2 ranks");
 
   // A journal of another campaign in the store is refused before anything is armed.
   const std::shared_ptr<Campaign> other = parse(manifest({{"iterations", 2}}));
@@ -301,13 +305,14 @@ TEST(Executors, EligibilityFollowsSafetyAndLifetime) {
 
   const Campaign calls = Campaign::parse(manifest({{"matching_calls", 2}}, Json{{"at", {3}}}, 0, "output").dump());
   EXPECT_EQ(errorOf([&] {
-              pickExecutor(calls.incidents()[0], calls.incidents()[0].faults[0], {executor("x", SafetyClass::kSafeInProcess)},
-                           "w");
+              pickExecutor(calls.incidents()[0], calls.incidents()[0].faults[0],
+                           {executor("x", SafetyClass::kSafeInProcess)}, "w");
             }),
             "w: a matching_calls lifetime needs an executor declared completes_inline=True; 'x' is not");
 
   Json m = manifest({{"iterations", 1}});
-  m["incidents"][0]["faults"][0] = {{"fault_id", "net"}, {"type", "network_partition"}, {"target", {{"surface", "collective"}}}};
+  m["incidents"][0]["faults"][0] = {
+      {"fault_id", "net"}, {"type", "network_partition"}, {"target", {{"surface", "collective"}}}};
   const Campaign net = Campaign::parse(m.dump());
   const Incident& ni = net.incidents()[0];
   EXPECT_EQ(errorOf([&] { pickExecutor(ni, ni.faults[0], {}, "w"); }),
@@ -352,14 +357,14 @@ TEST(EffectSpecs, DefaultsAreAppliedOnce) {
   EXPECT_EQ(drop.corruption.operation, inject::Operation::kSetValue);
   EXPECT_EQ(drop.corruption.value, 0.0);
 
-  const EffectSpec nan = effectSpec(faultWith(FailureType::kTensorCorruption,
-                                              Json{{"operation", "set_value"}, {"value", "-inf"}, {"scope", "10%"}}));
+  const EffectSpec nan = effectSpec(
+      faultWith(FailureType::kTensorCorruption, Json{{"operation", "set_value"}, {"value", "-inf"}, {"scope", "10%"}}));
   EXPECT_EQ(nan.scope, inject::Scope::kTenPercent);
   ASSERT_TRUE(nan.corruption.value.has_value());
   EXPECT_TRUE(std::isinf(*nan.corruption.value) && *nan.corruption.value < 0);
 
-  const EffectSpec scale = effectSpec(faultWith(FailureType::kTensorCorruption,
-                                                Json{{"operation", "scale"}, {"factor", 4}, {"magnitude", "large"}}));
+  const EffectSpec scale = effectSpec(
+      faultWith(FailureType::kTensorCorruption, Json{{"operation", "scale"}, {"factor", 4}, {"magnitude", "large"}}));
   EXPECT_EQ(scale.corruption.factor, 4.0);
   EXPECT_EQ(scale.corruption.magnitude, inject::Magnitude::kLarge);
 

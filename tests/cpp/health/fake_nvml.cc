@@ -48,8 +48,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -124,10 +124,9 @@ void ResetDevice(Device& d, unsigned index) {
   d.pci.device = 0;
   d.pci.pciDeviceId = 0x233510DE;
   d.pci.pciSubSystemId = 0x18BE10DE;
-  std::snprintf(d.pci.busId, sizeof d.pci.busId, "%08X:%02X:%02X.0", d.pci.domain,
-                d.pci.bus, d.pci.device);
-  std::snprintf(d.pci.busIdLegacy, sizeof d.pci.busIdLegacy, "%04X:%02X:%02X.0",
-                d.pci.domain, d.pci.bus & 0xFF, d.pci.device);
+  std::snprintf(d.pci.busId, sizeof d.pci.busId, "%08X:%02X:%02X.0", d.pci.domain, d.pci.bus, d.pci.device);
+  std::snprintf(d.pci.busIdLegacy, sizeof d.pci.busIdLegacy, "%04X:%02X:%02X.0", d.pci.domain, d.pci.bus & 0xFF,
+                d.pci.device);
   d.links.assign(4, Link{});
 }
 
@@ -176,8 +175,7 @@ nvmlReturn_t CopyString(const std::string& src, char* buf, unsigned size) {
 // Parses "D:B:D.F" (any domain width) into numbers; false when malformed.
 bool ParseBusId(const char* s, unsigned v[4]) {
   int n = 0;
-  return std::sscanf(s, "%x:%x:%x.%x%n", &v[0], &v[1], &v[2], &v[3], &n) == 4 &&
-         s[n] == '\0';
+  return std::sscanf(s, "%x:%x:%x.%x%n", &v[0], &v[1], &v[2], &v[3], &n) == 4 && s[n] == '\0';
 }
 
 bool ParseLL(const std::string& s, long long* out) {
@@ -248,13 +246,20 @@ FAKE_EXPORT int fake_nvml_set(unsigned device, const char* key, long long value)
     d.ecc[abi::kMemoryErrorUncorrected][abi::kAggregateEcc] = value;
   } else if (!u32) {
     return -1;
-  } else if (k == "remap_correctable") { d.remap_corr = value;
-  } else if (k == "remap_uncorrectable") { d.remap_unc = value;
-  } else if (k == "remap_pending") { d.remap_pending = value;
-  } else if (k == "remap_failure") { d.remap_failure = value;
-  } else if (k == "temperature") { d.temperature = value;
-  } else if (k == "temperature_shutdown") { d.shutdown = value;
-  } else if (k == "temperature_slowdown") { d.slowdown = value;
+  } else if (k == "remap_correctable") {
+    d.remap_corr = value;
+  } else if (k == "remap_uncorrectable") {
+    d.remap_unc = value;
+  } else if (k == "remap_pending") {
+    d.remap_pending = value;
+  } else if (k == "remap_failure") {
+    d.remap_failure = value;
+  } else if (k == "temperature") {
+    d.temperature = value;
+  } else if (k == "temperature_shutdown") {
+    d.shutdown = value;
+  } else if (k == "temperature_slowdown") {
+    d.slowdown = value;
   } else {
     return -1;
   }
@@ -262,10 +267,12 @@ FAKE_EXPORT int fake_nvml_set(unsigned device, const char* key, long long value)
 }
 
 FAKE_EXPORT int fake_nvml_fail(unsigned device, const char* query, int nvml_return) {
-  static const std::set<std::string> kFamilies = {
-      "ecc", "remapped_rows", "temperature", "temperature_threshold", "nvlink_state",
-      "nvlink_error_counter", "field_values", "register_events", "uuid", "name",
-      "pci_info", "all"};
+  static const std::set<std::string> kFamilies = {"ecc",          "remapped_rows",
+                                                  "temperature",  "temperature_threshold",
+                                                  "nvlink_state", "nvlink_error_counter",
+                                                  "field_values", "register_events",
+                                                  "uuid",         "name",
+                                                  "pci_info",     "all"};
   State& s = S();
   std::lock_guard<std::mutex> lock(s.mu);
   if (query == nullptr) return -1;
@@ -365,8 +372,7 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int* count) {
   return abi::kSuccess;
 }
 
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index,
-                                                       nvmlDevice_t* device) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t* device) {
   State& s = S();
   std::lock_guard<std::mutex> lock(s.mu);
   s.calls["nvmlDeviceGetHandleByIndex_v2"]++;
@@ -389,8 +395,7 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char* uuid, nvmlDevice_
   return abi::kErrorNotFound;
 }
 
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char* busId,
-                                                          nvmlDevice_t* device) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char* busId, nvmlDevice_t* device) {
   State& s = S();
   std::lock_guard<std::mutex> lock(s.mu);
   s.calls["nvmlDeviceGetHandleByPciBusId_v2"]++;
@@ -434,26 +439,21 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInf
   return abi::kSuccess;
 }
 
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, int errorType,
-                                                     int counterType,
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, int errorType, int counterType,
                                                      unsigned long long* count) {
   Query q("nvmlDeviceGetTotalEccErrors", device, "ecc");
   if (q.rc != 0) return q.rc;
-  if (count == nullptr || errorType < 0 || errorType > 1 || counterType < 0 ||
-      counterType > 1)
+  if (count == nullptr || errorType < 0 || errorType > 1 || counterType < 0 || counterType > 1)
     return abi::kErrorInvalidArgument;
   *count = q.dev->ecc[errorType][counterType];
   return abi::kSuccess;
 }
 
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int* corrRows,
-                                                   unsigned int* uncRows,
-                                                   unsigned int* isPending,
-                                                   unsigned int* failureOccurred) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int* corrRows, unsigned int* uncRows,
+                                                   unsigned int* isPending, unsigned int* failureOccurred) {
   Query q("nvmlDeviceGetRemappedRows", device, "remapped_rows");
   if (q.rc != 0) return q.rc;
-  if (!corrRows || !uncRows || !isPending || !failureOccurred)
-    return abi::kErrorInvalidArgument;
+  if (!corrRows || !uncRows || !isPending || !failureOccurred) return abi::kErrorInvalidArgument;
   *corrRows = q.dev->remap_corr;
   *uncRows = q.dev->remap_unc;
   *isPending = q.dev->remap_pending;
@@ -461,8 +461,7 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned
   return abi::kSuccess;
 }
 
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, int sensor,
-                                                  unsigned int* temp) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, int sensor, unsigned int* temp) {
   Query q("nvmlDeviceGetTemperature", device, "temperature");
   if (q.rc != 0) return q.rc;
   if (temp == nullptr || sensor != abi::kTemperatureGpu) return abi::kErrorInvalidArgument;
@@ -470,9 +469,7 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, int senso
   return abi::kSuccess;
 }
 
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetTemperatureThreshold(nvmlDevice_t device,
-                                                           int threshold,
-                                                           unsigned int* temp) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetTemperatureThreshold(nvmlDevice_t device, int threshold, unsigned int* temp) {
   Query q("nvmlDeviceGetTemperatureThreshold", device, "temperature_threshold");
   if (q.rc != 0) return q.rc;
   if (temp == nullptr) return abi::kErrorInvalidArgument;
@@ -482,8 +479,7 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetTemperatureThreshold(nvmlDevice_t device,
   return abi::kSuccess;
 }
 
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link,
-                                                  int* isActive) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, int* isActive) {
   Query q("nvmlDeviceGetNvLinkState", device, "nvlink_state");
   if (q.rc != 0) return q.rc;
   if (q.dev->links.empty()) return abi::kErrorNotSupported;
@@ -492,8 +488,7 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned 
   return abi::kSuccess;
 }
 
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t device,
-                                                         unsigned int link, int counter,
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t device, unsigned int link, int counter,
                                                          unsigned long long* value) {
   Query q("nvmlDeviceGetNvLinkErrorCounter", device, "nvlink_error_counter");
   if (q.rc != 0) return q.rc;
@@ -513,16 +508,14 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t device,
   return abi::kSuccess;
 }
 
-FAKE_EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount,
-                                                  nvmlFieldValue_t* values) {
+FAKE_EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, nvmlFieldValue_t* values) {
   Query q("nvmlDeviceGetFieldValues", device, "field_values");
   if (q.rc != 0) return q.rc;
-  if (valuesCount < 0 || (valuesCount > 0 && values == nullptr))
-    return abi::kErrorInvalidArgument;
+  if (valuesCount < 0 || (valuesCount > 0 && values == nullptr)) return abi::kErrorInvalidArgument;
   const Device& d = *q.dev;
-  const long long now = std::chrono::duration_cast<std::chrono::microseconds>(
-                            std::chrono::system_clock::now().time_since_epoch())
-                            .count();
+  const long long now =
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
   for (int i = 0; i < valuesCount; ++i) {
     nvmlFieldValue_t& f = values[i];
     f.timestamp = now;
@@ -560,8 +553,7 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int value
         if (d.recovery_action < 0) f.nvmlReturn = abi::kErrorNotSupported;
         else f.value.uiVal = static_cast<unsigned>(d.recovery_action);
         break;
-      default:
-        f.nvmlReturn = abi::kErrorNotSupported;
+      default: f.nvmlReturn = abi::kErrorNotSupported;
     }
   }
   return abi::kSuccess;
@@ -578,8 +570,7 @@ FAKE_EXPORT nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t* set) {
   return abi::kSuccess;
 }
 
-FAKE_EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device,
-                                                  unsigned long long eventTypes,
+FAKE_EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes,
                                                   nvmlEventSet_t set) {
   Query q("nvmlDeviceRegisterEvents", device, "register_events");
   if (q.rc != 0) return q.rc;
@@ -591,8 +582,7 @@ FAKE_EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device,
   return abi::kSuccess;
 }
 
-FAKE_EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t* data,
-                                             unsigned int timeoutms) {
+FAKE_EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t* data, unsigned int timeoutms) {
   State& s = S();
   EventSet* es = reinterpret_cast<EventSet*>(set);
   std::unique_lock<std::mutex> lock(s.mu);
@@ -652,18 +642,15 @@ void ApplyEnvironment() {
   for (const std::string& item : items) {
     long long n = 0;
     if (item.rfind("devices=", 0) != 0) continue;
-    if (ParseLL(item.substr(8), &n) && n >= 0 && n <= kMaxDevices)
-      fake_nvml_reset(static_cast<unsigned>(n));
-    else
-      BadItem(item);
+    if (ParseLL(item.substr(8), &n) && n >= 0 && n <= kMaxDevices) fake_nvml_reset(static_cast<unsigned>(n));
+    else BadItem(item);
   }
   for (const std::string& item : items) {
     if (item.rfind("devices=", 0) == 0) continue;
     size_t dot = item.find('.'), eq = item.find('=');
     long long dev = 0, value = 0;
-    if (dot == std::string::npos || eq == std::string::npos || dot > eq ||
-        !ParseLL(item.substr(0, dot), &dev) || dev < 0 || dev >= kMaxDevices ||
-        !ParseLL(item.substr(eq + 1), &value)) {
+    if (dot == std::string::npos || eq == std::string::npos || dot > eq || !ParseLL(item.substr(0, dot), &dev) ||
+        dev < 0 || dev >= kMaxDevices || !ParseLL(item.substr(eq + 1), &value)) {
       BadItem(item);
       continue;
     }

@@ -25,8 +25,8 @@ using namespace std::chrono_literals;
 
 struct Group {
   explicit Group(int n, const std::string& tag, bool tcp = false) {
-    dir = (std::filesystem::temp_directory_path() / ("lmr-observer-" + tag + "-" + std::to_string(::getpid())))
-              .string();
+    dir =
+        (std::filesystem::temp_directory_path() / ("lmr-observer-" + tag + "-" + std::to_string(::getpid()))).string();
     std::filesystem::remove_all(dir);
     if (tcp) {
       server = std::make_unique<oob::TcpStoreServer>(0, "127.0.0.1");

@@ -1,7 +1,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
-#include <csignal>
 #include <unistd.h>
+#include <csignal>
 
 #include <atomic>
 #include <chrono>
@@ -57,7 +57,8 @@ TEST(Progress, SnapshotsAreConsistentUnderConcurrentWrites) {
   ProgressReader r(name);
   std::atomic<bool> stop{false};
   std::thread writer([&] {
-    for (std::uint64_t i = 1; !stop.load(); ++i) w.collectiveEntered({static_cast<std::uint32_t>(i), 0, i, i * 3, i * 7});
+    for (std::uint64_t i = 1; !stop.load(); ++i)
+      w.collectiveEntered({static_cast<std::uint32_t>(i), 0, i, i * 3, i * 7});
   });
   int checked = 0;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);

@@ -15,8 +15,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 std::string tempDir(const char* tag) {
-  const auto p = std::filesystem::temp_directory_path() /
-                 ("lmr-store-" + std::string(tag) + "-" + std::to_string(::getpid()));
+  const auto p =
+      std::filesystem::temp_directory_path() / ("lmr-store-" + std::string(tag) + "-" + std::to_string(::getpid()));
   std::filesystem::remove_all(p);
   return p.string();
 }
