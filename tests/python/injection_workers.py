@@ -102,13 +102,10 @@ def optimizer_failure_consensus():
             "records": records, "restored": restored}
 
 
-def preparation_failure(kind):
+def preparation_failure():
     cfg = TrainConfig(parallel="ddp", steps=1)
     model, opt, data, device = build(cfg)
-    if kind == "rank":
-        target = {"rank": 9, "module_path": "output", "surface": "output"}
-    else:  # only rank 1's action names a missing module
-        target = {"rank": 1, "module_path": "no.such.module", "surface": "output"}
+    target = {"rank": 1, "module_path": "no.such.module", "surface": "output"}  # only rank 1's action fails
     try:
         lmr.enable_fault_injection(model, opt, campaign=campaign(
             incident("x", [2], "tensor_corruption", target, {"operation": "sign_flip"})))

@@ -41,18 +41,13 @@ def adam_campaign():
                               "state_key": "exp_avg"}, {"until": "campaign_end"}))
 
 
-def two_campaign():
-    return campaign(incident("out", [2], "tensor_corruption", {"rank": 1, **BLOCK1, "surface": "output"},
-                             {"operation": "sign_flip", "scope": "row"}, {"iterations": 6}))
-
-
 def run(parallel, kind, steps, check_interval=1, pipelined=None, ffn_hidden=None):
     cfg = TrainConfig(parallel=parallel, steps=steps)
     if ffn_hidden is not None:  # e.g. a size FSDP cannot split evenly
         cfg.model = dataclasses.replace(cfg.model, ffn_hidden=ffn_hidden)
     model, opt, data, device = build(cfg)
     harness = ReplayHarness(model, opt, ReplayHarnessConfig(check_interval=check_interval, pipelined=pipelined))
-    c = {"compute": compute_campaign, "weight": weight_campaign, "adam": adam_campaign, "two": two_campaign}.get(kind)
+    c = {"compute": compute_campaign, "weight": weight_campaign, "adam": adam_campaign}.get(kind)
     session = lmr.enable_fault_injection(model, opt, campaign=c()) if c else None
     for step in range(steps):
         train_step(model, opt, data, device, step)

@@ -1,5 +1,7 @@
 """SCOUT dense replay in real gloo worlds on the reference workload: SDC localization per
-surface and mode, clean runs, straggler confirmation, two-peer inconclusiveness."""
+surface and mode, clean runs, straggler confirmation. The verdict's cases (two peers, no
+majority of copies, errors, stragglers) over every layout are C++ tests
+(tests/cpp/replay/verdict_test.cc); these check the evidence and its wiring."""
 
 import pytest
 
@@ -64,23 +66,22 @@ def test_state_sdc_ddp_replicas_localize(fault, step, rank, source, pipelined):
     assert all(r.sdc_ranks == [rank] for r in results if r.status == "Attributed")
 
 
-@pytest.mark.parametrize("parallel", ["fsdp2", "hsdp"])
-def test_state_sdc_without_a_majority_of_copies_is_never_misattributed(parallel):
-    # Pure FSDP has one owner per shard; HSDP 2x2 has two. Neither gives a strict majority:
-    # the guarantee boundary. The harness must not blame anyone.
-    per_rank = spawn(scout_workers.run, 4, args=(parallel, "weight", 8))
+def test_state_sdc_without_a_majority_of_copies_is_never_misattributed():
+    # HSDP 2x2 has two copies of each shard: no strict majority, the guarantee boundary. The
+    # harness must not blame anyone. (The decision, for DDP, FSDP and HSDP layouts of 2-16
+    # peers, is tests/cpp/replay/verdict_test.cc; this checks the wiring of state groups.)
+    per_rank = spawn(scout_workers.run, 4, args=("hsdp", "weight", 8))
     _, _, results = score("weight", per_rank)
     for r in results:
         assert r.status in ("Agree", "Inconclusive") and not any(r.sdc_bitmap), r.to_json()
-    if parallel == "hsdp":
-        assert any("params" in s for r in results for s in r.inconclusive_recipes)
+    assert any("params" in s for r in results for s in r.inconclusive_recipes)
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp2", "hsdp"])
 def test_fault_free_run_agrees_everywhere(parallel):
-    per_rank = spawn(scout_workers.run, 4, args=(parallel, "none", 300, 10))
+    per_rank = spawn(scout_workers.run, 4, args=(parallel, "none", 60, 4))
     results = replay_results(per_rank[0]["results"])
-    assert len(results) == 30
+    assert len(results) == 15
     recipes = {rid.split(".")[0] for r in results for rid in r.checked_recipe_ids}
     assert recipes == {"embedding", "hidden", "output", "optimizer"}
     assert {rid for r in results for rid in r.checked_recipe_ids if rid.startswith("hidden")} == {"hidden.0", "hidden.1"}
@@ -114,14 +115,3 @@ def test_compute_delay_needs_confirmation_rounds():
     assert 3 not in confirmed and 5 not in confirmed
     assert confirmed.get(7) == [2]
     assert all(1 not in ranks for ranks in confirmed.values())
-
-
-def test_two_peers_are_inconclusive():
-    per_rank = spawn(scout_workers.run, 2, args=("ddp", "two", 8))
-    results = replay_results(per_rank[0]["results"])
-    faulty = [r for r in results if 2 <= r.step <= 7 and r.checked_recipe_ids and "hidden.1" in r.checked_recipe_ids]
-    assert faulty
-    for r in faulty:  # the mismatch is seen, nobody is blamed
-        assert r.status == "Inconclusive" and not any(r.sdc_bitmap)
-        assert r.c3_results["hidden.1.output"].status == "Inconclusive"
-    assert all(not any(r.sdc_bitmap) for r in results)

@@ -38,8 +38,22 @@ def run_as_rank(fn: Callable[..., Any], backend: str, *args: Any) -> Any:
         dist.destroy_process_group()
 
 
+# Ranks fork from a server process that has already imported these, so a world starts in a
+# fraction of a second instead of importing torch once per rank (CUDA is not initialised
+# there: each rank initialises its own).
+_PRELOAD = ["torch", "torch.distributed", "lm_resiliency"]
+
+
+def _context() -> Any:
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
+    return ctx
+
+
 def _worker(rank: int, world_size: int, store_path: str, backend: str, fn: Callable[..., Any],
             args: Sequence[Any], env: dict[str, str], results: Any, timeout_s: float) -> None:
+    # The environment the caller has now (the fork server keeps the one it started with).
+    os.environ.clear()
     os.environ.update(env)
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
                        "LOCAL_WORLD_SIZE": str(world_size)})
@@ -89,12 +103,13 @@ def spawn(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (), 
     """Run ``fn(*args)`` on ``world_size`` ranks; return the values in rank order."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     results = ctx.Queue()
     workdir = tempfile.mkdtemp(prefix="lmr-world-")
     store_path = os.path.join(workdir, "store")
+    environment = {**os.environ, **(env or {})}
     procs = [ctx.Process(target=_worker, args=(rank, world_size, store_path, backend, fn, tuple(args),
-                                               dict(env or {}), results, timeout), daemon=True)
+                                               environment, results, timeout), daemon=True)
              for rank in range(world_size)]
     try:
         for p in procs:

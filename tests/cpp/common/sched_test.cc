@@ -11,15 +11,18 @@ namespace {
 TEST(Sched, ThreadCountersGrowAndSleepIsNotWaiting) {
   const auto a = sched::threadTimes();
   if (!a) GTEST_SKIP() << "no /proc/thread-self/schedstat on this kernel";
-  std::this_thread::sleep_for(std::chrono::milliseconds(30));
-  volatile double x = 0;
-  for (int i = 0; i < 2'000'000; ++i) x = x + i;
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
   const auto b = sched::threadTimes();
   ASSERT_TRUE(b.has_value());
-  EXPECT_GT(b->cpu_ns, a->cpu_ns);
   EXPECT_GE(b->wait_ns, a->wait_ns);
-  // A sleeping thread is not waiting for a core: far less than the 30 ms slept.
-  EXPECT_LT(b->wait_ns - a->wait_ns, 25'000'000);
+  // A sleeping thread is not waiting for a core: only its wake-up can be, which on a loaded
+  // host takes a scheduler period or a few, far less than the 300 ms slept.
+  EXPECT_LT(b->wait_ns - a->wait_ns, 200'000'000);
+  volatile double x = 0;
+  for (int i = 0; i < 2'000'000; ++i) x = x + i;
+  const auto c = sched::threadTimes();
+  ASSERT_TRUE(c.has_value());
+  EXPECT_GT(c->cpu_ns, b->cpu_ns);
 }
 
 TEST(Sched, ActiveTimeIsWallMinusWaitBetweenCpuAndWall) {
