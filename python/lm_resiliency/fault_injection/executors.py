@@ -1,4 +1,4 @@
-"""Executors run fault actions. The built-in executor (``builtin.py``) runs the safe local
+"""Executors run fault actions. The built-in executor (``local_effects.py``) runs the safe local
 effects; ``CallbackFaultExecutor`` connects the same schema to anything else (process
 control, storage, network, a cluster manager); ``ProcessFaultExecutor`` stops, kills or
 raises in processes for isolated tests."""
@@ -23,10 +23,7 @@ __all__ = [
     "FaultRequest",
     "InjectedFault",
     "ProcessFaultExecutor",
-    "SAFETY_ORDER",
 ]
-
-SAFETY_ORDER = {SafetyClass.SAFE_IN_PROCESS: 0, SafetyClass.ISOLATED_DESTRUCTIVE: 1, SafetyClass.CLUSTER_DESTRUCTIVE: 2}
 
 
 class InjectedFault(RuntimeError):
