@@ -10,6 +10,7 @@
 #include "lmr/oob/collective_ops.h"
 #include "lmr/oob/progress.h"
 #include "lmr/oob/rendezvous.h"
+#include "lmr/oob/watch.h"
 
 namespace nb = nanobind;
 
@@ -25,6 +26,19 @@ void registerOob(nb::module_& m) {
   m.def("oob_now_ns", &oob::nowNs, "CLOCK_MONOTONIC in nanoseconds (the records' clock).");
   m.def("oob_derived_port", &oob::derivedPort, nb::arg("run_id"), nb::arg("generation"), nb::arg("master_port") = 0,
         "The daemons' TCP port for one (run, generation); never master_port (lmr::oob::derivedPort).");
+
+  nb::class_<oob::WatchOptions>(m, "WatchOptions")
+      .def(nb::init<>())
+      .def_rw("threshold_s", &oob::WatchOptions::threshold_s)
+      .def_rw("poll_s", &oob::WatchOptions::poll_s)
+      .def_rw("join_s", &oob::WatchOptions::join_s)
+      .def_rw("gather_s", &oob::WatchOptions::gather_s)
+      .def_rw("setup_timeout_s", &oob::WatchOptions::setup_timeout_s)
+      .def_rw("io_absolute_s", &oob::WatchOptions::io_absolute_s)
+      .def_rw("io_relative", &oob::WatchOptions::io_relative)
+      .def_rw("io_persistence_s", &oob::WatchOptions::io_persistence_s)
+      .def("validate", &oob::WatchOptions::validate, nb::arg("owner") = "WatchOptions",
+           "Raises InvalidArgumentError naming the first field that is not a positive number.");
 
   nb::dict ops;
   for (const oob::CollectiveOp& op : oob::collectiveOps()) ops[nb::str(op.name.data(), op.name.size())] = op.code;

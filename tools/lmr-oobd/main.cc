@@ -9,11 +9,13 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 
 #include "lmr/common/error.h"
 #include "lmr/common/list.h"
+#include "lmr/oob/watch.h"
 #include "observer.h"
 
 namespace {
@@ -21,14 +23,21 @@ namespace {
 std::atomic<bool> g_stop{false};
 void onSignal(int) { g_stop.store(true); }
 
-constexpr const char* kUsage =
-    "usage: lmr-oobd --segment=NAME --state-dir=DIR --group-ranks=R0,R1,... --index=I [options]\n"
-    "  --run-id=ID --instance=TOKEN --generation=G --group=NAME --host=NAME\n"
-    "  --master-addr=HOST --master-port=PORT [--serve]   TCP rendezvous (--serve hosts the store)\n"
-    "                                                    (without them: files under DIR/rendezvous)\n"
-    "  --threshold-s=60 --poll-ms=100 --join-ms=1000 --gather-ms=2000 --setup-timeout-s=60\n"
-    "  --io-absolute-s=5 --io-relative=4 --io-persistence-s=2\n"
-    "  --gloo-hostname=127.0.0.1 --gloo-iface=IF --parent-pid=PID --ready-fd=FD\n";
+// The usage text, with the watch defaults of lmr::oob::WatchOptions.
+std::string usage() {
+  const lmr::oob::WatchOptions w;
+  std::ostringstream u;
+  u << "usage: lmr-oobd --segment=NAME --state-dir=DIR --group-ranks=R0,R1,... --index=I [options]\n"
+       "  --run-id=ID --instance=TOKEN --generation=G --group=NAME --host=NAME\n"
+       "  --master-addr=HOST --master-port=PORT [--serve]   TCP rendezvous (--serve hosts the store)\n"
+       "                                                    (without them: files under DIR/rendezvous)\n"
+    << "  --threshold-s=" << w.threshold_s << " --poll-ms=" << w.poll_s * 1000 << " --join-ms=" << w.join_s * 1000
+    << " --gather-ms=" << w.gather_s * 1000 << " --setup-timeout-s=" << w.setup_timeout_s << "\n"
+    << "  --io-absolute-s=" << w.io_absolute_s << " --io-relative=" << w.io_relative
+    << " --io-persistence-s=" << w.io_persistence_s << "\n"
+    << "  --gloo-hostname=127.0.0.1 --gloo-iface=IF --parent-pid=PID --ready-fd=FD\n";
+  return u.str();
+}
 
 struct Args {
   std::map<std::string, std::string> values;
@@ -87,7 +96,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
-      std::cout << "lmr-oobd: the out-of-band observer of one training process (started by lm_resiliency)\n" << kUsage;
+      std::cout << "lmr-oobd: the out-of-band observer of one training process (started by lm_resiliency)\n" << usage();
       return 0;
     }
   }
@@ -115,16 +124,20 @@ int main(int argc, char** argv) {
     o.host = args.str("host", hostname);
     o.gloo_hostname = args.str("gloo-hostname", "127.0.0.1");
     o.gloo_iface = args.str("gloo-iface");
-    o.threshold = std::chrono::nanoseconds(static_cast<std::int64_t>(args.num("threshold-s", 60) * 1e9));
-    o.join = std::chrono::milliseconds(args.integer("join-ms", 1000));
-    o.gather = std::chrono::milliseconds(args.integer("gather-ms", 2000));
+    const lmr::oob::WatchOptions watch;  // the defaults
+    const auto ms = [](double seconds) { return static_cast<std::int64_t>(seconds * 1000.0); };
+    o.threshold = std::chrono::nanoseconds(static_cast<std::int64_t>(args.num("threshold-s", watch.threshold_s) * 1e9));
+    o.join = std::chrono::milliseconds(args.integer("join-ms", ms(watch.join_s)));
+    o.gather = std::chrono::milliseconds(args.integer("gather-ms", ms(watch.gather_s)));
     o.state_dir = args.str("state-dir");
-    o.diagnosis.io_absolute_ns = static_cast<std::int64_t>(args.num("io-absolute-s", 5) * 1e9);
-    o.diagnosis.io_relative = args.num("io-relative", 4);
-    o.diagnosis.io_persistence_ns = static_cast<std::int64_t>(args.num("io-persistence-s", 2) * 1e9);
-    const auto poll = std::chrono::milliseconds(std::max<long>(1, args.integer("poll-ms", 100)));
-    const auto setup_deadline = std::chrono::steady_clock::now() +
-                                std::chrono::milliseconds(static_cast<long>(args.num("setup-timeout-s", 60) * 1000));
+    o.diagnosis.io_absolute_ns = static_cast<std::int64_t>(args.num("io-absolute-s", watch.io_absolute_s) * 1e9);
+    o.diagnosis.io_relative = args.num("io-relative", watch.io_relative);
+    o.diagnosis.io_persistence_ns =
+        static_cast<std::int64_t>(args.num("io-persistence-s", watch.io_persistence_s) * 1e9);
+    const auto poll = std::chrono::milliseconds(std::max<std::int64_t>(1, args.integer("poll-ms", ms(watch.poll_s))));
+    const auto setup_deadline =
+        std::chrono::steady_clock::now() +
+        std::chrono::milliseconds(static_cast<long>(args.num("setup-timeout-s", watch.setup_timeout_s) * 1000));
 
     std::unique_ptr<lmr::oob::TcpStoreServer> server;
     std::unique_ptr<lmr::oob::Store> store;
@@ -163,7 +176,7 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const lmr::InvalidArgument& e) {
     tell(ready_fd, std::string("error: ") + e.what());
-    std::cerr << "lmr-oobd: " << e.what() << "\n" << kUsage;
+    std::cerr << "lmr-oobd: " << e.what() << "\n" << usage();
     return 2;
   } catch (const std::exception& e) {
     tell(ready_fd, std::string("error: ") + e.what());

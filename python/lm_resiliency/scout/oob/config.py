@@ -12,6 +12,10 @@ from lm_resiliency.errors import InvalidArgumentError
 
 __all__ = ["HangDetectionConfig", "derived_port", "rendezvous_endpoint"]
 
+_WATCH = _core.WatchOptions()
+_WATCH_FIELDS = ("threshold_s", "poll_s", "join_s", "gather_s", "setup_timeout_s", "io_absolute_s", "io_relative",
+                 "io_persistence_s")
+
 
 @dataclasses.dataclass
 class HangDetectionConfig:
@@ -26,14 +30,15 @@ class HangDetectionConfig:
     temporary directory named by the run id).
     """
 
-    threshold_s: float = 60.0
-    poll_s: float = 0.1
-    join_s: float = 1.0  # a stall round waits this long for the other daemons
-    gather_s: float = 2.0  # bound on the Gloo exchange of a round
-    setup_timeout_s: float = 60.0  # every daemon of the job must be up within this
-    io_absolute_s: float = 5.0  # DataLoader / checkpoint I/O stall thresholds
-    io_relative: float = 4.0
-    io_persistence_s: float = 2.0
+    # The daemon's timing; defaults and validation: lmr::oob::WatchOptions.
+    threshold_s: float = _WATCH.threshold_s
+    poll_s: float = _WATCH.poll_s
+    join_s: float = _WATCH.join_s  # a stall round waits this long for the other daemons
+    gather_s: float = _WATCH.gather_s  # bound on the Gloo exchange of a round
+    setup_timeout_s: float = _WATCH.setup_timeout_s  # every daemon of the job must be up within this
+    io_absolute_s: float = _WATCH.io_absolute_s  # DataLoader / checkpoint I/O stall thresholds
+    io_relative: float = _WATCH.io_relative
+    io_persistence_s: float = _WATCH.io_persistence_s
     hang_master_addr: Optional[str] = None
     hang_master_port: Optional[int] = None
     hang_state_dir: Optional[str] = None
@@ -47,13 +52,13 @@ class HangDetectionConfig:
     daemon_path: Optional[str] = None  # default: lmr-oobd next to the Python executable, else on PATH
 
     def __post_init__(self) -> None:
-        for name in ("threshold_s", "poll_s", "join_s", "gather_s", "setup_timeout_s", "io_absolute_s",
-                     "io_relative", "io_persistence_s"):
+        watch = _core.WatchOptions()
+        for name in _WATCH_FIELDS:
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
                 raise InvalidArgumentError(f"HangDetectionConfig.{name} must be a positive number, got {v!r}")
-        if self.poll_s >= self.threshold_s:
-            raise InvalidArgumentError("HangDetectionConfig.poll_s must be smaller than threshold_s")
+            setattr(watch, name, float(v))
+        watch.validate("HangDetectionConfig")
         port = self.hang_master_port
         if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536):
             raise InvalidArgumentError(f"HangDetectionConfig.hang_master_port must be 1..65535, got {port!r}")
