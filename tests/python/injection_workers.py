@@ -114,6 +114,39 @@ def preparation_failure():
     return "enabled"
 
 
+class _FailingStore(lmr.MemoryCampaignStateStore):
+    """A manager-backed store whose swap breaks at arming (not at enablement)."""
+
+    def __init__(self):
+        super().__init__()
+        self.swaps = 0
+
+    def compare_and_swap(self, expected, updated):
+        self.swaps += 1
+        if self.swaps > 1:
+            raise RuntimeError("store backend unreachable")
+        return super().compare_and_swap(expected, updated)
+
+
+def store_failure_at_arming():
+    """Rank 1's state store raises while claiming the candidate at iteration 2: every rank
+    must learn it and raise the same error, none may wait in the arming exchange."""
+    cfg = TrainConfig(parallel="ddp", steps=3)
+    model, opt, data, device = build(cfg)
+    store = _FailingStore() if dist.get_rank() == 1 else lmr.MemoryCampaignStateStore()
+    session = lmr.enable_fault_injection(model, opt, state_store=store, campaign=campaign(
+        incident("x", [2], "tensor_corruption", {"rank": 0, "module_path": "output", "surface": "output"},
+                 {"operation": "sign_flip"})))
+    try:
+        for step in range(3):
+            train_step(model, opt, data, device, step)
+    except lmr.InvalidArgumentError as e:
+        return str(e)
+    finally:
+        session.close()
+    return "trained"
+
+
 def rank_override_mismatch():
     cfg = TrainConfig(parallel="ddp", steps=1)
     model, opt, data, device = build(cfg)

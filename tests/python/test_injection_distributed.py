@@ -67,6 +67,11 @@ def test_a_preparation_failure_on_one_rank_stops_every_rank():
         assert "campaign preparation failed on rank 1" in text
 
 
+def test_a_store_failure_while_arming_on_one_rank_stops_every_rank():
+    for text in spawn(injection_workers.store_failure_at_arming, 4, timeout=120):
+        assert "arming iteration 2 failed on rank 1: RuntimeError: store backend unreachable" in text, text
+
+
 def test_rank_override_must_match():
     for text in spawn(injection_workers.rank_override_mismatch, 2):
         assert "leave rank unset" in text

@@ -47,6 +47,10 @@ def _strict_int(value: Any, name: str, minimum: int = 0) -> int:
     return value
 
 
+def _describe(error: Exception) -> str:
+    return str(error) if isinstance(error, InvalidArgumentError) else f"{type(error).__name__}: {error}"
+
+
 def _json(value: Any) -> str:
     return json.dumps(value, allow_nan=False)
 
@@ -115,8 +119,8 @@ class FaultInjectionSession:
         error = ""
         try:
             self._prepare_locally()
-        except InvalidArgumentError as e:
-            error = str(e)
+        except Exception as e:  # noqa: BLE001 - every rank learns it below, none waits alone
+            error = _describe(e)
         self._agree(not error, error, "campaign preparation", "" if error else self._core.agreement_digest())
         self._core.start()
         self._handles.append(self._attachment.add_listener(self, FAULT_INJECTION))
@@ -235,8 +239,8 @@ class FaultInjectionSession:
         error, plan = "", None
         try:
             plan = self._core.arm(iteration)
-        except InvalidArgumentError as e:
-            error = str(e)
+        except Exception as e:  # noqa: BLE001 - a store that raises: every rank learns it below
+            error = _describe(e)
         try:
             self._agree(not error, error, f"arming iteration {iteration}")
         except InvalidArgumentError:
