@@ -16,5 +16,6 @@ void registerOob(nanobind::module_& m);
 void registerHealth(nanobind::module_& m);
 void registerFiles(nanobind::module_& m);
 void registerOobReport(nanobind::module_& m);
+void registerCkpt(nanobind::module_& m);
 
 }  // namespace lmr::python

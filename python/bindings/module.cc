@@ -17,4 +17,5 @@ NB_MODULE(_core, m) {
   lmr::python::registerOobReport(m);
   lmr::python::registerHealth(m);
   lmr::python::registerFiles(m);
+  lmr::python::registerCkpt(m);
 }

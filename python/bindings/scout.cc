@@ -75,6 +75,13 @@ void registerScout(nb::module_& m) {
     const replay::Plan p = replay::fullPlan(step, layers, slices);
     return std::make_tuple(p.embedding, p.hidden_layer, p.output, p.optimizer_slice);
   });
+  m.def(
+      "replay_catalog",
+      [](std::int64_t check, std::int64_t embedding, std::int64_t hidden, std::int64_t output, std::int64_t optimizer,
+         const std::vector<std::int64_t>& layer_ids, std::int64_t slices) {
+        return replay::catalog(cadence(check, embedding, hidden, output, optimizer), layer_ids, slices);
+      },
+      "The recipe ids a complete cycle covers (lmr::replay::catalog).");
   m.def("replay_intervals", [](std::int64_t check, std::int64_t embedding, std::int64_t hidden, std::int64_t output,
                                std::int64_t optimizer, std::int64_t layers) {
     const auto iv = replay::effectiveIntervals(cadence(check, embedding, hidden, output, optimizer), layers);

@@ -1,7 +1,7 @@
 """One attachment per training job: the only wrapper around the optimizer's step.
 
-The replay harness, the fault-injection session, the hang monitor (and checkpoint
-certification) all act at the optimizer boundary. Each used to wrap ``optimizer.step``
+The replay harness, the fault-injection session, the hang monitor and checkpoint
+certification all act at the optimizer boundary. Each used to wrap ``optimizer.step``
 itself, so closing them out of construction order put a closed consumer's wrapper back or
 silently removed another's. Now the first of them (or ``attach(model, optimizer)``) makes
 the job's ``Attachment``; it wraps the step once and runs *listeners* in phases:
@@ -40,11 +40,12 @@ from lm_resiliency.errors import InvalidArgumentError
 from lm_resiliency.frameworks import FrameworkAdapter, select_adapter
 from lm_resiliency.handle import Handle
 
-__all__ = ["Attachment", "Handle", "attach", "FAULT_INJECTION", "HANG_DETECTION", "REPLAY"]
+__all__ = ["Attachment", "Handle", "attach", "CERTIFICATION", "FAULT_INJECTION", "HANG_DETECTION", "REPLAY"]
 
 # Listener orders of the built-in consumers (smaller: earlier before the step, later after it).
 FAULT_INJECTION = 100
 HANG_DETECTION = 200
+CERTIFICATION = 250  # after the replay harness at the same boundary: the check comes first
 REPLAY = 300
 
 _attachments: "weakref.WeakValueDictionary[int, Attachment]" = weakref.WeakValueDictionary()

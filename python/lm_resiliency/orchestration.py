@@ -1,8 +1,9 @@
 """``OrchestrationHooks``: the callback bundle an external training manager passes to the
-monitors (the hang monitor, the replay harness's hang monitor, the hardware health
-monitor). Callbacks run on LM Resiliency's background threads (the training thread may be
-blocked in a hung collective when they fire): keep them short and thread-safe, and do not
-call torch.distributed from them. An exception raised by a callback is logged, never
+monitors (the hang monitor, the replay harness and its hang monitor, the hardware health
+monitor) and to checkpoint certification. Fault reports and health events arrive on LM
+Resiliency's background threads (the training thread may be blocked in a hung collective
+when they fire); replay results and recovery decisions on the training thread. Keep them
+short and thread-safe, and do not call torch.distributed from them. An exception raised by a callback is logged, never
 propagated into training.
 """
 
@@ -24,19 +25,28 @@ class OrchestrationHooks:
     # Called once per HealthEvent from a HardwareHealthMonitor built with hooks=this; fatal
     # events (event.fatal) name a GPU to take out of service, warnings are precursors.
     on_health_event: Optional[Callable[[Any], None]] = None
+    # Called on the training thread with each ReplayResult of a harness built with hooks=this.
+    on_replay_result: Optional[Callable[[Any], None]] = None
+    # Called on the training thread with each RecoveryDecision checkpoint certification makes
+    # (every rank receives the same decision, after it is persisted in the trust manifest).
+    on_recovery_decision: Optional[Callable[[Any], None]] = None
+
+    def _deliver(self, callback: Optional[Callable[[Any], None]], value: Any, what: str) -> None:
+        if callback is None:
+            return
+        try:
+            callback(value)
+        except Exception:  # a manager's bug must not take training down
+            _log.exception("OrchestrationHooks.%s raised", what)
 
     def deliver_fault_report(self, report: Any) -> None:
-        if self.on_fault_report is None:
-            return
-        try:
-            self.on_fault_report(report)
-        except Exception:  # a manager's bug must not take training down
-            _log.exception("OrchestrationHooks.on_fault_report raised")
+        self._deliver(self.on_fault_report, report, "on_fault_report")
 
     def deliver_health_event(self, event: Any) -> None:
-        if self.on_health_event is None:
-            return
-        try:
-            self.on_health_event(event)
-        except Exception:
-            _log.exception("OrchestrationHooks.on_health_event raised")
+        self._deliver(self.on_health_event, event, "on_health_event")
+
+    def deliver_replay_result(self, result: Any) -> None:
+        self._deliver(self.on_replay_result, result, "on_replay_result")
+
+    def deliver_recovery_decision(self, decision: Any) -> None:
+        self._deliver(self.on_recovery_decision, decision, "on_recovery_decision")

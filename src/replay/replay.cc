@@ -54,6 +54,23 @@ Plan fullPlan(std::int64_t step, std::int64_t layers, std::int64_t slices) {
   return p;
 }
 
+std::vector<std::string> catalog(const Cadence& cadence, const std::vector<std::int64_t>& layer_ids,
+                                 std::int64_t slices) {
+  if (layer_ids.empty()) throw InvalidArgument("a catalog needs at least one layer");
+  if (slices < 0) throw InvalidArgument("optimizer slices must be >= 0");
+  const bool manual = cadence.check_interval == 0;
+  const Intervals iv =
+      manual ? Intervals{1, 1, 1, 1} : effectiveIntervals(cadence, static_cast<std::int64_t>(layer_ids.size()));
+  std::vector<std::string> out;
+  if (iv.embedding > 0) out.emplace_back("embedding");
+  if (iv.hidden > 0)
+    for (std::int64_t id : layer_ids) out.push_back("hidden." + std::to_string(id));
+  if (iv.output > 0) out.emplace_back("output");
+  if (iv.optimizer > 0)
+    for (std::int64_t s = 0; s < slices; ++s) out.push_back("optimizer." + std::to_string(s));
+  return out;
+}
+
 bool isStateSource(std::string_view source) noexcept {
   const std::size_t dot = source.rfind('.');
   const std::string_view last = dot == std::string_view::npos ? source : source.substr(dot + 1);

@@ -9,8 +9,10 @@ namespace lmr::cli {
 
 int runCampaign(const std::vector<std::string>& args);
 int runHealth(const std::vector<std::string>& args);
+int runCkpt(const std::vector<std::string>& args);
 
 extern const char* const kCampaignUsage;
 extern const char* const kHealthUsage;
+extern const char* const kCkptUsage;
 
 }  // namespace lmr::cli

@@ -5,6 +5,7 @@
 //                 [--min-peers N] SECONDS...       robust timing consensus
 //   lmr campaign validate|show|compare ...         fault-injection campaigns (campaign_cmd.cc)
 //   lmr health probe|watch ...                     GPU health from NVML (health_cmd.cc); exit 1 on a fatal event
+//   lmr ckpt inspect [--format text|json] DIR      a trust manifest's checkpoints and last decision (ckpt_cmd.cc)
 // c3 prints JSON on stdout; exit status 0 Agree, 1 Attributed, 3 Inconclusive. campaign
 // validate/show exit 0; compare exits 0 only when every occurrence is localized, else 1.
 // Usage and input errors exit 2 with the message on stderr; other failures exit 4.
@@ -31,7 +32,7 @@ constexpr const char* kUsage =
     "       lmr c3 timing [--ranks R0,R1,...] [--kappa K] [--scale-floor S] [--absolute S]\n"
     "                     [--relative F] [--min-peers N] SECONDS...\n";
 
-std::string usage() { return std::string(kUsage) + lmr::cli::kCampaignUsage + lmr::cli::kHealthUsage; }
+std::string usage() { return std::string(kUsage) + lmr::cli::kCampaignUsage + lmr::cli::kHealthUsage + lmr::cli::kCkptUsage; }
 
 double parseNumber(const std::string& text, const std::string& what) {
   char* end = nullptr;
@@ -121,6 +122,7 @@ int main(int argc, char** argv) {
     }
     if (args[0] == "c3") return runC3(std::vector<std::string>(args.begin() + 1, args.end()));
     if (args[0] == "campaign") return lmr::cli::runCampaign(std::vector<std::string>(args.begin() + 1, args.end()));
+    if (args[0] == "ckpt") return lmr::cli::runCkpt(std::vector<std::string>(args.begin() + 1, args.end()));
     if (args[0] == "health") return lmr::cli::runHealth(std::vector<std::string>(args.begin() + 1, args.end()));
     throw lmr::InvalidArgument("unknown command '" + args[0] + "'");
   } catch (const lmr::InvalidArgument& e) {

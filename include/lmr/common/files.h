@@ -21,6 +21,11 @@ void replaceFile(const std::string& path, const std::string& text);
 // true when this call created it, false when it already existed.
 bool createFile(const std::string& path, const std::string& text);
 
+// Removes the temporary files replaceFile(`path`) left behind when a writer was killed
+// between creating and renaming them (their writer process no longer exists). Best effort:
+// never throws.
+void removeStaleTemporaries(const std::string& path) noexcept;
+
 // The whole file, or nullopt when it does not exist.
 std::optional<std::string> readFile(const std::string& path);
 

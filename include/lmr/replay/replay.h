@@ -50,6 +50,14 @@ Plan planAt(const Cadence& cadence, std::int64_t step, std::int64_t layers, std:
 // Every recipe once (manual checks).
 Plan fullPlan(std::int64_t step, std::int64_t layers, std::int64_t slices);
 
+// The recipe ids a complete cycle of `cadence` covers (every recipe a manual check runs
+// when check_interval is 0): "embedding", "hidden.<id>" for each of `layer_ids` (global
+// indices), "output", "optimizer.<s>" for s < slices (slices 0: no optimizer recipe).
+// Disabled recipe classes are left out. Checkpoint certification completes a cycle when
+// accepted checks have covered all of them.
+std::vector<std::string> catalog(const Cadence& cadence, const std::vector<std::int64_t>& layer_ids,
+                                 std::int64_t slices);
+
 // Whether the evidence surface `source` ("hidden.1.params", "optimizer.0.state", ...)
 // compares held state (parameters, optimizer state) rather than recomputed values. State
 // surfaces are compared among the peers holding the same state; a replica whose state

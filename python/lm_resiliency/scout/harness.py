@@ -78,6 +78,8 @@ class ReplayHarness:
         self._snapshot_error: Optional[str] = None
         self._warn = WarnOnce()
         self.results: list[ReplayResult] = []
+        self._hooks = hooks
+        self.checked_at: Optional[int] = None  # the last boundary at which a check started
         self.boundary_times: dict[int, float] = {completed_iterations: time.time()}
         self._plan_now: Optional[tuple] = None
         self._handle = self._attachment.add_listener(self, REPLAY)
@@ -154,6 +156,7 @@ class ReplayHarness:
         try:
             self._finish_pending()
             if self.config.check_interval != 0 and any(x not in (False, None) for x in plan):
+                self.checked_at = step
                 started = self._contained(step, lambda: self._start(step, plan, captures, self._snapshot))
                 if started is not None and self._pipelined:
                     self._pending = started
@@ -200,6 +203,21 @@ class ReplayHarness:
         plan = self._plan(max(step, 1), full=True)
         return self._conclude(step, lambda: self._finish(self._start(step, plan, self._last_captures, None)))
 
+    @property
+    def completed_iterations(self) -> int:
+        return self._completed
+
+    def catalog(self) -> list[str]:
+        """Every recipe id a complete cycle of this cadence covers (lmr::replay::catalog)."""
+        slices = 0 if "optimizer" in self.disabled_recipes else self._optimizer_replay.slices
+        return list(_core.replay_catalog(*self.config.cadence(), self._layers, slices))
+
+    def settle(self) -> None:
+        """Finishes a pipelined check now instead of at the next boundary (collective:
+        every rank calls it at the same boundary). Checkpoint certification needs the
+        verdict before it captures the state the check covered."""
+        self._finish_pending()
+
     def _finish_pending(self) -> None:
         pending, self._pending = self._pending, None
         if pending is not None:
@@ -210,6 +228,8 @@ class ReplayHarness:
         for recipe, reason in result.inconclusive_reasons.items():
             if reason.startswith(("replay_error", "unsupported_argument", "capture_error")):
                 self._warn(recipe, reason)
+        if self._hooks is not None:
+            self._hooks.deliver_replay_result(result)
         if self.config.on_result is not None:
             try:
                 self.config.on_result(result)

@@ -43,6 +43,18 @@ TEST(Replay, CadenceAndRotation) {
   EXPECT_THROW(replay::planAt(bad, 1, 4, 1), InvalidArgument);
 }
 
+TEST(Replay, CatalogListsWhatACycleCovers) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(replay::catalog(replay::Cadence{}, {0, 2}, 2),
+            (V{"embedding", "hidden.0", "hidden.2", "output", "optimizer.0", "optimizer.1"}));
+  EXPECT_EQ(
+      replay::catalog(replay::Cadence{.check_interval = 10, .embedding_interval = 0, .output_interval = 0}, {3}, 0),
+      (V{"hidden.3"}));
+  EXPECT_EQ(replay::catalog(replay::Cadence{.check_interval = 0}, {1}, 1),
+            (V{"embedding", "hidden.1", "output", "optimizer.0"}));
+  EXPECT_THROW(replay::catalog(replay::Cadence{}, {}, 1), InvalidArgument);
+}
+
 TEST(Replay, StateSourcesAreParamsAndState) {
   EXPECT_TRUE(replay::isStateSource("hidden.1.params"));
   EXPECT_TRUE(replay::isStateSource("optimizer.0.state"));

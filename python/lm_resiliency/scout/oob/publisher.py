@@ -24,8 +24,9 @@ import torch
 import torch.distributed as dist
 
 from lm_resiliency import _core
+from lm_resiliency.errors import InvalidArgumentError
 
-__all__ = ["Publisher", "active", "checkpoint_io", "instrument_dataloader"]
+__all__ = ["Publisher", "active", "checkpoint_io", "forbid_collectives", "instrument_dataloader"]
 
 # name: (tensor parameter, root parameter, reduce-op parameter, metadata rule); the op codes
 # are lmr::oob's (_core.COLLECTIVE_OPS). Metadata rule: "tensor" (dtype and shape), "dtype"
@@ -168,6 +169,10 @@ def _wrap(name: str, original: Any) -> Any:
         return kwargs.get(key, defaults.get(key))
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        forbidden = getattr(_local, "forbidden", None)
+        if forbidden is not None:
+            raise InvalidArgumentError(f"{forbidden} called torch.distributed.{name}: it runs on one rank only and "
+                                       "must not run collectives (the other ranks would wait for it forever)")
         pub = _stack[-1] if _stack else None
         if pub is None or getattr(_local, "depth", 0):
             return original(*args, **kwargs)
@@ -217,6 +222,20 @@ def uninstall_wrappers() -> None:
         for name, original in _originals.items():
             setattr(dist, name, original)
         _originals.clear()
+
+
+@contextlib.contextmanager
+def forbid_collectives(what: str) -> Iterator[None]:
+    """Inside, any public torch.distributed collective or point-to-point call raises
+    InvalidArgumentError naming `what` (a callback that runs on one rank only)."""
+    install_wrappers()
+    previous = getattr(_local, "forbidden", None)
+    _local.forbidden = what
+    try:
+        yield
+    finally:
+        _local.forbidden = previous
+        uninstall_wrappers()
 
 
 @contextlib.contextmanager

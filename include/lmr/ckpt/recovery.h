@@ -1,0 +1,43 @@
+// Recovery selection: which checkpoint a job resumes from after a failure
+// (scout-operational-contract, "Checkpoint Certification and Recovery"):
+//   detected SDC                                   -> newest RECOVERY_VERIFIED
+//   a required rank or machine inaccessible        -> newest RECOVERY_VERIFIED
+//   accessible straggler                           -> newest usable checkpoint (LATEST included)
+//   hang or uncertain failure, every rank reachable -> newest usable only after a complete
+//                                                     clean emergency replay of the catalog;
+//                                                     otherwise newest RECOVERY_VERIFIED
+// A checkpoint saved under another topology is never selected. Pure functions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "lmr/ckpt/manifest.h"
+
+namespace lmr::ckpt {
+
+enum class Failure { kSdc, kInaccessible, kStraggler, kHang, kUncertain };
+std::string_view name(Failure failure) noexcept;
+Failure parseFailure(std::string_view text);  // InvalidArgument naming the accepted values
+
+// The emergency full-catalog replay run before a hang or uncertain failure's decision.
+enum class EmergencyReplay { kNotRun, kClean, kIncomplete, kSdc };
+std::string_view name(EmergencyReplay replay) noexcept;
+EmergencyReplay parseEmergencyReplay(std::string_view text);
+
+// `now`: seconds since the epoch, recorded as decided_time.
+RecoveryDecision selectRecovery(const Manifest& manifest, Failure failure, std::int64_t at_step,
+                                EmergencyReplay emergency = EmergencyReplay::kNotRun, double now = 0.0);
+
+// The job resumed from checkpoint `id`: checkpoints after its step belong to an abandoned
+// timeline and leave the manifest (returned, for their tiers to quarantine or remove), the
+// taint ends, the generation advances, and a pending decision becomes "applied".
+// InvalidArgument for an unknown or REJECTED id.
+std::vector<Checkpoint> applyRecovery(Manifest& manifest, const std::string& id);
+
+// InvalidArgument when `checkpoint` was saved under a topology other than `job_topology`.
+void requireTopology(const Checkpoint& checkpoint, const std::string& job_topology);
+
+}  // namespace lmr::ckpt

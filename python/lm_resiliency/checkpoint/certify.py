@@ -1,0 +1,300 @@
+"""``CheckpointCertifier``: checkpoint capture and trust at the optimizer boundary.
+
+A listener of the job's attachment that runs after the replay harness at the same boundary
+(the check comes before the capture). What the state may become is lmr::ckpt's Certifier,
+fed with each check's outcome agreed over every rank (one small gloo all-reduce at check
+boundaries, so any comparison group's SDC rejects job-wide); this module calls the
+callbacks, agrees on their success, and has the writer rank persist the trust manifest.
+Boundaries without a check or a fast-tier snapshot due cost one C++ call.
+
+The checker never breaks the job it watches: a failing callback or manifest write is a
+warning on every rank and an uncertified boundary, never an exception out of the step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+from lm_resiliency import _core
+from lm_resiliency.attach import CERTIFICATION
+from lm_resiliency.checkpoint.config import DurableCheckpointConfig
+from lm_resiliency.checkpoint.topology import topology_digest
+from lm_resiliency.errors import InvalidArgumentError
+from lm_resiliency.orchestration import OrchestrationHooks
+from lm_resiliency.scout.guard import describe
+from lm_resiliency.scout.oob.publisher import checkpoint_io, forbid_collectives
+
+log = logging.getLogger("lm_resiliency.checkpoint")
+
+OUTCOMES = ("healthy", "straggler", "inconclusive", "sdc")  # by severity: the world takes the worst
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def outcome_of(result: Any, catalog: list[str]) -> tuple[int, list[bool], str]:
+    """(severity, accepted per catalog recipe, reason) of one rank's ReplayResult."""
+    if result.sdc_sources or any(result.sdc_bitmap):
+        return 3, [False] * len(catalog), "SDC in " + ", ".join(result.sdc_sources)
+    # Peers that disagree without a strict majority (two replicas): corruption is certain,
+    # only its place is not. For trust that is SDC.
+    split = sorted(k for k, v in result.inconclusive_reasons.items() if v.startswith("no_majority"))
+    if split:
+        return 3, [False] * len(catalog), "peers disagree with no majority in " + ", ".join(split)
+    accepted = set(result.checked_recipe_ids) - set(result.inconclusive_recipes)
+    flags = [r in accepted for r in catalog]
+    if result.status == "Inconclusive":
+        reasons = "; ".join(f"{k}: {v}" for k, v in sorted(result.inconclusive_reasons.items()))
+        return 2, flags, reasons or "inconclusive"
+    return (1 if any(result.straggler_bitmap) else 0), flags, ""
+
+
+class CheckpointCertifier:
+    """Certifies checkpoints from the checks of `harness` (a ReplayHarness). Construct it on
+    every rank after the harness (collective); it needs no call in the training loop.
+    ``checkpoint_now()`` runs a dense check and captures (collective)."""
+
+    def __init__(self, harness: Any, config: DurableCheckpointConfig,
+                 hooks: Optional[OrchestrationHooks] = None) -> None:
+        if not isinstance(config, DurableCheckpointConfig):
+            raise InvalidArgumentError(f"config must be a DurableCheckpointConfig, got {type(config).__name__}")
+        self.config = config
+        self._harness = harness
+        self._hooks = hooks
+        self._distributed = _distributed()
+        self.rank = dist.get_rank() if self._distributed else 0
+        world = dist.get_world_size() if self._distributed else 1
+        if config.writer_rank >= world:
+            raise InvalidArgumentError(f"writer_rank={config.writer_rank} is outside the world of {world} ranks")
+        self._writer = self.rank == config.writer_rank
+        self._group = dist.new_group(backend="gloo") if self._distributed else None
+        attachment = harness._attachment
+        self.topology = topology_digest(attachment.adapter, attachment.model, world)
+        self.catalog = harness.catalog()
+        manifest = read_manifest(config, self._group)
+        manifest.topology = self.topology
+        self._core = _core.Certifier(self.catalog, manifest)
+        self._handle = attachment.add_listener(self, CERTIFICATION)
+
+    # --- the optimizer boundary --------------------------------------------------------
+
+    def after_step(self) -> None:
+        step = self._harness.completed_iterations
+        checked = self._harness.checked_at == step
+        if checked:
+            self._harness.settle()
+        try:
+            self._boundary(step, checked)
+        except Exception as e:  # noqa: BLE001 - the step the user called must not fail
+            log.warning("checkpoint certification at step %d failed: %s", step, describe(e))
+
+    def checkpoint_now(self) -> Any:
+        """A dense check of the last iteration (every recipe), then the capture it allows
+        (a dense accepted check certifies at once). Collective. Returns the ReplayResult."""
+        result = self._harness.check()
+        self._boundary(self._harness.completed_iterations, True, result)
+        return result
+
+    def _boundary(self, step: int, checked: bool, result: Any = None) -> None:
+        changes = None
+        if checked:
+            severity, accepted, reason = self._local_outcome(step, result)
+            severity, accepted = self._agree_outcome(severity, accepted)
+            try:
+                changes = self._core.observe(step, OUTCOMES[severity],
+                                             [r for r, ok in zip(self.catalog, accepted) if ok], reason)
+                capture = changes.capture
+            except Exception as e:  # noqa: BLE001 - same input on every rank: same outcome everywhere
+                log.warning("checkpoint certification at step %d failed: %s", step, describe(e))
+                return
+        else:
+            capture = self._core.boundary(step)
+        latest_due = (capture.latest and self.config.latest is not None and self.config.latest_interval > 0
+                      and step % self.config.latest_interval == 0)
+        if capture.durable or latest_due:
+            self._capture(step, capture, latest_due)
+        if changes is not None:
+            if capture.performance_fault:
+                log.warning("SCOUT confirmed a straggler at step %d: the state is captured, the performance fault "
+                            "is in the ReplayResult", step)
+            self._settle_changes(changes)
+            if severity == 3 and self._core.manifest.tainted_since == step:
+                self._decide("sdc", step)
+        if changes is not None or capture.durable or latest_due:
+            self._write_manifest()
+
+    def _local_outcome(self, step: int, result: Any) -> tuple[int, list[bool], str]:
+        try:
+            if result is None:
+                mine = [r for r in self._harness.results if r.step == step]
+                result = mine[-1] if mine else None
+            if result is None:
+                return 2, [False] * len(self.catalog), f"no check result on rank {self.rank}"
+            return outcome_of(result, self.catalog)
+        except Exception as e:  # noqa: BLE001 - an Inconclusive outcome, agreed below
+            return 2, [False] * len(self.catalog), f"rank {self.rank}: {describe(e)}"
+
+    def _agree_outcome(self, severity: int, accepted: list[bool]) -> tuple[int, list[bool]]:
+        """The worst severity and the recipes accepted on every rank (one all-reduce)."""
+        if not self._distributed:
+            return severity, accepted
+        t = torch.tensor([severity] + [0 if ok else 1 for ok in accepted], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._group)
+        values = t.tolist()
+        return values[0], [v == 0 for v in values[1:]]
+
+    def _all_ranks(self, flags: list[bool]) -> list[bool]:
+        if not self._distributed:
+            return flags
+        t = torch.tensor([int(f) for f in flags], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self._group)
+        return [bool(v) for v in t.tolist()]
+
+    # --- captures ----------------------------------------------------------------------
+
+    def location(self, step: int) -> str:
+        return os.path.join(self.config.directory, f"step-{step:08d}")
+
+    def _capture(self, step: int, capture: Any, latest_due: bool) -> None:
+        errors: list[str] = []
+        durable_ok = latest_ok = True
+        if capture.durable:
+            try:
+                with checkpoint_io():
+                    self.config.save_candidate(step, self.location(step))
+            except Exception as e:  # noqa: BLE001 - agreed below: no rank records a partial capture
+                durable_ok = False
+                errors.append(f"save_candidate: {describe(e)}")
+        if latest_due:
+            try:
+                with checkpoint_io():
+                    self.config.latest.save(step, at_boundary=True)
+            except Exception as e:  # noqa: BLE001
+                latest_ok = False
+                errors.append(f"latest snapshot: {describe(e)}")
+        durable_ok, latest_ok = self._all_ranks([durable_ok, latest_ok])
+        if capture.durable and durable_ok:
+            self._core.captured(_core.CkptCheckpoint(f"durable-{step}", step, "durable", capture.state,
+                                                     self.location(step), self.topology, capture.reason))
+        if latest_due and latest_ok:
+            self._core.captured(_core.CkptCheckpoint(f"latest-{step}", step, "latest", "LATEST", "", self.topology,
+                                                     capture.reason))
+            self._forget_removed_snapshots()
+        if (capture.durable and not durable_ok) or (latest_due and not latest_ok):
+            log.warning("checkpoint capture at step %d failed on some rank; nothing was recorded for it%s", step,
+                        (": " + "; ".join(errors)) if errors else "")
+
+    def _forget_removed_snapshots(self) -> None:
+        kept = {f"latest-{s}" for s in self.config.latest.steps()}
+        for c in self._core.manifest.checkpoints:
+            if c.tier == "latest" and c.state != "REJECTED" and c.id not in kept:
+                self._core.removed(c.id)
+
+    def _settle_changes(self, changes: Any) -> None:
+        """The writer commits promoted candidates and quarantines rejected ones (no
+        collectives); every rank drops its own rejected fast-tier snapshots."""
+        manifest = self._core.manifest
+        for what, ids in (("commit_candidate", changes.promoted), ("quarantine_candidate", changes.rejected)):
+            for cid in ids:
+                c = manifest.find(cid)
+                if c is None:
+                    continue
+                if c.tier == "latest":
+                    if what == "quarantine_candidate" and self.config.latest is not None:
+                        self._quietly(lambda: self.config.latest.remove(c.step), f"removing snapshot {cid}")
+                    continue
+                callback = getattr(self.config, what)
+                if self._writer and callback is not None:
+                    self._quietly(lambda: self._one_rank(what, callback, c.location), f"{what}({c.location})")
+
+    @staticmethod
+    def _one_rank(what: str, callback: Any, location: str) -> None:
+        with forbid_collectives(what):
+            callback(location)
+
+    @staticmethod
+    def _quietly(fn: Any, what: str) -> None:
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - certification goes on; the manifest keeps the state
+            log.warning("checkpoint certification: %s failed: %s", what, describe(e))
+
+    def _write_manifest(self) -> None:
+        if self._writer:
+            self._quietly(lambda: self._core.manifest.write(self.config.directory), "writing the trust manifest")
+
+    # --- recovery decisions ------------------------------------------------------------
+
+    def emergency_replay(self) -> str:
+        """Replays the whole catalog on the last iteration's captures, for a hang or an
+        uncertain failure with every rank reachable: "clean", "sdc" or "incomplete" (some
+        recipe inconclusive), agreed over every rank. Collective. Pass it to decide()."""
+        result = self._harness.check()
+        severity, accepted, _ = self._local_outcome(result.step, result)
+        severity, accepted = self._agree_outcome(severity, accepted)
+        if severity == 3:
+            return "sdc"
+        return "clean" if severity < 2 and all(accepted) else "incomplete"
+
+    def decide(self, failure: str, emergency: str = "not_run") -> Any:
+        """The RecoveryDecision for `failure` (sdc, inaccessible, straggler, hang,
+        uncertain), persisted in the manifest and delivered to the hooks. Collective: the
+        writer's decision is the one every rank gets."""
+        return self._decide(failure, self._harness.completed_iterations, emergency)
+
+    def _decide(self, failure: str, step: int, emergency: str = "not_run") -> Any:
+        decision = _core.select_recovery(self._core.manifest, failure, step, emergency, time.time())
+        if self._distributed:
+            box = [decision.to_json() if self._writer else None]
+            dist.broadcast_object_list(box, src=self.config.writer_rank, group=self._group)
+            decision = _core.RecoveryDecision.from_json(box[0])
+        self._core.set_decision(decision)
+        self._write_manifest()
+        if self._distributed:
+            dist.barrier(group=self._group)  # persisted before anyone acts on it
+        log.warning("recovery decision at step %d: %s", step, decision.reason)
+        if self._hooks is not None:
+            self._hooks.deliver_recovery_decision(decision)
+        if self.config.self_healing and failure == "sdc":
+            from lm_resiliency.recovery import leave_for_restart
+
+            leave_for_restart(decision, self.config.exit_code)
+        return decision
+
+    # --- inspection --------------------------------------------------------------------
+
+    @property
+    def manifest(self) -> Any:
+        return self._core.manifest
+
+    def close(self) -> None:
+        if getattr(self, "_handle", None) is not None:
+            self._handle.remove()
+            self._handle = None
+
+
+def read_manifest(config: DurableCheckpointConfig, group: Any = None) -> Any:
+    """The trust manifest in config.directory as the writer reads it (every rank gets the
+    writer's copy when distributed: collective), or a new empty one."""
+    text, error = None, ""
+    writer = not _distributed() or dist.get_rank() == config.writer_rank
+    if writer:
+        try:
+            found = _core.CkptManifest.read(config.directory)
+            text = found.to_json() if found is not None else None
+        except Exception as e:  # noqa: BLE001 - raised on every rank below
+            error = describe(e)
+    if _distributed():
+        box = [(text, error) if writer else None]
+        dist.broadcast_object_list(box, src=config.writer_rank, group=group)
+        text, error = box[0]
+    if error:
+        raise InvalidArgumentError(f"the trust manifest in {config.directory} cannot be read: {error}")
+    return _core.CkptManifest.from_json(text) if text is not None else _core.CkptManifest()

@@ -1,0 +1,89 @@
+"""``DurableCheckpointConfig``: how certification reaches the framework's checkpoint bytes.
+
+The callbacks' execution contract (scout-operational-contract, "Checkpoint Certification
+and Recovery"):
+
+=====================  =============================  ===========
+callback               called on                      collectives
+=====================  =============================  ===========
+save_candidate         every checkpoint rank          allowed
+load_checkpoint        every checkpoint rank          allowed
+commit_candidate       the manifest writer only       not allowed
+quarantine_candidate   the manifest writer only       not allowed
+=====================  =============================  ===========
+
+A collective inside commit or quarantine raises InvalidArgumentError naming the callback
+(it would leave the writer waiting for ranks that never call it). The checkpoint bytes are
+the callbacks' business and must hold model, optimizer, scheduler, input position, RNG
+state and step; ``DurableCheckpointConfig.for_dcp`` builds them over
+torch.distributed.checkpoint (checkpoint/dcp.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable, Optional
+
+from lm_resiliency.checkpoint.latest import LatestTier
+from lm_resiliency.errors import InvalidArgumentError
+
+# The exit status of a rank leaving for a self-healing restart (EX_TEMPFAIL: try again).
+RECOVERY_EXIT_CODE = 75
+
+
+@dataclasses.dataclass
+class DurableCheckpointConfig:
+    directory: str  # the trust manifest (and, for the built-in adapter, the checkpoints)
+    save_candidate: Callable[[int, str], Any]  # (step, location): capture the state now
+    load_checkpoint: Callable[[str], Any]  # (location): restore what save_candidate wrote
+    commit_candidate: Optional[Callable[[str], Any]] = None  # (location): now RECOVERY_VERIFIED
+    quarantine_candidate: Optional[Callable[[str], Any]] = None  # (location): now REJECTED
+    latest: Optional[LatestTier] = None  # the node-local fast tier
+    latest_interval: int = 0  # steps between fast-tier snapshots; 0: none
+    writer_rank: int = 0  # the rank that writes the manifest and runs commit / quarantine
+    # Self-healing (lm_resiliency.recovery): on a decision that needs recovery every rank
+    # leaves at the same boundary with `exit_code`, for torchrun --max-restarts to relaunch.
+    self_healing: bool = False
+    exit_code: int = RECOVERY_EXIT_CODE
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.directory, (str, os.PathLike)) or not os.fspath(self.directory):
+            raise InvalidArgumentError(f"directory must be a non-empty path, got {self.directory!r}")
+        self.directory = os.fspath(self.directory)
+        for name in ("save_candidate", "load_checkpoint"):
+            if not callable(getattr(self, name)):
+                raise InvalidArgumentError(f"{name} must be callable, got {getattr(self, name)!r}")
+        for name in ("commit_candidate", "quarantine_candidate"):
+            value = getattr(self, name)
+            if value is not None and not callable(value):
+                raise InvalidArgumentError(f"{name} must be callable or None, got {value!r}")
+        for name, minimum in (("latest_interval", 0), ("writer_rank", 0), ("exit_code", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise InvalidArgumentError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        if self.exit_code > 255:
+            raise InvalidArgumentError(f"exit_code must be at most 255, got {self.exit_code}")
+        if self.latest_interval and self.latest is None:
+            raise InvalidArgumentError("latest_interval needs a latest tier (latest=LocalSnapshotTier(...))")
+        if self.latest is not None and not isinstance(self.latest, LatestTier):
+            raise InvalidArgumentError(f"latest must be a LatestTier, got {type(self.latest).__name__}")
+        if not isinstance(self.self_healing, bool):
+            raise InvalidArgumentError(f"self_healing must be a bool, got {self.self_healing!r}")
+
+    @classmethod
+    def for_dcp(cls, model: Any, optimizer: Any, directory: str, *, scheduler: Any = None, data_state: Any = None,
+                latest_interval: int = 0, latest_directory: Optional[str] = None, keep_latest: int = 2,
+                **options: Any) -> "DurableCheckpointConfig":
+        """The built-in adapter: durable checkpoints through torch.distributed.checkpoint
+        under `directory`, and (latest_interval > 0) node-local snapshots of each rank's
+        state under `latest_directory` (default: a per-job folder in /dev/shm)."""
+        from lm_resiliency.checkpoint.dcp import DCPCheckpointer
+        from lm_resiliency.checkpoint.latest import LocalSnapshotTier
+
+        callbacks = DCPCheckpointer(model, optimizer, scheduler=scheduler, data_state=data_state).callbacks()
+        latest = None
+        if latest_interval:
+            latest = LocalSnapshotTier(model, optimizer, scheduler=scheduler, data_state=data_state,
+                                       directory=latest_directory, keep=keep_latest)
+        return cls(directory=directory, latest=latest, latest_interval=latest_interval, **callbacks, **options)

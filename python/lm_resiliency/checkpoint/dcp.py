@@ -1,0 +1,350 @@
+"""The built-in durable tier over ``torch.distributed.checkpoint`` (DCP).
+
+Inside: :class:`DCPCheckpointer` (save / async_save / load of model, optimizer, scheduler,
+data position, RNG and step; ``callbacks()`` for DurableCheckpointConfig), and the
+collective-free writer-rank operations :func:`commit_checkpoint`, :func:`quarantine_checkpoint`
+and :func:`checkpoint_problems`.
+
+A checkpoint is a directory:
+
+- the DCP files (``.metadata``, ``__<r>_<i>.distcp``) of ``{"model", "optimizer", "step",
+  "scheduler"}``: model and optimizer come from ``get_state_dict(model, optimizer)``, which
+  handles plain, DDP, FSDP2 and HSDP models alike; DCP deduplicates what ranks hold alike
+  (a replicated scheduler is written once);
+- ``rank-<r>.pt``, one per rank: that rank's RNG and data position. These differ by rank, so
+  they cannot share a DCP key (DCP keeps one copy of a key that several ranks save); a file
+  per rank written with torch.save round-trips the generator states byte for byte;
+- ``lmr-checkpoint.json``: step, world size and what was saved, written last;
+- ``COMMITTED`` once :func:`commit_checkpoint` marked it.
+
+Saves are complete-or-absent: everything is written into ``<path>.partial``; after every rank
+is done, rank 0 renames it to ``<path>`` and fsyncs the parent directory. A directory without
+``.metadata``, the marker or this rank's file is refused by load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Optional
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.nn as nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from lm_resiliency.checkpoint.latest import (DataState, Stateful, advance_scheduler, atomic_save, atomic_write_text, data_getter,
+                                             data_setter, fsync_directory, load_file, rank_and_world, rng_state,
+                                             set_rng_state)
+from lm_resiliency.errors import InvalidArgumentError, LmrIOError, UnsupportedError
+
+__all__ = ["COMMITTED", "MARKER", "DCPCheckpointer", "checkpoint_problems", "commit_checkpoint",
+           "quarantine_checkpoint"]
+
+FORMAT = 1
+MARKER = "lmr-checkpoint.json"
+COMMITTED = "COMMITTED"
+PARTIAL = ".partial"
+_QUARANTINED = re.compile(r"\.quarantined(-\d+)?$")
+
+
+def _rank_file(path: str, rank: int) -> str:
+    return os.path.join(path, f"rank-{rank}.pt")
+
+
+def _read_marker(path: str) -> dict[str, Any]:
+    with open(os.path.join(path, MARKER), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def checkpoint_problems(path: str, rank: Optional[int] = None, needs: tuple[str, ...] = ()) -> list[str]:
+    """What keeps `path` from being a complete checkpoint (empty when it is one): `rank`'s
+    file (every rank's when None), and the parts in `needs` ("scheduler", "data")."""
+    if os.path.basename(path).endswith(PARTIAL):
+        return [f"{path} is an unfinished save (a '{PARTIAL}' directory is never a checkpoint)"]
+    if _QUARANTINED.search(os.path.basename(path)):
+        return [f"{path} was quarantined (kept for the record, not for loading)"]
+    if not os.path.isdir(path):
+        if os.path.isdir(path + PARTIAL):
+            return [f"{path} does not exist; only the unfinished save {path + PARTIAL} does (the save did not "
+                    "complete)"]
+        return [f"{path} does not exist"]
+    problems = []
+    if not os.path.isfile(os.path.join(path, ".metadata")):
+        problems.append(f"{os.path.join(path, '.metadata')} (DCP metadata) is missing")
+    try:
+        marker = _read_marker(path)
+    except FileNotFoundError:
+        return problems + [f"{os.path.join(path, MARKER)} is missing"]
+    except (OSError, ValueError) as e:
+        return problems + [f"{os.path.join(path, MARKER)} is unreadable: {e}"]
+    world = int(marker.get("world_size", 0))
+    for r in range(world) if rank is None else [rank]:
+        if not os.path.isfile(_rank_file(path, r)):
+            problems.append(f"{_rank_file(path, r)} (rank {r}'s RNG and data position) is missing")
+    keys = set(marker.get("keys", []))
+    problems += [f"it was saved without {part} (this loader has one)" for part in needs if part not in keys]
+    return problems
+
+
+def commit_checkpoint(path: str) -> None:
+    """Marks a complete checkpoint committed (``COMMITTED``, written atomically). One writer
+    rank, no collectives. InvalidArgumentError when `path` is not a complete checkpoint."""
+    problems = checkpoint_problems(path)
+    if problems:
+        raise InvalidArgumentError(f"cannot commit {path}: " + "; ".join(problems))
+    marker = _read_marker(path)
+    atomic_write_text(json.dumps({"step": marker.get("step"), "committed": True}) + "\n", os.path.join(path, COMMITTED))
+
+
+def quarantine_checkpoint(path: str) -> str:
+    """Renames checkpoint `path` (or its unfinished ``.partial``) to ``<path>.quarantined``
+    (``-1``, ``-2`` ... when taken), atomically, and returns the new path. One writer rank, no
+    collectives. Quarantining again is a no-op. InvalidArgumentError when there is nothing."""
+    source = path if os.path.isdir(path) else path + PARTIAL if os.path.isdir(path + PARTIAL) else None
+    target = path + ".quarantined"
+    if source is None:
+        if os.path.isdir(target):
+            return target
+        raise InvalidArgumentError(f"cannot quarantine {path}: neither it nor {path + PARTIAL} exists")
+    n = 0
+    while os.path.lexists(target):
+        n += 1
+        target = f"{path}.quarantined-{n}"
+    try:
+        os.rename(source, target)
+    except OSError as e:
+        raise LmrIOError(f"cannot quarantine {source} as {target}: {e}") from e
+    fsync_directory(os.path.dirname(target) or ".")
+    return target
+
+
+def _agree(problem: Optional[str], group: Any = None) -> list[str]:
+    """Every rank's problem (None: none), on every rank: also a barrier."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [problem] if problem else []
+    gathered: list[Optional[str]] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, problem, group=group)
+    return [p for p in gathered if p]
+
+
+def _attempt(fn: Callable[[], Any]) -> Optional[str]:
+    try:
+        fn()
+        return None
+    except Exception as e:  # noqa: BLE001 - shared with the peers, then raised on every rank
+        return f"rank {rank_and_world()[0]}: {type(e).__name__}: {e}"
+
+
+class DCPCheckpointer:
+    """Durable checkpoints of one job. save, async_save and load are collectives (every rank
+    calls them, same path); commit/quarantine are not. `root`: where relative paths (and a
+    path left out: ``<root>/step-<n>``) go. `data_state`: an object with
+    state_dict()/load_state_dict() or a pair of callables (get, set)."""
+
+    def __init__(self, model: nn.Module, optimizer: Stateful, scheduler: Optional[Stateful] = None,
+                 data_state: Optional[DataState] = None, root: Optional[str] = None) -> None:
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self._has_data = data_state is not None
+        self._get_data, self._set_data = data_getter(data_state), data_setter(data_state)
+        self.root = root
+        self._executor: Optional[ThreadPoolExecutor] = None
+        self._async_group: Any = None
+        self._pending: Optional[Future] = None
+        self._lock = threading.Lock()
+
+    # --- paths -------------------------------------------------------------------------------
+
+    def path_for(self, step: int) -> str:
+        if self.root is None:
+            raise InvalidArgumentError("DCPCheckpointer needs a path, or root= to name one after the step")
+        return os.path.join(self.root, f"step-{int(step)}")
+
+    def _resolve(self, path: Optional[str], step: int = 0) -> str:
+        if path is None:
+            return self.path_for(step)
+        path = os.fspath(path)
+        if not path:
+            raise InvalidArgumentError("checkpoint path is empty")
+        if self.root is not None and not os.path.isabs(path):
+            path = os.path.join(self.root, path)
+        return os.path.normpath(os.path.abspath(path))
+
+    # --- what is saved ------------------------------------------------------------------------
+
+    def _keys(self) -> list[str]:
+        return ["model", "optimizer", "step", "rng"] + (["scheduler"] if self.scheduler is not None else []) + (
+            ["data"] if self._has_data else [])
+
+    def _state(self, step: int) -> dict[str, Any]:
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        state: dict[str, Any] = {"model": model_sd, "optimizer": optim_sd, "step": int(step)}
+        if self.scheduler is not None:
+            state["scheduler"] = self.scheduler.state_dict()
+        return state
+
+    def _write_rank_file(self, partial: str, step: int, at_boundary: bool) -> None:
+        rank, world = rank_and_world()
+        record = {"format": FORMAT, "step": int(step), "rank": rank, "world_size": world, "rng": rng_state(),
+                  "data": self._get_data(), "at_boundary": at_boundary}
+        atomic_save(record, _rank_file(partial, rank))
+
+    # --- save ---------------------------------------------------------------------------------
+
+    def _begin(self, path: str) -> str:
+        """A fresh ``<path>.partial`` (rank 0 clears a stale one); every rank waits for it."""
+        partial = path + PARTIAL
+
+        def prepare() -> None:
+            if rank_and_world()[0] == 0:
+                if os.path.lexists(partial):
+                    shutil.rmtree(partial)
+                os.makedirs(partial)
+                fsync_directory(os.path.dirname(partial))
+
+        problems = _agree(_attempt(prepare))
+        if problems:
+            raise LmrIOError(f"cannot start the checkpoint {path}: " + "; ".join(problems))
+        return partial
+
+    def _publish(self, path: str, partial: str, step: int) -> None:
+        """Rank 0: the marker, then ``<partial>`` renamed to `path` (a previous checkpoint
+        there is moved aside first and removed after)."""
+        _, world = rank_and_world()
+        marker = {"format": FORMAT, "step": int(step), "world_size": world, "keys": self._keys()}
+        atomic_write_text(json.dumps(marker) + "\n", os.path.join(partial, MARKER))
+        fsync_directory(partial)
+        aside = None
+        if os.path.lexists(path):
+            aside = f"{path}.replaced-{os.getpid()}"
+            os.rename(path, aside)
+        os.rename(partial, path)
+        fsync_directory(os.path.dirname(path))
+        if aside is not None:
+            shutil.rmtree(aside, ignore_errors=True)
+
+    def _finish(self, step: int, path: str, partial: str, problem: Optional[str], group: Any) -> dict[str, Any]:
+        problems = _agree(problem, group)
+        if not problems:
+            if rank_and_world()[0] == 0:
+                problem = _attempt(lambda: self._publish(path, partial, step))
+            problems = _agree(problem, group)
+        if problems:
+            raise LmrIOError(f"checkpoint {path} of step {step} was not saved: " + "; ".join(problems))
+        return {"step": int(step), "path": path, "keys": self._keys(), "world_size": rank_and_world()[1]}
+
+    def save(self, step: int, path: Optional[str] = None, at_boundary: bool = False) -> dict[str, Any]:
+        """Saves the state after `step` optimizer steps to `path`; returns {step, path, keys,
+        world_size}. Collective. `at_boundary`: called inside the optimizer step (as
+        certification's save_candidate is), so load advances the scheduler by the step the
+        loop had not yet taken (latest.advance_scheduler)."""
+        self.wait()
+        path = self._resolve(path, step)
+        partial = self._begin(path)
+        dcp.save(self._state(step), checkpoint_id=partial)
+        problem = _attempt(lambda: self._write_rank_file(partial, step, at_boundary))
+        return self._finish(step, path, partial, problem, None)
+
+    def async_save(self, step: int, path: Optional[str] = None, at_boundary: bool = False) -> Future:
+        """Like save, but the files are written in the background: returns once the state is
+        staged (copied), with a future whose result() waits for the complete checkpoint (and
+        raises what failed). A save or load first waits for a pending one. The background
+        writes use a gloo group of their own (created by the first call: a collective), so
+        they never interleave with the job's collectives on the default group."""
+        if not hasattr(dcp, "async_save"):
+            raise UnsupportedError("torch.distributed.checkpoint.async_save is not available in this torch")
+        self.wait()
+        path = self._resolve(path, step)
+        partial = self._begin(path)
+        problem = _attempt(lambda: self._write_rank_file(partial, step, at_boundary))  # small; the RNG is now's
+        group = self._group()
+        upload = dcp.async_save(self._state(step), checkpoint_id=partial, process_group=group)
+
+        def complete() -> dict[str, Any]:
+            failed = problem
+            try:
+                upload.result()
+            except Exception as e:  # noqa: BLE001 - DCP raises on every rank alike
+                failed = failed or f"rank {rank_and_world()[0]}: {type(e).__name__}: {e}"
+            return self._finish(step, path, partial, failed, group)
+
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmr-dcp-async")
+            self._pending = self._executor.submit(complete)
+            return self._pending
+
+    def _group(self) -> Any:
+        if self._async_group is None and dist.is_available() and dist.is_initialized():
+            self._async_group = dist.new_group(backend="gloo")
+        return self._async_group
+
+    def wait(self) -> None:
+        """Waits for a pending async_save (its error is raised by its future, not here)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.exception()
+
+    def close(self) -> None:
+        """Waits for a pending async_save and stops the background thread."""
+        self.wait()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    # --- load ---------------------------------------------------------------------------------
+
+    def load(self, path: str) -> int:
+        """Restores everything save wrote (this rank's RNG and data position included) and
+        returns the step. Collective. InvalidArgumentError, on every rank, naming what is
+        missing when `path` is not a complete checkpoint; nothing is changed then."""
+        self.wait()
+        path = self._resolve(path)
+        rank, world = rank_and_world()
+        needs = tuple(k for k in ("scheduler", "data") if k in self._keys())
+        problem = "; ".join(checkpoint_problems(path, rank, needs)) or None
+        if problem is None:
+            saved_world = _read_marker(path).get("world_size")
+            if saved_world != world:
+                problem = f"it was saved by a world of {saved_world} ranks, this one has {world}"
+        problems = _agree(problem)
+        if problems:
+            raise InvalidArgumentError(f"{path} is not a complete checkpoint: " + "; ".join(dict.fromkeys(problems)))
+        state = self._state(-1)
+        dcp.load(state, checkpoint_id=path)
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        record = load_file(_rank_file(path, rank))
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+            if record.get("at_boundary"):
+                advance_scheduler(self.scheduler)
+        if self._has_data:
+            self._set_data(record["data"])
+        set_rng_state(record["rng"])  # last: nothing above may draw from it
+        return int(state["step"])
+
+    # --- DurableCheckpointConfig --------------------------------------------------------------
+
+    def callbacks(self) -> dict[str, Callable[..., Any]]:
+        """save_candidate(step, path) and load_checkpoint(path) -> step: every rank,
+        collectives; commit_candidate(path) and quarantine_candidate(path): one writer rank,
+        no collectives."""
+
+        def save_candidate(step: int, path: str) -> None:
+            self.save(step, path, at_boundary=True)
+
+        def load_checkpoint(path: str) -> int:
+            return self.load(path)
+
+        def commit_candidate(path: str) -> None:
+            commit_checkpoint(self._resolve(path))
+
+        def quarantine_candidate(path: str) -> None:
+            quarantine_checkpoint(self._resolve(path))
+
+        return {"save_candidate": save_candidate, "load_checkpoint": load_checkpoint,
+                "commit_candidate": commit_candidate, "quarantine_candidate": quarantine_candidate}

@@ -1,0 +1,395 @@
+"""The node-local fast tier (LATEST): each rank writes its own state to tmpfs, no collectives.
+
+Inside: :class:`LatestTier`, the interface of a fast tier; :class:`LocalSnapshotTier`, the
+built-in one (``<directory>/step-<n>/rank-<r>.pt``, one ``torch.save`` file per rank,
+written atomically); and the small helpers the durable tier (dcp.py) shares with it:
+:func:`atomic_save` / :func:`fsync_directory` (complete-or-absent files), :func:`rng_state` /
+:func:`set_rng_state` (this rank's RNG) and :func:`data_getter` / :func:`data_setter` (the
+data position).
+
+A snapshot lives in a directory, not in process memory, so it survives a torchrun restart of
+the ranks on the node (tmpfs lasts until the node reboots). It is complete when the file of
+every rank that writes to this directory exists: by default the ranks of this node (from
+torchrun's RANK / LOCAL_RANK / LOCAL_WORLD_SIZE; every rank of the world on one node).
+Whether a step is complete on every node is a job-wide question the caller agrees on.
+"""
+
+from __future__ import annotations
+
+import abc
+import getpass
+import os
+import random
+import re
+import shutil
+import tempfile
+from typing import Any, Callable, Optional, Protocol, Sequence, Union
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+from lm_resiliency.errors import InvalidArgumentError, LmrIOError
+from lm_resiliency.frameworks import select_adapter
+
+__all__ = ["LatestTier", "LocalSnapshotTier", "atomic_save", "data_getter", "data_setter", "default_directory",
+           "fsync_directory", "rng_state", "set_rng_state"]
+
+FORMAT = 1
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state: Any) -> Any: ...
+
+
+# An object with state_dict()/load_state_dict(), or a pair of callables (get, set).
+DataState = Union[Stateful, tuple[Callable[[], Any], Callable[[Any], Any]]]
+
+
+# --- files ------------------------------------------------------------------------------
+
+def fsync_directory(path: str) -> None:
+    """Makes the entries of directory `path` (a create, a rename) durable."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError as e:
+        raise LmrIOError(f"cannot open directory {path} to fsync it: {e}") from e
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        raise LmrIOError(f"cannot fsync directory {path}: {e}") from e
+    finally:
+        os.close(fd)
+
+
+def atomic_save(obj: Any, path: str) -> None:
+    """``torch.save(obj)`` to `path`, complete or absent: a temporary file in the same
+    directory, fsync, os.replace, fsync of the directory. LmrIOError naming the path."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        _remove_quietly(tmp)
+        raise LmrIOError(f"cannot write {path}: {e}") from e
+    except BaseException:
+        _remove_quietly(tmp)
+        raise
+    fsync_directory(folder)
+
+
+def atomic_write_text(text: str, path: str) -> None:
+    """Like :func:`atomic_save`, for a small text file."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        _remove_quietly(tmp)
+        raise LmrIOError(f"cannot write {path}: {e}") from e
+    fsync_directory(folder)
+
+
+def load_file(path: str) -> Any:
+    # weights_only=False: the data position may be any picklable object the job returned.
+    # These files are written by this job for itself; loading one from an untrusted source
+    # is not supported (unpickling runs code).
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except OSError as e:
+        raise LmrIOError(f"cannot read {path}: {e}") from e
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+# --- rank, RNG, data position ---------------------------------------------------------------
+
+def rank_and_world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def rng_state() -> dict[str, Any]:
+    """This rank's RNG: torch's CPU generator, the current CUDA device's generator when CUDA
+    is initialised, and Python's ``random``. Copies (later draws do not change them)."""
+    state: dict[str, Any] = {"cpu": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        device = torch.cuda.current_device()
+        state["cuda"] = torch.cuda.get_rng_state(device)
+        state["cuda_device"] = device
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restores what :func:`rng_state` returned (the CUDA state onto the current device)."""
+    torch.set_rng_state(state["cpu"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"], torch.cuda.current_device())
+
+
+def _check_data_state(data_state: Optional[DataState]) -> None:
+    if data_state is None:
+        return
+    if isinstance(data_state, tuple):
+        if len(data_state) != 2 or not all(callable(f) for f in data_state):
+            raise InvalidArgumentError("data_state must be an object with state_dict()/load_state_dict() or a pair "
+                                       "of callables (get, set)")
+        return
+    if not (callable(getattr(data_state, "state_dict", None)) and callable(getattr(data_state, "load_state_dict",
+                                                                                     None))):
+        raise InvalidArgumentError(f"data_state of type {type(data_state).__name__} has no state_dict()/"
+                                   "load_state_dict(); pass such an object or a pair of callables (get, set)")
+
+
+def data_getter(data_state: Optional[DataState]) -> Callable[[], Any]:
+    _check_data_state(data_state)
+    if data_state is None:
+        return lambda: None
+    return data_state[0] if isinstance(data_state, tuple) else data_state.state_dict
+
+
+def data_setter(data_state: Optional[DataState]) -> Callable[[Any], Any]:
+    _check_data_state(data_state)
+    if data_state is None:
+        return lambda _: None
+    return data_state[1] if isinstance(data_state, tuple) else data_state.load_state_dict
+
+
+def advance_scheduler(scheduler: Any) -> None:
+    """A state captured at the optimizer boundary (inside ``optimizer.step()``, where
+    certification captures) holds the LR scheduler before the loop's ``scheduler.step()``
+    for that iteration; loading it takes that one step, so the next update uses the rate the
+    original run used (the usual loop steps the scheduler once, after the optimizer)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()": intended here
+        scheduler.step()
+
+
+# --- the interface ---------------------------------------------------------------------------
+
+class LatestTier(abc.ABC):
+    """A fast tier: snapshots by step. Each rank calls save/load/remove for its own part; none
+    of them is a collective, so a slow rank never stalls its peers."""
+
+    @abc.abstractmethod
+    def save(self, step: int, at_boundary: bool = False) -> None:
+        """This rank's state after `step` optimizer steps. `at_boundary`: taken inside the
+        optimizer step (by checkpoint certification), before the loop's own scheduler step
+        for it; see :func:`advance_scheduler`."""
+
+    @abc.abstractmethod
+    def load(self, step: int) -> None:
+        """Restores this rank's state of snapshot `step`."""
+
+    @abc.abstractmethod
+    def steps(self) -> list[int]:
+        """The complete snapshots, ascending."""
+
+    @abc.abstractmethod
+    def remove(self, step: int) -> None:
+        """Drops snapshot `step` (after any rank removed its part it is no longer complete)."""
+
+
+def default_directory(job: Optional[str] = None) -> str:
+    """``/dev/shm/lmr-latest-<user>-<job>``; job defaults to TORCHELASTIC_RUN_ID. The system's
+    temporary directory stands in for /dev/shm where there is none."""
+    job = job if job is not None else os.environ.get("TORCHELASTIC_RUN_ID")
+    if not job:
+        raise InvalidArgumentError("LocalSnapshotTier needs directory=, job=, or TORCHELASTIC_RUN_ID in the "
+                                   "environment (torchrun sets it) to name its node-local directory")
+    if "/" in job or job in (".", ".."):
+        raise InvalidArgumentError(f"job {job!r} cannot be part of a directory name")
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    return os.path.join(base, f"lmr-latest-{user}-{job}")
+
+
+def _node_ranks(rank: int, world: int) -> list[int]:
+    """The ranks that write to this node's directory: torchrun numbers a node's ranks
+    contiguously (RANK - LOCAL_RANK onwards, LOCAL_WORLD_SIZE of them)."""
+    try:
+        local_rank, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return list(range(world))
+    first = rank - local_rank
+    if world == 1 or first < 0 or local_world < 1 or first + local_world > world:
+        return list(range(world))
+    return list(range(first, first + local_world))
+
+
+# --- the built-in tier -----------------------------------------------------------------------
+
+class LocalSnapshotTier(LatestTier):
+    """Each rank ``torch.save``s what it holds (its shard, for sharded models) to
+    ``<directory>/step-<n>/rank-<r>.pt``: model and optimizer (get_state_dict with
+    ``full_state_dict=False``, each tensor as this rank's local part), the scheduler, the data
+    position, the RNG and the step. ``keep`` newest complete snapshots are kept: after a save
+    a rank removes its own files of older steps. `ranks`: the ranks whose files make a
+    snapshot complete in this directory (default: this node's)."""
+
+    def __init__(self, model: nn.Module, optimizer: Stateful, scheduler: Optional[Stateful] = None,
+                 data_state: Optional[DataState] = None, directory: Optional[str] = None, keep: int = 2,
+                 job: Optional[str] = None, ranks: Optional[Sequence[int]] = None) -> None:
+        if keep < 1:
+            raise InvalidArgumentError(f"keep must be >= 1, got {keep}")
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self._get_data, self._set_data = data_getter(data_state), data_setter(data_state)
+        self._adapter = select_adapter(model, optimizer)
+        self.directory = os.path.abspath(directory if directory is not None else default_directory(job))
+        self.keep = keep
+        self._ranks = sorted(set(ranks)) if ranks is not None else None
+
+    # Read when used, so a tier made before init_process_group sees the world.
+    @property
+    def rank(self) -> int:
+        return rank_and_world()[0]
+
+    @property
+    def world_size(self) -> int:
+        return rank_and_world()[1]
+
+    @property
+    def ranks(self) -> list[int]:
+        return self._ranks if self._ranks is not None else _node_ranks(*rank_and_world())
+
+    def path(self, step: int, rank: Optional[int] = None) -> str:
+        return os.path.join(self.directory, f"step-{int(step)}", f"rank-{self.rank if rank is None else rank}.pt")
+
+    def _local(self, obj: Any) -> Any:
+        """`obj` with every tensor replaced by this rank's part of it."""
+        if isinstance(obj, torch.Tensor):
+            return self._adapter.local(obj).detach()
+        if isinstance(obj, dict):
+            return {k: self._local(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(self._local(v) for v in obj)
+        return obj
+
+    def _restore(self, current: Any, saved: Any, where: str) -> Any:
+        """Copies the saved local parts into the tensors of `current` (in place, so sharded
+        tensors keep their layout); other values are taken from `saved`."""
+        if isinstance(current, torch.Tensor):
+            if not isinstance(saved, torch.Tensor):
+                raise InvalidArgumentError(f"{where}: the snapshot holds {type(saved).__name__}, not a tensor")
+            local = self._adapter.local(current)
+            if local.shape != saved.shape or local.dtype != saved.dtype:
+                raise InvalidArgumentError(f"{where}: the snapshot holds {tuple(saved.shape)} {saved.dtype}, this rank "
+                                           f"{tuple(local.shape)} {local.dtype} (saved under another layout?)")
+            with torch.no_grad():
+                local.copy_(saved)
+            return current
+        if isinstance(current, dict) and isinstance(saved, dict):
+            return {k: self._restore(current.get(k), v, f"{where}.{k}") for k, v in saved.items()}
+        if isinstance(current, (list, tuple)) and isinstance(saved, (list, tuple)) and len(current) == len(saved):
+            return type(saved)(self._restore(c, s, f"{where}[{i}]") for i, (c, s) in enumerate(zip(current, saved)))
+        return saved
+
+    def save(self, step: int, at_boundary: bool = False) -> None:
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer,
+                                            options=StateDictOptions(full_state_dict=False))
+        snapshot = {"format": FORMAT, "step": int(step), "rank": self.rank, "world_size": self.world_size,
+                    "model": self._local(model_sd), "optimizer": self._local(optim_sd),
+                    "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+                    "data": self._get_data(), "rng": rng_state(), "at_boundary": bool(at_boundary)}
+        path = self.path(step)
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+        except OSError as e:
+            raise LmrIOError(f"cannot create {os.path.dirname(path)}: {e}") from e
+        atomic_save(snapshot, path)
+        self._retain()
+
+    def load(self, step: int) -> None:
+        path = self.path(step)
+        if not os.path.isfile(path):
+            raise InvalidArgumentError(f"no snapshot of step {step} for rank {self.rank}: {path} does not exist")
+        snap = load_file(path)
+        if not isinstance(snap, dict) or snap.get("format") != FORMAT:
+            raise InvalidArgumentError(f"{path} is not a LocalSnapshotTier snapshot (format {FORMAT})")
+        if (snap["rank"], snap["world_size"], snap["step"]) != (self.rank, self.world_size, int(step)):
+            raise InvalidArgumentError(f"{path} holds rank {snap['rank']} of {snap['world_size']} at step "
+                                       f"{snap['step']}, not rank {self.rank} of {self.world_size} at step {step}")
+        if (snap["scheduler"] is None) != (self.scheduler is None):
+            raise InvalidArgumentError(f"{path}: saved {'without' if snap['scheduler'] is None else 'with'} a "
+                                       "scheduler, loaded " + ("with one" if self.scheduler is not None else "without"))
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer,
+                                            options=StateDictOptions(full_state_dict=False))
+        model_sd = self._restore(model_sd, snap["model"], f"{path}: model")
+        optim_sd = self._restore(optim_sd, snap["optimizer"], f"{path}: optimizer")
+        set_state_dict(self.model, self.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd,
+                       options=StateDictOptions(full_state_dict=False))
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(snap["scheduler"])
+            if snap.get("at_boundary"):
+                advance_scheduler(self.scheduler)
+        self._set_data(snap["data"])
+        set_rng_state(snap["rng"])  # last: nothing above may draw from it
+
+    def _saved_steps(self) -> dict[int, str]:
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return {}
+        except OSError as e:
+            raise LmrIOError(f"cannot list {self.directory}: {e}") from e
+        found = {}
+        for name in names:
+            m = _STEP_DIR.match(name)
+            if m:
+                found[int(m.group(1))] = os.path.join(self.directory, name)
+        return found
+
+    def steps(self) -> list[int]:
+        return sorted(s for s in self._saved_steps() if all(os.path.isfile(self.path(s, r)) for r in self.ranks))
+
+    def remove(self, step: int, all_ranks: bool = False) -> None:
+        """Removes this rank's file of `step` (and the step's directory once empty), or with
+        `all_ranks` the whole step directory on this node."""
+        folder = os.path.dirname(self.path(step))
+        if all_ranks:
+            shutil.rmtree(folder, ignore_errors=True)
+            return
+        _remove_quietly(self.path(step))
+        try:
+            os.rmdir(folder)
+        except OSError:
+            pass  # other ranks' files still there, or already gone
+
+    def _retain(self) -> None:
+        """Keeps the `keep` newest complete snapshots and any newer (in progress); removes this
+        rank's files of older steps. A rank only removes its own files, so no rank deletes a
+        snapshot a peer is still completing, and the newest complete one always survives."""
+        complete = self.steps()
+        if len(complete) <= self.keep:
+            oldest_kept = complete[0] if complete else None
+        else:
+            oldest_kept = complete[-self.keep]
+        if oldest_kept is None:
+            return
+        for step in self._saved_steps():
+            if step < oldest_kept:
+                self.remove(step)

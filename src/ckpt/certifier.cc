@@ -1,0 +1,138 @@
+#include "lmr/ckpt/certifier.h"
+
+#include <algorithm>
+
+#include "lmr/ckpt/recovery.h"
+#include "lmr/common/error.h"
+
+namespace lmr::ckpt {
+
+std::string_view name(Outcome outcome) noexcept {
+  switch (outcome) {
+    case Outcome::kHealthy: return "healthy";
+    case Outcome::kStraggler: return "straggler";
+    case Outcome::kInconclusive: return "inconclusive";
+    case Outcome::kSdc: return "sdc";
+  }
+  return "?";
+}
+
+Outcome parseOutcome(std::string_view text) {
+  for (Outcome o : {Outcome::kHealthy, Outcome::kStraggler, Outcome::kInconclusive, Outcome::kSdc})
+    if (name(o) == text) return o;
+  throw InvalidArgument("unknown check outcome \"" + std::string(text) +
+                        "\" (expected healthy, straggler, inconclusive or sdc)");
+}
+
+Certifier::Certifier(std::vector<std::string> catalog, Manifest manifest)
+    : catalog_(std::move(catalog)), catalog_set_(catalog_.begin(), catalog_.end()), manifest_(std::move(manifest)) {
+  if (catalog_set_.empty()) throw InvalidArgument("a certification catalog needs at least one recipe");
+  if (catalog_set_.size() != catalog_.size()) throw InvalidArgument("the certification catalog repeats a recipe");
+  if (!manifest_.checkpoints.empty()) last_step_ = manifest_.checkpoints.back().step;
+}
+
+std::vector<std::string> Certifier::rejectUntrusted(const std::string& reason, std::int64_t after_step) {
+  std::vector<std::string> out;
+  for (auto& c : manifest_.checkpoints) {
+    const bool untrusted = c.state == TrustState::kLatest || c.state == TrustState::kCandidate;
+    const bool abandoned = c.step > after_step && c.state != TrustState::kRejected;
+    if (untrusted || abandoned) {
+      c.state = TrustState::kRejected;
+      c.reason = reason;
+      out.push_back(c.id);
+    }
+  }
+  return out;
+}
+
+Changes Certifier::observe(const CheckOutcome& o) {
+  if (o.step < last_step_)
+    throw InvalidArgument("check after step " + std::to_string(o.step) + " comes after step " +
+                          std::to_string(last_step_));
+  last_step_ = o.step;
+  Changes ch;
+  const std::string at = " at step " + std::to_string(o.step);
+  auto& cap = ch.capture;
+  if (o.outcome == Outcome::kSdc) {
+    if (!manifest_.tainted_since) manifest_.tainted_since = o.step;
+    covered_.clear();
+    // Every checkpoint that no complete cycle validated may hold the fault: none is kept.
+    ch.rejected = rejectUntrusted("SDC detected" + at + (o.reason.empty() ? "" : ": " + o.reason), o.step);
+    cap.reason = "rejected: SDC detected" + at;
+    return ch;
+  }
+  if (manifest_.tainted_since) {
+    cap.reason = "rejected: the state is tainted by SDC detected at step " + std::to_string(*manifest_.tainted_since) +
+                 " until the job recovers";
+    return ch;
+  }
+  if (o.outcome == Outcome::kInconclusive) {
+    cap.reason = "rejected: inconclusive exact evidence" + at + (o.reason.empty() ? "" : ": " + o.reason);
+    return ch;
+  }
+  cap.performance_fault = o.outcome == Outcome::kStraggler;
+  std::size_t this_check = 0;
+  for (const auto& r : o.accepted_recipes) {
+    if (catalog_set_.count(r)) {
+      covered_.insert(r);
+      ++this_check;
+    }
+  }
+  const bool dense = this_check == catalog_set_.size();
+  if (covered_.size() < catalog_set_.size()) {
+    cap.latest = true;
+    cap.reason = "accepted" + at + "; cycle " + std::to_string(covered_.size()) + "/" +
+                 std::to_string(catalog_set_.size()) + " recipes";
+    return ch;
+  }
+  covered_.clear();
+  for (auto& c : manifest_.checkpoints) {
+    if (c.state == TrustState::kCandidate && c.step < o.step) {
+      c.state = TrustState::kRecoveryVerified;
+      c.certified_at = o.step;
+      c.reason = "promoted: the cycle ending" + at + " was accepted";
+      ch.promoted.push_back(c.id);
+    }
+  }
+  cap.durable = true;
+  cap.latest = true;
+  cap.state = dense ? TrustState::kRecoveryVerified : TrustState::kCandidate;
+  cap.reason = dense ? "dense check accepted" + at : "catalog cycle complete and accepted" + at;
+  return ch;
+}
+
+CaptureDecision Certifier::boundary(std::int64_t step) const {
+  CaptureDecision cap;
+  if (manifest_.tainted_since) {
+    cap.reason = "rejected: the state is tainted by SDC detected at step " + std::to_string(*manifest_.tainted_since);
+    return cap;
+  }
+  cap.latest = true;
+  cap.reason = "no check at step " + std::to_string(step);
+  return cap;
+}
+
+void Certifier::captured(Checkpoint checkpoint) {
+  if (manifest_.find(checkpoint.id)) throw InvalidArgument("checkpoint id \"" + checkpoint.id + "\" already exists");
+  if (!manifest_.checkpoints.empty() && checkpoint.step < manifest_.checkpoints.back().step)
+    throw InvalidArgument("checkpoint \"" + checkpoint.id + "\" at step " + std::to_string(checkpoint.step) +
+                          " is older than the last one (step " + std::to_string(manifest_.checkpoints.back().step) +
+                          ")");
+  if (checkpoint.state == TrustState::kCandidate || checkpoint.state == TrustState::kRecoveryVerified)
+    checkpoint.certified_at = checkpoint.step;
+  manifest_.checkpoints.push_back(std::move(checkpoint));
+}
+
+void Certifier::removed(const std::string& id) {
+  auto& list = manifest_.checkpoints;
+  list.erase(std::remove_if(list.begin(), list.end(), [&](const Checkpoint& c) { return c.id == id; }), list.end());
+}
+
+std::vector<Checkpoint> Certifier::recovered(const std::string& id) {
+  auto out = applyRecovery(manifest_, id);
+  covered_.clear();
+  last_step_ = manifest_.find(id)->step;
+  return out;
+}
+
+}  // namespace lmr::ckpt

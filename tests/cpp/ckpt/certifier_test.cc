@@ -1,0 +1,158 @@
+#include "lmr/ckpt/certifier.h"
+
+#include <gtest/gtest.h>
+
+#include "lmr/common/error.h"
+
+namespace lmr::ckpt {
+namespace {
+
+const std::vector<std::string> kCatalog = {"embedding", "hidden.0", "hidden.1", "output"};
+
+CheckOutcome ok(std::int64_t step, std::vector<std::string> recipes, Outcome o = Outcome::kHealthy) {
+  return CheckOutcome{step, o, std::move(recipes), ""};
+}
+
+Checkpoint durable(std::int64_t step, TrustState state) {
+  return Checkpoint{
+      "durable-" + std::to_string(step), step, Tier::kDurable, state, "/ck/" + std::to_string(step), "topo", "", -1};
+}
+
+Checkpoint latest(std::int64_t step) {
+  return Checkpoint{"latest-" + std::to_string(step), step, Tier::kLatest, TrustState::kLatest, "", "topo", "", -1};
+}
+
+TrustState stateOf(const Certifier& c, const std::string& id) { return c.manifest().find(id)->state; }
+
+// Rotating catalog: one recipe per check. Steps 1-4 cover it (candidate at 4), 5-8 again
+// (the candidate is promoted at 8 and the state at 8 becomes the next candidate).
+TEST(Certifier, RotatingCatalogMakesCandidateThenPromotesIt) {
+  Certifier c(kCatalog, Manifest{});
+  for (int s = 1; s <= 3; ++s) {
+    auto ch = c.observe(ok(s, {kCatalog[s - 1]}));
+    EXPECT_FALSE(ch.capture.durable) << s;
+    EXPECT_TRUE(ch.capture.latest);
+  }
+  auto ch = c.observe(ok(4, {"output"}));
+  ASSERT_TRUE(ch.capture.durable);
+  EXPECT_EQ(ch.capture.state, TrustState::kCandidate);
+  EXPECT_TRUE(ch.promoted.empty());
+  c.captured(durable(4, ch.capture.state));
+  for (int s = 5; s <= 7; ++s) EXPECT_FALSE(c.observe(ok(s, {kCatalog[s - 5]})).capture.durable);
+  EXPECT_EQ(stateOf(c, "durable-4"), TrustState::kCandidate);
+  ch = c.observe(ok(8, {"output"}));
+  EXPECT_EQ(ch.promoted, std::vector<std::string>{"durable-4"});
+  EXPECT_EQ(stateOf(c, "durable-4"), TrustState::kRecoveryVerified);
+  EXPECT_EQ(c.manifest().find("durable-4")->certified_at, 8);
+  EXPECT_EQ(ch.capture.state, TrustState::kCandidate);
+}
+
+TEST(Certifier, DenseAcceptedCheckVerifiesImmediately) {
+  Certifier c(kCatalog, Manifest{});
+  auto ch = c.observe(ok(10, kCatalog));
+  ASSERT_TRUE(ch.capture.durable);
+  EXPECT_EQ(ch.capture.state, TrustState::kRecoveryVerified);
+  c.captured(durable(10, ch.capture.state));
+  EXPECT_EQ(c.manifest().find("durable-10")->certified_at, 10);
+}
+
+TEST(Certifier, SdcRejectsEveryUnvalidatedCheckpointAndTaintsUntilRecovery) {
+  Certifier c(kCatalog, Manifest{});
+  c.captured(durable(4, c.observe(ok(4, kCatalog)).capture.state));  // verified
+  c.observe(ok(5, {"embedding"}));
+  c.captured(latest(5));
+  for (int s = 6; s <= 8; ++s) c.observe(ok(s, {kCatalog[s - 5]}));
+  c.captured(durable(8, TrustState::kCandidate));
+  auto ch = c.observe(CheckOutcome{9, Outcome::kSdc, {}, "hidden.1.params"});
+  EXPECT_FALSE(ch.capture.durable);
+  EXPECT_FALSE(ch.capture.latest);
+  EXPECT_EQ(ch.rejected, (std::vector<std::string>{"latest-5", "durable-8"}));
+  EXPECT_EQ(stateOf(c, "durable-4"), TrustState::kRecoveryVerified);
+  EXPECT_EQ(c.manifest().tainted_since, 9);
+  // Later checks agree (another recipe) but the state stays tainted.
+  for (int s = 10; s <= 20; ++s) {
+    auto later = c.observe(ok(s, kCatalog));
+    EXPECT_FALSE(later.capture.durable) << s;
+    EXPECT_FALSE(later.capture.latest) << s;
+    EXPECT_TRUE(later.promoted.empty());
+  }
+  EXPECT_FALSE(c.boundary(21).latest);
+  auto abandoned = c.recovered("durable-4");
+  ASSERT_EQ(abandoned.size(), 2u);  // the rejected ones after step 4 leave with the abandoned timeline
+  EXPECT_EQ(c.manifest().checkpoints.size(), 1u);
+  EXPECT_FALSE(c.manifest().tainted_since);
+  EXPECT_EQ(c.manifest().generation, 1);
+  EXPECT_TRUE(c.boundary(5).latest);
+}
+
+TEST(Certifier, InconclusiveCountsForNothingAndBlocksTheCurrentState) {
+  Certifier c(kCatalog, Manifest{});
+  c.observe(ok(1, {"embedding", "hidden.0"}));
+  auto ch = c.observe(CheckOutcome{2, Outcome::kInconclusive, {"hidden.1"}, "missing_capture"});
+  EXPECT_FALSE(ch.capture.durable);
+  EXPECT_FALSE(ch.capture.latest);
+  EXPECT_EQ(c.covered(), (std::vector<std::string>{"embedding", "hidden.0"}));
+  EXPECT_FALSE(c.observe(ok(3, {"output"})).capture.durable);  // hidden.1 still missing
+  EXPECT_TRUE(c.observe(ok(4, {"hidden.1"})).capture.durable);
+  EXPECT_FALSE(c.manifest().tainted_since);
+}
+
+TEST(Certifier, StragglerWithoutSdcStillCertifiesAndReportsIt) {
+  Certifier c(kCatalog, Manifest{});
+  auto ch = c.observe(ok(3, kCatalog, Outcome::kStraggler));
+  EXPECT_TRUE(ch.capture.durable);
+  EXPECT_TRUE(ch.capture.performance_fault);
+  EXPECT_EQ(ch.capture.state, TrustState::kRecoveryVerified);
+}
+
+TEST(Certifier, SdcDuringTheNextCycleRejectsTheCandidate) {
+  Certifier c(kCatalog, Manifest{});
+  for (int s = 1; s <= 4; ++s) c.observe(ok(s, {kCatalog[s - 1]}));
+  c.captured(durable(4, TrustState::kCandidate));
+  c.observe(ok(5, {"embedding"}));
+  auto ch = c.observe(CheckOutcome{6, Outcome::kSdc, {}, "hidden.0.output"});
+  EXPECT_EQ(ch.rejected, std::vector<std::string>{"durable-4"});
+  EXPECT_NE(c.manifest().find("durable-4")->reason.find("SDC detected at step 6"), std::string::npos);
+}
+
+TEST(Certifier, RecoveryAbandonsLaterCheckpointsAndRestartsTheCycle) {
+  Certifier c(kCatalog, Manifest{});
+  c.captured(durable(4, c.observe(ok(4, kCatalog)).capture.state));
+  c.observe(ok(5, {"embedding", "hidden.0"}));
+  c.captured(latest(5));
+  c.captured(latest(6));
+  auto abandoned = c.recovered("durable-4");
+  ASSERT_EQ(abandoned.size(), 2u);
+  EXPECT_EQ(abandoned[0].id, "latest-5");
+  EXPECT_EQ(abandoned[1].id, "latest-6");
+  EXPECT_TRUE(c.covered().empty());
+  // Steps restart from the checkpoint's, and the same ids can be captured again.
+  EXPECT_NO_THROW(c.observe(ok(5, {"embedding"})));
+  EXPECT_NO_THROW(c.captured(latest(5)));
+}
+
+TEST(Certifier, RefusesBadInput) {
+  EXPECT_THROW(Certifier({}, Manifest{}), InvalidArgument);
+  EXPECT_THROW(Certifier({"a", "a"}, Manifest{}), InvalidArgument);
+  Certifier c(kCatalog, Manifest{});
+  c.observe(ok(5, {"embedding"}));
+  EXPECT_THROW(c.observe(ok(4, {"embedding"})), InvalidArgument);
+  c.captured(latest(5));
+  EXPECT_THROW(c.captured(latest(5)), InvalidArgument);
+  EXPECT_THROW(c.captured(latest(3)), InvalidArgument);
+  EXPECT_THROW(c.recovered("nope"), InvalidArgument);
+  c.observe(CheckOutcome{6, Outcome::kSdc, {}, ""});
+  EXPECT_THROW(c.recovered("latest-5"), InvalidArgument);  // rejected
+}
+
+TEST(Certifier, ContinuesFromAPersistedManifest) {
+  Manifest m;
+  m.checkpoints = {durable(4, TrustState::kCandidate)};
+  Certifier c(kCatalog, m);
+  EXPECT_THROW(c.observe(ok(3, kCatalog)), InvalidArgument);  // before the last checkpoint
+  auto ch = c.observe(ok(8, kCatalog));
+  EXPECT_EQ(ch.promoted, std::vector<std::string>{"durable-4"});
+}
+
+}  // namespace
+}  // namespace lmr::ckpt

@@ -1,0 +1,68 @@
+#include "lmr/ckpt/recovery.h"
+
+#include <gtest/gtest.h>
+
+#include "lmr/common/error.h"
+
+namespace lmr::ckpt {
+namespace {
+
+Manifest manifest() {
+  Manifest m;
+  m.topology = "t1";
+  m.checkpoints = {{"durable-4", 4, Tier::kDurable, TrustState::kRecoveryVerified, "/ck/4", "t1", "", 4},
+                   {"durable-8", 8, Tier::kDurable, TrustState::kCandidate, "/ck/8", "t1", "", 8},
+                   {"latest-9", 9, Tier::kLatest, TrustState::kLatest, "", "t1", "", -1},
+                   {"latest-10", 10, Tier::kLatest, TrustState::kRejected, "", "t1", "", -1}};
+  return m;
+}
+
+TEST(Recovery, SelectionFollowsTheFailure) {
+  const Manifest m = manifest();
+  for (Failure f : {Failure::kSdc, Failure::kInaccessible}) {
+    auto d = selectRecovery(m, f, 12);
+    EXPECT_EQ(d.mode, "rollback_verified");
+    EXPECT_EQ(d.checkpoint_id, "durable-4");
+    EXPECT_EQ(d.source, "RECOVERY_VERIFIED");
+    EXPECT_TRUE(d.available);
+    EXPECT_EQ(d.decided_at, 12);
+  }
+  auto d = selectRecovery(m, Failure::kStraggler, 12);
+  EXPECT_EQ(d.mode, "resume_latest");
+  EXPECT_EQ(d.checkpoint_id, "latest-9");  // the rejected latest-10 is never chosen
+  EXPECT_EQ(d.tier, "latest");
+  EXPECT_EQ(selectRecovery(m, Failure::kHang, 12, EmergencyReplay::kClean).checkpoint_id, "latest-9");
+  for (EmergencyReplay e : {EmergencyReplay::kNotRun, EmergencyReplay::kIncomplete, EmergencyReplay::kSdc}) {
+    EXPECT_EQ(selectRecovery(m, Failure::kHang, 12, e).checkpoint_id, "durable-4");
+    EXPECT_EQ(selectRecovery(m, Failure::kUncertain, 12, e).checkpoint_id, "durable-4");
+  }
+}
+
+TEST(Recovery, TaintedStateNeverResumesFromUnverified) {
+  Manifest m = manifest();
+  m.tainted_since = 9;
+  EXPECT_EQ(selectRecovery(m, Failure::kStraggler, 12).checkpoint_id, "durable-4");
+}
+
+TEST(Recovery, OtherTopologiesAndNothingVerifiedAreUnavailable) {
+  Manifest m = manifest();
+  m.checkpoints[0].topology = "t0";
+  auto d = selectRecovery(m, Failure::kSdc, 12);
+  EXPECT_FALSE(d.available);
+  EXPECT_EQ(d.mode, "unavailable");
+  EXPECT_EQ(d.step, -1);
+  EXPECT_NE(d.reason.find("no RECOVERY_VERIFIED checkpoint"), std::string::npos);
+  EXPECT_THROW(requireTopology(m.checkpoints[0], "t1"), InvalidArgument);
+  EXPECT_NO_THROW(requireTopology(m.checkpoints[1], "t1"));
+  EXPECT_FALSE(selectRecovery(Manifest{}, Failure::kStraggler, 0).available);
+}
+
+TEST(Recovery, NamesParse) {
+  EXPECT_EQ(parseFailure("hang"), Failure::kHang);
+  EXPECT_EQ(parseEmergencyReplay("clean"), EmergencyReplay::kClean);
+  EXPECT_THROW(parseFailure("Hang"), InvalidArgument);
+  EXPECT_THROW(parseEmergencyReplay(""), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace lmr::ckpt

@@ -1,0 +1,186 @@
+"""Per-rank bodies of the checkpoint certification and recovery tests (importable by
+spawned ranks): the reference workload with AdamW, an LR schedule and a data position,
+SCOUT every 2 steps, certification over the built-in DCP adapter and the fast tier."""
+
+import json
+import os
+
+import torch
+import torch.distributed as dist
+
+import lm_resiliency as lmr
+from lm_resiliency.checkpoint import CheckpointCertifier, CkptManifest, DurableCheckpointConfig
+from lm_resiliency.recovery import resume
+from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
+from lm_resiliency.signature import signature
+from lm_resiliency.workloads import TrainConfig, build, train_step
+from injection_util import campaign, incident
+
+STEPS = 20
+BLOCK0 = {"component": "transformer_block", "index": 0}
+
+
+class Position:
+    """The data position: batches consumed (the loop updates it when it takes a batch)."""
+
+    def __init__(self):
+        self.consumed = 0
+
+    def state_dict(self):
+        return {"consumed": self.consumed}
+
+    def load_state_dict(self, state):
+        self.consumed = int(state["consumed"])
+
+
+def weight_fault(at):
+    """A permanent weight fault on rank 1: only a recovery ends it."""
+    return campaign(incident("weight", [at], "tensor_corruption", {"rank": 1, **BLOCK0, "surface": "weight"},
+                             {"operation": "scale", "factor": 4.0, "scope": "1%", "parameter": "attention.wq.weight"},
+                             {"until": "recovery"}))
+
+
+def output_fault(at):
+    """A permanent compute fault on rank 1 (block 0's output): under pure FSDP, where no
+    replica holds the same shard, this is the SDC replay sees (issue 17 covers state)."""
+    return campaign(incident("output", [at], "tensor_corruption", {"rank": 1, **BLOCK0, "surface": "output"},
+                             {"operation": "scale", "factor": 3.0, "scope": "row"}, {"until": "recovery"}))
+
+
+# The persistent SDC each layout's test injects.
+SDC_FAULT = {"ddp": weight_fault, "fsdp2": output_fault, "hsdp": weight_fault}
+
+
+def straggler_fault():
+    return campaign(incident("slow", [3], "delay", {"rank": 1, **BLOCK0, "surface": "compute"}, {"delay_ms": 60},
+                             {"iterations": 14}))
+
+
+class Job:
+    def __init__(self, parallel, directory, seed=0, latest_interval=3, self_healing=False):
+        self.cfg = TrainConfig(parallel=parallel, steps=STEPS, seed=seed)
+        self.model, self.opt, self.data, self.device = build(self.cfg)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: 1.0 / (1.0 + 0.05 * s))
+        self.pos = Position()
+        self.config = DurableCheckpointConfig.for_dcp(
+            self.model, self.opt, directory, scheduler=self.sched, data_state=self.pos,
+            latest_interval=latest_interval, latest_directory=os.path.join(directory, "latest"),
+            self_healing=self_healing)
+
+    def certify(self, start=0, campaign_=None, state_dir=None):
+        self.harness = ReplayHarness(self.model, self.opt, ReplayHarnessConfig(check_interval=2,
+                                                                               optimizer_slice_size=64),
+                                     completed_iterations=start)
+        self.certifier = CheckpointCertifier(self.harness, self.config)
+        self.session = None
+        if campaign_ is not None:
+            store = lmr.JsonCampaignStateStore(os.path.join(state_dir, f"journal-{dist.get_rank()}.json"))
+            self.session = lmr.enable_fault_injection(self.model, self.opt, campaign=campaign_, state_store=store,
+                                                      completed_iterations=start)
+        return self
+
+    def train(self, start, stop):
+        losses = []
+        for step in range(start, stop):
+            self.pos.consumed = step + 1
+            loss = train_step(self.model, self.opt, self.data, self.device, step)
+            self.sched.step()
+            dist.all_reduce(loss)
+            losses.append(loss.item())
+        return losses
+
+    def close(self):
+        if getattr(self, "session", None) is not None:
+            self.session.close()
+        self.certifier.close()
+        self.harness.close()
+
+    def state_signatures(self):
+        """Signatures of every local parameter and optimizer state tensor, the scheduler,
+        the data position and the RNG: what a resume must restore bitwise."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.opt)
+        out = {}
+        for prefix, tree in (("model", model_sd), ("optimizer", optim_sd.get("state", {}))):
+            for key, value in _flatten(tree):
+                local = value.to_local() if hasattr(value, "to_local") else value
+                if isinstance(local, torch.Tensor):
+                    out[f"{prefix}.{key}"] = signature(local.detach().contiguous()).hex()
+                else:
+                    out[f"{prefix}.{key}"] = repr(local)
+        out["scheduler"] = repr(sorted((k, v) for k, v in self.sched.state_dict().items() if k != "lr_lambdas"))
+        out["lr"] = repr([g["lr"] for g in self.opt.param_groups])
+        out["data"] = self.pos.consumed
+        out["rng"] = signature(torch.get_rng_state()).hex()
+        return out
+
+
+def _flatten(tree, prefix=""):
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            yield from _flatten(v, f"{prefix}{k}.")
+    else:
+        yield prefix.rstrip("."), tree
+
+
+def sdc_run(parallel, directory):
+    """A permanent SDC at step 11; certification over 20 steps. Returns what the
+    manifest says and what each rank saw."""
+    job = Job(parallel, directory).certify(campaign_=SDC_FAULT[parallel](11), state_dir=directory)
+    saved = {}
+
+    def remember(step):
+        saved[step] = job.state_signatures()
+
+    original = job.config.save_candidate
+
+    def save_and_remember(step, location):
+        original(step, location)
+        remember(step)
+
+    job.config.save_candidate = save_and_remember
+    job.train(0, STEPS)
+    manifest = job.certifier.manifest
+    results = [(r.step, r.status, r.sdc_ranks or (["split"] if any(v.startswith("no_majority") for v in
+                                                               r.inconclusive_reasons.values()) else []))
+               for r in job.harness.results]
+    job.close()
+    return {"manifest": manifest.to_json(), "results": results, "saved": saved, "rank": dist.get_rank()}
+
+
+def resume_run(parallel, directory, steps):
+    """A fresh world. First the uninterrupted fault-free run (same seed), for the state after
+    each iteration; then a fault-free run that loads the decision's checkpoint and trains on
+    without SCOUT; then a job built with another seed resumes through the manifest's decision
+    and trains to the end with SCOUT and certification on."""
+    ref = Job(parallel, os.path.join(directory, "reference"), latest_interval=0)
+    states = {}
+    for step in range(steps):
+        ref.train(step, step + 1)
+        states[step + 1] = ref.state_signatures()
+    decision = json.loads(CkptManifest.read(directory).to_json())["decision"]
+    plain = Job(parallel, os.path.join(directory, "plain"), seed=7, latest_interval=0)
+    plain.data = ref.data
+    plain.config.load_checkpoint(decision["location"])
+    reference = plain.train(decision["step"], steps)
+    job = Job(parallel, directory, seed=123)  # another initialisation ...
+    job.data = ref.data  # ... of the same model on the same data
+    resumed = resume(job.config, job.model, job.opt)
+    state = job.state_signatures()
+    job.certify(start=resumed.step)
+    losses = job.train(resumed.step, steps)
+    manifest = job.certifier.manifest
+    job.close()
+    return {"step": resumed.step, "checkpoint": resumed.decision.checkpoint_id, "state": state,
+            "reference_state": states[resumed.step], "losses": losses, "reference": reference,
+            "manifest": manifest.to_json(), "rank": dist.get_rank()}
+
+
+def straggler_run(parallel, directory):
+    job = Job(parallel, directory).certify(campaign_=straggler_fault(), state_dir=directory)
+    job.train(0, STEPS)
+    manifest = job.certifier.manifest
+    results = [(r.step, r.status, r.straggler_ranks, r.sdc_ranks) for r in job.harness.results]
+    job.close()
+    return {"manifest": manifest.to_json(), "results": results}
