@@ -136,8 +136,9 @@ def sdc_run(parallel, directory):
     original = job.config.save_candidate
 
     def save_and_remember(step, location):
-        original(step, location)
+        handle = original(step, location)  # a future: the built-in adapter saves asynchronously
         remember(step)
+        return handle
 
     job.config.save_candidate = save_and_remember
     job.train(0, STEPS)

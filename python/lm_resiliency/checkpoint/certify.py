@@ -58,8 +58,7 @@ def outcome_of(result: Any, catalog: list[str]) -> tuple[int, list[bool], str]:
 
 class CheckpointCertifier:
     """Certifies checkpoints from the checks of `harness` (a ReplayHarness). Construct it on
-    every rank after the harness (collective); it needs no call in the training loop.
-    ``checkpoint_now()`` runs a dense check and captures (collective)."""
+    every rank after the harness (collective); it needs no call in the training loop."""
 
     def __init__(self, harness: Any, config: DurableCheckpointConfig,
                  hooks: Optional[OrchestrationHooks] = None) -> None:
@@ -81,6 +80,7 @@ class CheckpointCertifier:
         manifest = read_manifest(config, self._group)
         manifest.topology = self.topology
         self._core = _core.Certifier(self.catalog, manifest)
+        self._pending_save: Optional[tuple] = None  # (step, state, reason, future) of an async save
         self._handle = attachment.add_listener(self, CERTIFICATION)
 
     # --- the optimizer boundary --------------------------------------------------------
@@ -95,16 +95,10 @@ class CheckpointCertifier:
         except Exception as e:  # noqa: BLE001 - the step the user called must not fail
             log.warning("checkpoint certification at step %d failed: %s", step, describe(e))
 
-    def checkpoint_now(self) -> Any:
-        """A dense check of the last iteration (every recipe), then the capture it allows
-        (a dense accepted check certifies at once). Collective. Returns the ReplayResult."""
-        result = self._harness.check()
-        self._boundary(self._harness.completed_iterations, True, result)
-        return result
-
     def _boundary(self, step: int, checked: bool, result: Any = None) -> None:
         changes = None
         if checked:
+            self._finish_pending_save()
             severity, accepted, reason = self._local_outcome(step, result)
             severity, accepted = self._agree_outcome(severity, accepted)
             try:
@@ -118,6 +112,8 @@ class CheckpointCertifier:
             capture = self._core.boundary(step)
         latest_due = (capture.latest and self.config.latest is not None and self.config.latest_interval > 0
                       and step % self.config.latest_interval == 0)
+        if latest_due and not checked:
+            self._finish_pending_save()  # captures are recorded in step order
         if capture.durable or latest_due:
             self._capture(step, capture, latest_due)
         if changes is not None:
@@ -165,10 +161,11 @@ class CheckpointCertifier:
     def _capture(self, step: int, capture: Any, latest_due: bool) -> None:
         errors: list[str] = []
         durable_ok = latest_ok = True
+        handle = None
         if capture.durable:
             try:
                 with checkpoint_io():
-                    self.config.save_candidate(step, self.location(step))
+                    handle = self.config.save_candidate(step, self.location(step))
             except Exception as e:  # noqa: BLE001 - agreed below: no rank records a partial capture
                 durable_ok = False
                 errors.append(f"save_candidate: {describe(e)}")
@@ -180,7 +177,12 @@ class CheckpointCertifier:
                 latest_ok = False
                 errors.append(f"latest snapshot: {describe(e)}")
         durable_ok, latest_ok = self._all_ranks([durable_ok, latest_ok])
-        if capture.durable and durable_ok:
+        if capture.durable and durable_ok and callable(getattr(handle, "result", None)):
+            # An asynchronous save (a future): recorded once complete, at the next boundary
+            # that checks or captures (_finish_pending_save), so training is stalled only
+            # for the staging.
+            self._pending_save = (step, capture.state, capture.reason, handle)
+        elif capture.durable and durable_ok:
             self._core.captured(_core.CkptCheckpoint(f"durable-{step}", step, "durable", capture.state,
                                                      self.location(step), self.topology, capture.reason))
         if latest_due and latest_ok:
@@ -190,6 +192,26 @@ class CheckpointCertifier:
         if (capture.durable and not durable_ok) or (latest_due and not latest_ok):
             log.warning("checkpoint capture at step %d failed on some rank; nothing was recorded for it%s", step,
                         (": " + "; ".join(errors)) if errors else "")
+
+    def _finish_pending_save(self) -> None:
+        """Waits for an asynchronous save_candidate (normally long done) and records it when
+        it completed on every rank. Collective: every rank has the same pending save."""
+        pending, self._pending_save = self._pending_save, None
+        if pending is None:
+            return
+        step, state, reason, handle = pending
+        ok, error = True, ""
+        try:
+            with checkpoint_io():
+                handle.result()
+        except Exception as e:  # noqa: BLE001 - agreed below
+            ok, error = False, describe(e)
+        if self._all_ranks([ok])[0]:
+            self._core.captured(_core.CkptCheckpoint(f"durable-{step}", step, "durable", state, self.location(step),
+                                                     self.topology, reason))
+        else:
+            log.warning("the asynchronous checkpoint of step %d failed on some rank; nothing was recorded for it%s",
+                        step, f": {error}" if error else "")
 
     def _forget_removed_snapshots(self) -> None:
         kept = {f"latest-{s}" for s in self.config.latest.steps()}
@@ -233,9 +255,12 @@ class CheckpointCertifier:
     # --- recovery decisions ------------------------------------------------------------
 
     def emergency_replay(self) -> str:
-        """Replays the whole catalog on the last iteration's captures, for a hang or an
-        uncertain failure with every rank reachable: "clean", "sdc" or "incomplete" (some
-        recipe inconclusive), agreed over every rank. Collective. Pass it to decide()."""
+        """A full check now on the last iteration's captures (``harness.check()``), for a hang
+        or an uncertain failure with every rank reachable: "sdc", "clean" when it agreed and
+        covered the whole catalog, else "incomplete"; agreed over every rank. Collective; pass
+        it to decide(). One check replays one hidden layer and one optimizer slice, so it is
+        complete only for a catalog of one of each; otherwise the decision falls back to
+        RECOVERY_VERIFIED, as the selection rule requires."""
         result = self._harness.check()
         severity, accepted, _ = self._local_outcome(result.step, result)
         severity, accepted = self._agree_outcome(severity, accepted)
@@ -275,9 +300,17 @@ class CheckpointCertifier:
         return self._core.manifest
 
     def close(self) -> None:
+        """Records an asynchronous save still pending, then detaches. Collective (every rank
+        closes at the same point)."""
         if getattr(self, "_handle", None) is not None:
             self._handle.remove()
             self._handle = None
+            try:
+                if self._pending_save is not None:
+                    self._finish_pending_save()
+                    self._write_manifest()
+            except Exception as e:  # noqa: BLE001
+                log.warning("checkpoint certification could not record its last save: %s", describe(e))
 
 
 def read_manifest(config: DurableCheckpointConfig, group: Any = None) -> Any:

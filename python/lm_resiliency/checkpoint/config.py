@@ -35,7 +35,9 @@ RECOVERY_EXIT_CODE = 75
 @dataclasses.dataclass
 class DurableCheckpointConfig:
     directory: str  # the trust manifest (and, for the built-in adapter, the checkpoints)
-    save_candidate: Callable[[int, str], Any]  # (step, location): capture the state now
+    # (step, location): capture the state now. It may return a future (an object with
+    # result()): the checkpoint is then recorded once that completes.
+    save_candidate: Callable[[int, str], Any]
     load_checkpoint: Callable[[str], Any]  # (location): restore what save_candidate wrote
     commit_candidate: Optional[Callable[[str], Any]] = None  # (location): now RECOVERY_VERIFIED
     quarantine_candidate: Optional[Callable[[str], Any]] = None  # (location): now REJECTED
@@ -74,14 +76,15 @@ class DurableCheckpointConfig:
     @classmethod
     def for_dcp(cls, model: Any, optimizer: Any, directory: str, *, scheduler: Any = None, data_state: Any = None,
                 latest_interval: int = 0, latest_directory: Optional[str] = None, keep_latest: int = 2,
-                **options: Any) -> "DurableCheckpointConfig":
+                async_save: bool = True, **options: Any) -> "DurableCheckpointConfig":
         """The built-in adapter: durable checkpoints through torch.distributed.checkpoint
-        under `directory`, and (latest_interval > 0) node-local snapshots of each rank's
+        under `directory` (`async_save`: DCP's async save, so the boundary waits only for the
+        state to be staged), and (latest_interval > 0) node-local snapshots of each rank's
         state under `latest_directory` (default: a per-job folder in /dev/shm)."""
         from lm_resiliency.checkpoint.dcp import DCPCheckpointer
         from lm_resiliency.checkpoint.latest import LocalSnapshotTier
 
-        callbacks = DCPCheckpointer(model, optimizer, scheduler=scheduler, data_state=data_state).callbacks()
+        callbacks = DCPCheckpointer(model, optimizer, scheduler=scheduler, data_state=data_state).callbacks(async_save)
         latest = None
         if latest_interval:
             latest = LocalSnapshotTier(model, optimizer, scheduler=scheduler, data_state=data_state,

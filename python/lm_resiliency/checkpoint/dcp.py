@@ -329,13 +329,17 @@ class DCPCheckpointer:
 
     # --- DurableCheckpointConfig --------------------------------------------------------------
 
-    def callbacks(self) -> dict[str, Callable[..., Any]]:
+    def callbacks(self, async_save: bool = False) -> dict[str, Callable[..., Any]]:
         """save_candidate(step, path) and load_checkpoint(path) -> step: every rank,
         collectives; commit_candidate(path) and quarantine_candidate(path): one writer rank,
-        no collectives."""
+        no collectives. `async_save`: save_candidate returns async_save's future once the
+        state is staged (certification records the checkpoint when it completes)."""
 
-        def save_candidate(step: int, path: str) -> None:
+        def save_candidate(step: int, path: str) -> Any:
+            if async_save:
+                return self.async_save(step, path, at_boundary=True)
             self.save(step, path, at_boundary=True)
+            return None
 
         def load_checkpoint(path: str) -> int:
             return self.load(path)

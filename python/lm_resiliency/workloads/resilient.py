@@ -65,6 +65,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--directory", required=True, help="trust manifest, checkpoints, journals and the run log")
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--parallel", default="ddp", choices=["ddp", "fsdp2", "hsdp"])
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda: ranks share the GPUs over gloo")
     p.add_argument("--fault-step", type=int, default=11, help="optimizer step of the weight fault (0: none)")
     p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--check-interval", type=int, default=2)
@@ -74,7 +75,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     rank = dist.get_rank()
     os.makedirs(args.directory, exist_ok=True)
     generation_started = time.time()
-    model, opt, data, device = build(TrainConfig(parallel=args.parallel, steps=args.steps))
+    model, opt, data, device = build(TrainConfig(parallel=args.parallel, steps=args.steps, device=args.device))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1.0 + 0.05 * s))
     pos = Position()
     config = DurableCheckpointConfig.for_dcp(model, opt, os.path.join(args.directory, "checkpoints"),
