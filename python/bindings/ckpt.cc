@@ -81,6 +81,7 @@ void bindManifest(nb::module_& m) {
              const Checkpoint* c = mf.find(id);
              return c ? std::optional<Checkpoint>(*c) : std::nullopt;
            })
+      .def("set_decision", [](Manifest& mf, RecoveryDecision d) { mf.decision = std::move(d); })
       .def(
           "to_json", [](const Manifest& mf, int indent) { return toJson(mf, indent); }, nb::arg("indent") = 2)
       .def_static(
@@ -112,7 +113,9 @@ void bindCertifier(nb::module_& m) {
       .def_ro("promoted", &Changes::promoted)
       .def_ro("rejected", &Changes::rejected);
   nb::class_<Certifier>(m, "Certifier", "Checkpoint trust from the job-wide outcome of each check (lmr::ckpt).")
-      .def(nb::init<std::vector<std::string>, Manifest>(), nb::arg("catalog"), nb::arg("manifest"))
+      .def(nb::init<std::vector<std::string>, Manifest, std::int64_t>(), nb::arg("catalog"), nb::arg("manifest"),
+           nb::arg("completed") = 0)
+      .def_prop_ro("abandoned", &Certifier::abandoned)
       .def(
           "observe",
           [](Certifier& c, std::int64_t step, const std::string& outcome, std::vector<std::string> accepted,

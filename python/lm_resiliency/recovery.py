@@ -23,11 +23,11 @@ import torch.distributed as dist
 
 from lm_resiliency import _core
 from lm_resiliency.attach import attach
-from lm_resiliency.checkpoint.certify import read_manifest
+from lm_resiliency.checkpoint.certify import read_manifest, retire_abandoned
 from lm_resiliency.checkpoint.config import DurableCheckpointConfig
 from lm_resiliency.checkpoint.topology import topology_digest
-from lm_resiliency.errors import InvalidArgumentError
-from lm_resiliency.scout.oob.publisher import checkpoint_io, forbid_collectives
+from lm_resiliency.errors import InvalidArgumentError, LmrIOError
+from lm_resiliency.scout.oob.publisher import checkpoint_io
 
 log = logging.getLogger("lm_resiliency.recovery")
 
@@ -81,54 +81,79 @@ def leave_for_restart(decision: Any, exit_code: int) -> None:
     raise SystemExit(exit_code)
 
 
-def _drop_abandoned(config: DurableCheckpointConfig, abandoned: list, writer: bool) -> None:
-    """Checkpoints of the abandoned timeline: the writer quarantines durable ones, every
-    rank removes its own fast-tier snapshots (no collectives)."""
-    for c in abandoned:
-        try:
-            if c.tier == "latest" and config.latest is not None:
-                config.latest.remove(c.step)
-            elif c.tier == "durable" and writer and config.quarantine_candidate is not None:
-                with forbid_collectives("quarantine_candidate"):
-                    config.quarantine_candidate(c.location)
-        except Exception as e:  # noqa: BLE001 - the manifest no longer lists it; the bytes may stay
-            log.warning("could not retire abandoned checkpoint %s: %s", c.id, e)
-
-
 def resume(config: DurableCheckpointConfig, model: Any, optimizer: Any) -> Optional[Resumed]:
-    """At start-up, before the harness and the fault session are built (collective): when
-    the trust manifest holds a pending decision, loads its checkpoint on every rank
-    (load_checkpoint, or the fast tier), marks the manifest as recovered and returns what
-    was loaded; None when there is nothing to resume. Build the harness and the fault
-    session with ``completed_iterations=resumed.step`` and call the session's
-    ``notify_recovery()``."""
+    """At start-up, before the harness and the fault session are built (collective).
+
+    With a pending decision in the trust manifest, loads its checkpoint on every rank
+    (load_checkpoint, or the fast tier). A manifest with checkpoints but no pending decision
+    is a restart after a crash or a stop nobody diagnosed: an uncertain failure, so the
+    newest RECOVERY_VERIFIED checkpoint is loaded. The manifest is then marked recovered
+    (checkpoints after the loaded one leave it). Returns what was loaded, or None when there
+    is nothing to resume (start from step 0). Build the harness and the fault session with
+    ``completed_iterations=resumed.step`` and call the session's ``notify_recovery()``."""
     distributed = dist.is_available() and dist.is_initialized()
     group = dist.new_group(backend="gloo") if distributed else None
+    try:
+        return _resume(config, model, optimizer, distributed, group)
+    finally:
+        if group is not None:
+            dist.destroy_process_group(group)
+
+
+def _resume(config: DurableCheckpointConfig, model: Any, optimizer: Any, distributed: bool,
+            group: Any) -> Optional[Resumed]:
     manifest = read_manifest(config, group)
-    decision = manifest.decision
-    if decision is None or decision.status != "pending" or not decision.available:
-        return None
     world = dist.get_world_size() if distributed else 1
-    checkpoint = manifest.find(decision.checkpoint_id)
-    if checkpoint is None:
-        raise InvalidArgumentError(f"the recovery decision names {decision.checkpoint_id!r}, which the manifest "
-                                   f"in {config.directory} does not hold")
-    _core.require_topology(checkpoint, topology_digest(attach(model, optimizer).adapter, model, world))
-    start = time.perf_counter()
-    with checkpoint_io():
-        if checkpoint.tier == "latest":
-            if config.latest is None:
-                raise InvalidArgumentError(f"{checkpoint.id} is a fast-tier snapshot but the config has no latest tier")
-            config.latest.load(checkpoint.step)
-        else:
-            config.load_checkpoint(checkpoint.location)
-    seconds = time.perf_counter() - start
-    abandoned = _core.apply_recovery(manifest, checkpoint.id)
     writer = not distributed or dist.get_rank() == config.writer_rank
-    _drop_abandoned(config, abandoned, writer)
-    if writer:
-        manifest.write(config.directory)
+    topology = topology_digest(attach(model, optimizer).adapter, model, world)
+    decision = manifest.decision
+    if decision is None or decision.status != "pending" or manifest.find(decision.checkpoint_id) is None:
+        if not manifest.checkpoints:
+            return None
+        manifest.topology = topology
+        decision = _core.select_recovery(manifest, "uncertain", manifest.checkpoints[-1].step, "not_run", time.time())
+        log.warning("no pending recovery decision: %s", decision.reason)
+    if not decision.available:
+        return None
+    checkpoint = manifest.find(decision.checkpoint_id)
+    _core.require_topology(checkpoint, topology)
+    if checkpoint.tier == "latest" and config.latest is None:
+        raise InvalidArgumentError(f"{checkpoint.id} is a fast-tier snapshot but the config has no latest tier")
+    start, error = time.perf_counter(), ""
+    try:
+        with checkpoint_io():
+            if checkpoint.tier == "latest":
+                config.latest.load(checkpoint.step)
+            else:
+                config.load_checkpoint(checkpoint.location)
+    except Exception as e:  # noqa: BLE001 - raised on every rank below, none waits alone
+        error = f"{type(e).__name__}: {e}"
+    seconds = time.perf_counter() - start
     if distributed:
-        dist.barrier(group=group)
+        errors: list[Any] = [None] * world
+        dist.all_gather_object(errors, error, group=group)
+        failed = {r: e for r, e in enumerate(errors) if e}
+        if failed:
+            raise LmrIOError(f"loading {checkpoint.id} ({checkpoint.location or 'fast tier'}) failed on rank(s) "
+                             + "; ".join(f"{r}: {e}" for r, e in failed.items()))
+    elif error:
+        raise LmrIOError(f"loading {checkpoint.id} failed: {error}")
+    if manifest.decision is None or manifest.decision.checkpoint_id != decision.checkpoint_id:
+        manifest.set_decision(decision)
+    abandoned = _core.apply_recovery(manifest, checkpoint.id)
+    retire_abandoned(config, abandoned, writer)
+    written = True
+    if writer:
+        try:
+            manifest.write(config.directory)
+        except Exception as e:  # noqa: BLE001 - agreed below
+            written, error = False, str(e)
+    if distributed:
+        flag = [written]
+        dist.broadcast_object_list(flag, src=config.writer_rank, group=group)
+        written = flag[0]
+    if not written:
+        raise LmrIOError(f"resumed from {checkpoint.id}, but the trust manifest in {config.directory} could not be "
+                         f"updated{': ' + error if error else ''}")
     log.warning("resumed from %s (step %d) in %.2f s", checkpoint.id, checkpoint.step, seconds)
     return Resumed(checkpoint.step, decision, seconds)

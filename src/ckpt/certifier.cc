@@ -24,11 +24,13 @@ Outcome parseOutcome(std::string_view text) {
                         "\" (expected healthy, straggler, inconclusive or sdc)");
 }
 
-Certifier::Certifier(std::vector<std::string> catalog, Manifest manifest)
+Certifier::Certifier(std::vector<std::string> catalog, Manifest manifest, std::int64_t completed)
     : catalog_(std::move(catalog)), catalog_set_(catalog_.begin(), catalog_.end()), manifest_(std::move(manifest)) {
   if (catalog_set_.empty()) throw InvalidArgument("a certification catalog needs at least one recipe");
   if (catalog_set_.size() != catalog_.size()) throw InvalidArgument("the certification catalog repeats a recipe");
-  if (!manifest_.checkpoints.empty()) last_step_ = manifest_.checkpoints.back().step;
+  if (completed < 0) throw InvalidArgument("completed steps must be >= 0");
+  abandoned_ = continueFrom(manifest_, completed);
+  last_step_ = completed;
 }
 
 std::vector<std::string> Certifier::rejectUntrusted(const std::string& reason, std::int64_t after_step) {

@@ -108,15 +108,20 @@ RecoveryDecision selectRecovery(const Manifest& m, Failure failure, std::int64_t
   return d;
 }
 
+std::vector<Checkpoint> continueFrom(Manifest& m, std::int64_t step) {
+  std::vector<Checkpoint> out, kept;
+  for (auto& c : m.checkpoints) (c.step > step ? out : kept).push_back(std::move(c));
+  m.checkpoints = std::move(kept);
+  if (m.tainted_since && *m.tainted_since > step) m.tainted_since.reset();
+  return out;
+}
+
 std::vector<Checkpoint> applyRecovery(Manifest& m, const std::string& id) {
   const Checkpoint* from = m.find(id);
   if (!from) throw InvalidArgument("no checkpoint \"" + id + "\" in the manifest");
   if (from->state == TrustState::kRejected)
     throw InvalidArgument("checkpoint \"" + id + "\" is REJECTED (" + from->reason + ")");
-  const std::int64_t step = from->step;
-  std::vector<Checkpoint> out, kept;
-  for (auto& c : m.checkpoints) (c.step > step ? out : kept).push_back(std::move(c));
-  m.checkpoints = std::move(kept);
+  auto out = continueFrom(m, from->step);
   m.tainted_since.reset();
   m.generation += 1;
   if (m.decision) m.decision->status = "applied";

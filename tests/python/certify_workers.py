@@ -168,6 +168,7 @@ def resume_run(parallel, directory, steps):
     job = Job(parallel, directory, seed=123)  # another initialisation ...
     job.data = ref.data  # ... of the same model on the same data
     resumed = resume(job.config, job.model, job.opt)
+    after_resume = CkptManifest.read(directory).to_json()
     state = job.state_signatures()
     job.certify(start=resumed.step)
     losses = job.train(resumed.step, steps)
@@ -175,7 +176,7 @@ def resume_run(parallel, directory, steps):
     job.close()
     return {"step": resumed.step, "checkpoint": resumed.decision.checkpoint_id, "state": state,
             "reference_state": states[resumed.step], "losses": losses, "reference": reference,
-            "manifest": manifest.to_json(), "rank": dist.get_rank()}
+            "manifest": manifest.to_json(), "after_resume": after_resume, "rank": dist.get_rank()}
 
 
 def straggler_run(parallel, directory):

@@ -151,3 +151,73 @@ def test_killed_manifest_writers_never_leave_a_torn_manifest():
     run = subprocess.run([sys.executable, bench, "--trials", "50"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "0 torn or unreadable manifests" in run.stdout and "0 left after the next write" in run.stdout
+
+
+def _tiny():
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def test_a_restart_without_a_decision_resumes_the_newest_verified_checkpoint(tmp_path):
+    """A crash nobody diagnosed: an uncertain failure, so RECOVERY_VERIFIED, never LATEST."""
+    from lm_resiliency.checkpoint.topology import topology_digest
+    from lm_resiliency.frameworks import select_adapter
+    from lm_resiliency.recovery import resume
+
+    model, opt = _tiny()
+    topology = topology_digest(select_adapter(model, opt), model, 1)
+    base = CkptManifest()
+    base.topology = topology
+    c = _core.Certifier(["embedding"], base)
+    for step, state in ((2, "RECOVERY_VERIFIED"), (4, "RECOVERY_VERIFIED"), (6, "CANDIDATE")):
+        c.captured(_core.CkptCheckpoint(f"durable-{step}", step, "durable", state, f"/ck/{step}", topology))
+    c.captured(_core.CkptCheckpoint("latest-7", 7, "latest", "LATEST", "", topology))
+    c.manifest.write(str(tmp_path))
+    loaded = []
+    config = DurableCheckpointConfig(str(tmp_path), lambda step, path: None, loaded.append)
+    resumed = resume(config, model, opt)
+    assert resumed.step == 4 and loaded == ["/ck/4"] and resumed.decision.failure == "uncertain"
+    after = CkptManifest.read(str(tmp_path))
+    assert [x.id for x in after.checkpoints] == ["durable-2", "durable-4"] and after.generation == 1
+    assert resume(config, model, opt).step == 4  # again: still the newest verified one
+
+
+def test_a_failed_load_is_an_error_and_changes_nothing(tmp_path):
+    from lm_resiliency.checkpoint.topology import topology_digest
+    from lm_resiliency.errors import LmrIOError
+    from lm_resiliency.frameworks import select_adapter
+    from lm_resiliency.recovery import resume
+
+    model, opt = _tiny()
+    topology = topology_digest(select_adapter(model, opt), model, 1)
+    base = CkptManifest()
+    base.topology = topology
+    c = _core.Certifier(["embedding"], base)
+    c.captured(_core.CkptCheckpoint("durable-2", 2, "durable", "RECOVERY_VERIFIED", "/ck/2", topology))
+    c.manifest.write(str(tmp_path))
+
+    def broken(path):
+        raise OSError(f"{path}: no such checkpoint")
+
+    with pytest.raises(LmrIOError, match="loading durable-2 failed: OSError: /ck/2: no such checkpoint"):
+        resume(DurableCheckpointConfig(str(tmp_path), lambda s, p: None, broken), model, opt)
+    assert CkptManifest.read(str(tmp_path)) == c.manifest
+
+
+def test_certification_refuses_a_harness_without_periodic_checks(tmp_path):
+    from lm_resiliency.checkpoint import CheckpointCertifier
+    from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
+    from lm_resiliency.workloads.model import Decoder, DecoderConfig
+
+    import torch
+
+    model = Decoder(DecoderConfig())
+    opt = torch.optim.AdamW(model.parameters())
+    harness = ReplayHarness(model, opt, ReplayHarnessConfig(check_interval=0))
+    try:
+        with pytest.raises(InvalidArgumentError, match="check_interval > 0"):
+            CheckpointCertifier(harness, DurableCheckpointConfig(str(tmp_path), lambda s, p: None, lambda p: None))
+    finally:
+        harness.close()

@@ -54,8 +54,11 @@ struct Changes {
 class Certifier {
  public:
   // `catalog`: every recipe a complete cycle covers (InvalidArgument when empty). `manifest`
-  // is the state to continue from (an empty one for a new job).
-  Certifier(std::vector<std::string> catalog, Manifest manifest);
+  // is the state to continue from (an empty one for a new job) and `completed` the job's
+  // completed steps: checkpoints after it are dropped (continueFrom, recovery.h; abandoned()
+  // lists them), so a job that starts over never promotes or resumes another timeline's.
+  Certifier(std::vector<std::string> catalog, Manifest manifest, std::int64_t completed = 0);
+  const std::vector<Checkpoint>& abandoned() const { return abandoned_; }
 
   // A check concluded after step `outcome.step`. Steps never go back (InvalidArgument).
   Changes observe(const CheckOutcome& outcome);
@@ -84,6 +87,7 @@ class Certifier {
   std::set<std::string> covered_;
   std::int64_t last_step_ = -1;
   Manifest manifest_;
+  std::vector<Checkpoint> abandoned_;
 };
 
 }  // namespace lmr::ckpt

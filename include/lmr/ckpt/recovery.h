@@ -31,6 +31,11 @@ EmergencyReplay parseEmergencyReplay(std::string_view text);
 RecoveryDecision selectRecovery(const Manifest& manifest, Failure failure, std::int64_t at_step,
                                 EmergencyReplay emergency = EmergencyReplay::kNotRun, double now = 0.0);
 
+// A job continues the manifest's timeline from `step` (completed optimizer steps):
+// checkpoints after it belong to an abandoned timeline and leave the manifest (returned, for
+// their tiers to quarantine or remove); a taint detected after `step` ends with them.
+std::vector<Checkpoint> continueFrom(Manifest& manifest, std::int64_t step);
+
 // The job resumed from checkpoint `id`: checkpoints after its step belong to an abandoned
 // timeline and leave the manifest (returned, for their tiers to quarantine or remove), the
 // taint ends, the generation advances, and a pending decision becomes "applied".

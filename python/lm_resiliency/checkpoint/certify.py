@@ -43,9 +43,11 @@ def outcome_of(result: Any, catalog: list[str]) -> tuple[int, list[bool], str]:
     """(severity, accepted per catalog recipe, reason) of one rank's ReplayResult."""
     if result.sdc_sources or any(result.sdc_bitmap):
         return 3, [False] * len(catalog), "SDC in " + ", ".join(result.sdc_sources)
-    # Peers that disagree without a strict majority (two replicas): corruption is certain,
-    # only its place is not. For trust that is SDC.
-    split = sorted(k for k, v in result.inconclusive_reasons.items() if v.startswith("no_majority"))
+    # Replicas whose held state (parameters, optimizer state) disagrees with no strict
+    # majority (two replicas): corruption is certain, only its place is not; for trust that
+    # is SDC. (A split of recomputed values may be kernel nondeterminism: inconclusive.)
+    split = sorted(k for k, v in result.inconclusive_reasons.items()
+                   if v.startswith("no_majority") and _core.replay_is_state_source(k))
     if split:
         return 3, [False] * len(catalog), "peers disagree with no majority in " + ", ".join(split)
     accepted = set(result.checked_recipe_ids) - set(result.inconclusive_recipes)
@@ -74,12 +76,25 @@ class CheckpointCertifier:
             raise InvalidArgumentError(f"writer_rank={config.writer_rank} is outside the world of {world} ranks")
         self._writer = self.rank == config.writer_rank
         self._group = dist.new_group(backend="gloo") if self._distributed else None
+        if harness.config.check_interval == 0:
+            raise InvalidArgumentError("checkpoint certification needs periodic checks (check_interval > 0): a manual "
+                                       "check() replays one hidden layer and one optimizer slice, never a catalog cycle")
         attachment = harness._attachment
         self.topology = topology_digest(attachment.adapter, attachment.model, world)
         self.catalog = harness.catalog()
+        if self._distributed:
+            catalogs: list[Any] = [None] * world
+            dist.all_gather_object(catalogs, self.catalog, group=self._group)
+            if any(c != self.catalog for c in catalogs):
+                raise InvalidArgumentError("the ranks' replay catalogs differ (" + "; ".join(
+                    f"rank {r}: {len(c)} recipes" for r, c in enumerate(catalogs)) + "): certification needs "
+                    "every rank to replay the same recipes")
         manifest = read_manifest(config, self._group)
         manifest.topology = self.topology
-        self._core = _core.Certifier(self.catalog, manifest)
+        # A job continues the manifest's timeline from its completed steps: checkpoints of a
+        # timeline it does not continue leave (a restart from scratch never promotes them).
+        self._core = _core.Certifier(self.catalog, manifest, harness.completed_iterations)
+        retire_abandoned(config, self._core.abandoned, self._writer)
         self._pending_save: Optional[tuple] = None  # (step, state, reason, future) of an async save
         self._handle = attachment.add_listener(self, CERTIFICATION)
 
@@ -88,9 +103,9 @@ class CheckpointCertifier:
     def after_step(self) -> None:
         step = self._harness.completed_iterations
         checked = self._harness.checked_at == step
-        if checked:
-            self._harness.settle()
         try:
+            if checked:
+                self._harness.settle()
             self._boundary(step, checked)
         except Exception as e:  # noqa: BLE001 - the step the user called must not fail
             log.warning("checkpoint certification at step %d failed: %s", step, describe(e))
@@ -101,6 +116,8 @@ class CheckpointCertifier:
             self._finish_pending_save()
             severity, accepted, reason = self._local_outcome(step, result)
             severity, accepted = self._agree_outcome(severity, accepted)
+            if severity >= 2:
+                reason = self._agree_reason(reason)
             try:
                 changes = self._core.observe(step, OUTCOMES[severity],
                                              [r for r, ok in zip(self.catalog, accepted) if ok], reason)
@@ -114,17 +131,19 @@ class CheckpointCertifier:
                       and step % self.config.latest_interval == 0)
         if latest_due and not checked:
             self._finish_pending_save()  # captures are recorded in step order
-        if capture.durable or latest_due:
-            self._capture(step, capture, latest_due)
-        if changes is not None:
-            if capture.performance_fault:
-                log.warning("SCOUT confirmed a straggler at step %d: the state is captured, the performance fault "
-                            "is in the ReplayResult", step)
-            self._settle_changes(changes)
-            if severity == 3 and self._core.manifest.tainted_since == step:
-                self._decide("sdc", step)
-        if changes is not None or capture.durable or latest_due:
-            self._write_manifest()
+        try:
+            if capture.durable or latest_due:
+                self._capture(step, capture, latest_due)
+        finally:  # promotions and rejections are acted on even when a capture failed
+            if changes is not None:
+                if capture.performance_fault:
+                    log.warning("SCOUT confirmed a straggler at step %d: the state is captured, the performance "
+                                "fault is in the ReplayResult", step)
+                self._settle_changes(changes.promoted, changes.rejected)
+            if changes is not None or capture.durable or latest_due:
+                self._write_manifest()
+        if changes is not None and severity == 3 and self._core.manifest.tainted_since == step:
+            self._decide("sdc", step)
 
     def _local_outcome(self, step: int, result: Any) -> tuple[int, list[bool], str]:
         try:
@@ -145,6 +164,14 @@ class CheckpointCertifier:
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._group)
         values = t.tolist()
         return values[0], [v == 0 for v in values[1:]]
+
+    def _agree_reason(self, reason: str) -> str:
+        """Every rank's reason, joined (the same text in every rank's manifest)."""
+        if not self._distributed:
+            return reason
+        reasons: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(reasons, reason, group=self._group)
+        return "; ".join(dict.fromkeys(r for r in reasons if r))
 
     def _all_ranks(self, flags: list[bool]) -> list[bool]:
         if not self._distributed:
@@ -183,8 +210,7 @@ class CheckpointCertifier:
             # for the staging.
             self._pending_save = (step, capture.state, capture.reason, handle)
         elif capture.durable and durable_ok:
-            self._core.captured(_core.CkptCheckpoint(f"durable-{step}", step, "durable", capture.state,
-                                                     self.location(step), self.topology, capture.reason))
+            self._record_durable(step, capture.state, capture.reason)
         if latest_due and latest_ok:
             self._core.captured(_core.CkptCheckpoint(f"latest-{step}", step, "latest", "LATEST", "", self.topology,
                                                      capture.reason))
@@ -207,23 +233,39 @@ class CheckpointCertifier:
         except Exception as e:  # noqa: BLE001 - agreed below
             ok, error = False, describe(e)
         if self._all_ranks([ok])[0]:
-            self._core.captured(_core.CkptCheckpoint(f"durable-{step}", step, "durable", state, self.location(step),
-                                                     self.topology, reason))
+            self._record_durable(step, state, reason)
         else:
             log.warning("the asynchronous checkpoint of step %d failed on some rank; nothing was recorded for it%s",
                         step, f": {error}" if error else "")
 
+    def _record_durable(self, step: int, state: str, reason: str) -> None:
+        self._core.captured(_core.CkptCheckpoint(f"durable-{step}", step, "durable", state, self.location(step),
+                                                 self.topology, reason))
+        if state == "RECOVERY_VERIFIED":  # a dense accepted check: committed at once
+            self._settle_changes([f"durable-{step}"], [])
+
     def _forget_removed_snapshots(self) -> None:
-        kept = {f"latest-{s}" for s in self.config.latest.steps()}
-        for c in self._core.manifest.checkpoints:
-            if c.tier == "latest" and c.state != "REJECTED" and c.id not in kept:
+        """Fast-tier snapshots the tier's retention removed leave the manifest; a snapshot
+        counts as kept only where every rank still has it (one all-reduce), and the one a
+        pending decision names is kept."""
+        latest = [c for c in self._core.manifest.checkpoints if c.tier == "latest" and c.state != "REJECTED"]
+        try:
+            steps = set(self.config.latest.steps())
+        except Exception as e:  # noqa: BLE001 - agreed below as "not kept"
+            log.warning("the fast tier cannot list its snapshots: %s", describe(e))
+            steps = set()
+        kept = self._all_ranks([c.step in steps for c in latest])
+        decision = self._core.manifest.decision
+        pinned = decision.checkpoint_id if decision is not None and decision.status == "pending" else None
+        for c, ok in zip(latest, kept):
+            if not ok and c.id != pinned:
                 self._core.removed(c.id)
 
-    def _settle_changes(self, changes: Any) -> None:
-        """The writer commits promoted candidates and quarantines rejected ones (no
-        collectives); every rank drops its own rejected fast-tier snapshots."""
+    def _settle_changes(self, promoted: list[str], rejected: list[str]) -> None:
+        """The writer commits promoted (and densely verified) checkpoints and quarantines
+        rejected ones (no collectives); every rank drops its own rejected fast-tier snapshots."""
         manifest = self._core.manifest
-        for what, ids in (("commit_candidate", changes.promoted), ("quarantine_candidate", changes.rejected)):
+        for what, ids in (("commit_candidate", promoted), ("quarantine_candidate", rejected)):
             for cid in ids:
                 c = manifest.find(cid)
                 if c is None:
@@ -238,7 +280,7 @@ class CheckpointCertifier:
 
     @staticmethod
     def _one_rank(what: str, callback: Any, location: str) -> None:
-        with forbid_collectives(what):
+        with checkpoint_io(), forbid_collectives(what):
             callback(location)
 
     @staticmethod
@@ -250,17 +292,20 @@ class CheckpointCertifier:
 
     def _write_manifest(self) -> None:
         if self._writer:
-            self._quietly(lambda: self._core.manifest.write(self.config.directory), "writing the trust manifest")
+            with checkpoint_io():
+                self._quietly(lambda: self._core.manifest.write(self.config.directory), "writing the trust manifest")
 
     # --- recovery decisions ------------------------------------------------------------
 
     def emergency_replay(self) -> str:
-        """A full check now on the last iteration's captures (``harness.check()``), for a hang
-        or an uncertain failure with every rank reachable: "sdc", "clean" when it agreed and
-        covered the whole catalog, else "incomplete"; agreed over every rank. Collective; pass
-        it to decide(). One check replays one hidden layer and one optimizer slice, so it is
-        complete only for a catalog of one of each; otherwise the decision falls back to
-        RECOVERY_VERIFIED, as the selection rule requires."""
+        """A full check now (``harness.check()``), for a hang or an uncertain failure with
+        every rank reachable: "sdc", "clean" when it agreed and covered the whole catalog,
+        else "incomplete"; agreed over every rank. Collective; pass it to decide().
+
+        Today it is "incomplete" or "sdc", never "clean": a harness with periodic checks (which
+        certification needs) keeps no captures between checks, and one check replays one
+        hidden layer and one optimizer slice. So a hang or uncertain failure selects
+        RECOVERY_VERIFIED, which is what the selection rule requires of an incomplete replay."""
         result = self._harness.check()
         severity, accepted, _ = self._local_outcome(result.step, result)
         severity, accepted = self._agree_outcome(severity, accepted)
@@ -270,9 +315,15 @@ class CheckpointCertifier:
 
     def decide(self, failure: str, emergency: str = "not_run") -> Any:
         """The RecoveryDecision for `failure` (sdc, inaccessible, straggler, hang,
-        uncertain), persisted in the manifest and delivered to the hooks. Collective: the
-        writer's decision is the one every rank gets."""
-        return self._decide(failure, self._harness.completed_iterations, emergency)
+        uncertain), persisted in the manifest and delivered to the hooks. An "sdc" failure,
+        or an emergency replay that found SDC, first rejects every unvalidated checkpoint and
+        taints the state, as a check would. Collective: the writer's decision is the one
+        every rank gets."""
+        step = self._harness.completed_iterations
+        if failure == "sdc" or emergency == "sdc":
+            changes = self._core.observe(step, "sdc", [], f"reported by decide({failure!r}, {emergency!r})")
+            self._settle_changes(changes.promoted, changes.rejected)
+        return self._decide(failure, step, emergency)
 
     def _decide(self, failure: str, step: int, emergency: str = "not_run") -> Any:
         decision = _core.select_recovery(self._core.manifest, failure, step, emergency, time.time())
@@ -281,16 +332,24 @@ class CheckpointCertifier:
             dist.broadcast_object_list(box, src=self.config.writer_rank, group=self._group)
             decision = _core.RecoveryDecision.from_json(box[0])
         self._core.set_decision(decision)
-        self._write_manifest()
-        if self._distributed:
-            dist.barrier(group=self._group)  # persisted before anyone acts on it
+        written = True
+        if self._writer:
+            try:
+                with checkpoint_io():
+                    self._core.manifest.write(self.config.directory)
+            except Exception as e:  # noqa: BLE001 - agreed below: nobody leaves for a decision not on disk
+                written = False
+                log.error("the recovery decision could not be persisted: %s", describe(e))
+        written = self._all_ranks([written])[0]  # also: persisted before anyone acts on it
         log.warning("recovery decision at step %d: %s", step, decision.reason)
         if self._hooks is not None:
             self._hooks.deliver_recovery_decision(decision)
-        if self.config.self_healing and failure == "sdc":
+        if self.config.self_healing and failure == "sdc" and written:
             from lm_resiliency.recovery import leave_for_restart
 
             leave_for_restart(decision, self.config.exit_code)
+        elif self.config.self_healing and failure == "sdc":
+            log.error("not leaving for a restart: the trust manifest in %s could not be written", self.config.directory)
         return decision
 
     # --- inspection --------------------------------------------------------------------
@@ -311,6 +370,23 @@ class CheckpointCertifier:
                     self._write_manifest()
             except Exception as e:  # noqa: BLE001
                 log.warning("checkpoint certification could not record its last save: %s", describe(e))
+            if self._group is not None:
+                dist.destroy_process_group(self._group)
+                self._group = None
+
+
+def retire_abandoned(config: DurableCheckpointConfig, abandoned: list, writer: bool) -> None:
+    """Checkpoints of an abandoned timeline: the writer quarantines durable ones, every rank
+    removes its own fast-tier snapshots (no collectives)."""
+    for c in abandoned:
+        try:
+            if c.tier == "latest" and config.latest is not None:
+                config.latest.remove(c.step)
+            elif c.tier == "durable" and writer and config.quarantine_candidate is not None:
+                with checkpoint_io(), forbid_collectives("quarantine_candidate"):
+                    config.quarantine_candidate(c.location)
+        except Exception as e:  # noqa: BLE001 - the manifest no longer lists it; the bytes may stay
+            log.warning("could not retire abandoned checkpoint %s: %s", c.id, describe(e))
 
 
 def read_manifest(config: DurableCheckpointConfig, group: Any = None) -> Any:

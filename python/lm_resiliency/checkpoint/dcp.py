@@ -41,6 +41,7 @@ from lm_resiliency.checkpoint.latest import (DataState, Stateful, advance_schedu
                                              data_setter, fsync_directory, load_file, rank_and_world, rng_state,
                                              set_rng_state)
 from lm_resiliency.errors import InvalidArgumentError, LmrIOError, UnsupportedError
+from lm_resiliency.scout.oob.publisher import unpublished_group
 
 __all__ = ["COMMITTED", "MARKER", "DCPCheckpointer", "checkpoint_problems", "commit_checkpoint",
            "quarantine_checkpoint"]
@@ -280,7 +281,8 @@ class DCPCheckpointer:
 
     def _group(self) -> Any:
         if self._async_group is None and dist.is_available() and dist.is_initialized():
-            self._async_group = dist.new_group(backend="gloo")
+            # Its collectives run on DCP's background thread: not published as the rank's progress.
+            self._async_group = unpublished_group(dist.new_group(backend="gloo"))
         return self._async_group
 
     def wait(self) -> None:

@@ -46,13 +46,16 @@ class Position:
         self.consumed = int(state["consumed"])
 
 
-def weight_fault(step: int, rank: int) -> dict[str, Any]:
+def permanent_fault(step: int, rank: int, parallel: str) -> dict[str, Any]:
+    """A weight fault; under pure FSDP, where replay does not see a corrupted shard yet, a
+    faulty block output instead."""
+    target = {"rank": rank, "component": "transformer_block", "index": 0, "surface": "weight"}
+    parameters: dict[str, Any] = {"operation": "scale", "factor": 4.0, "scope": "1%", "parameter": "attention.wq.weight"}
+    if parallel == "fsdp2":
+        target["surface"], parameters = "output", {"operation": "scale", "factor": 3.0, "scope": "row"}
     return {"name": "resilient-demo", "seed": 7, "incidents": [{
-        "incident_id": "permanent-weight", "trigger": {"at": [step]}, "lifetime": {"until": "recovery"},
-        "faults": [{"fault_id": "wq", "type": "tensor_corruption",
-                    "target": {"rank": rank, "component": "transformer_block", "index": 0, "surface": "weight"},
-                    "parameters": {"operation": "scale", "factor": 4.0, "scope": "1%",
-                                   "parameter": "attention.wq.weight"}}]}]}
+        "incident_id": "permanent-sdc", "trigger": {"at": [step]}, "lifetime": {"until": "recovery"},
+        "faults": [{"fault_id": "f", "type": "tensor_corruption", "target": target, "parameters": parameters}]}]}
 
 
 def _log(directory: str, entry: dict[str, Any]) -> None:
@@ -66,7 +69,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--parallel", default="ddp", choices=["ddp", "fsdp2", "hsdp"])
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda: ranks share the GPUs over gloo")
-    p.add_argument("--fault-step", type=int, default=11, help="optimizer step of the weight fault (0: none)")
+    p.add_argument("--fault-step", type=int, default=11, help="optimizer step of the permanent fault (0: none)")
     p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--check-interval", type=int, default=2)
     p.add_argument("--latest-interval", type=int, default=3)
@@ -91,7 +94,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     session = None
     if args.fault_step:
         store = JsonCampaignStateStore(os.path.join(args.directory, f"journal-{rank}.json"))
-        session = enable_fault_injection(model, opt, campaign=weight_fault(args.fault_step, args.fault_rank),
+        session = enable_fault_injection(model, opt, campaign=permanent_fault(args.fault_step, args.fault_rank, args.parallel),
                                          state_store=store, completed_iterations=start)
         if resumed is not None:
             session.notify_recovery()

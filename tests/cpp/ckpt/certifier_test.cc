@@ -148,10 +148,25 @@ TEST(Certifier, RefusesBadInput) {
 TEST(Certifier, ContinuesFromAPersistedManifest) {
   Manifest m;
   m.checkpoints = {durable(4, TrustState::kCandidate)};
-  Certifier c(kCatalog, m);
-  EXPECT_THROW(c.observe(ok(3, kCatalog)), InvalidArgument);  // before the last checkpoint
+  Certifier c(kCatalog, m, 4);  // the job continues from step 4
+  EXPECT_THROW(c.observe(ok(3, kCatalog)), InvalidArgument);  // before it
   auto ch = c.observe(ok(8, kCatalog));
   EXPECT_EQ(ch.promoted, std::vector<std::string>{"durable-4"});
+}
+
+TEST(Certifier, AJobThatStartsOverDropsTheOtherTimeline) {
+  Manifest m;
+  m.checkpoints = {durable(4, TrustState::kRecoveryVerified), durable(8, TrustState::kCandidate), latest(9)};
+  m.tainted_since = 9;
+  Certifier c(kCatalog, m, 0);  // a restart from step 0 after a crash with nothing to resume
+  ASSERT_EQ(c.abandoned().size(), 3u);
+  EXPECT_TRUE(c.manifest().checkpoints.empty());
+  EXPECT_FALSE(c.manifest().tainted_since);
+  for (int s = 1; s <= 8; ++s) c.observe(ok(s, {kCatalog[(s - 1) % 4]}));  // no promotion of durable-8
+  EXPECT_TRUE(c.manifest().checkpoints.empty());
+  Certifier tainted(kCatalog, m, 10);  // continues the tainted state: still tainted
+  EXPECT_EQ(tainted.manifest().tainted_since, 9);
+  EXPECT_TRUE(tainted.abandoned().empty());
 }
 
 }  // namespace

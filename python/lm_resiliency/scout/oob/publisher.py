@@ -65,6 +65,16 @@ _stack: list["Publisher"] = []
 _originals: dict[str, Any] = {}
 _installs = 0
 _local = threading.local()  # .depth: > 0 inside a published call (nested calls pass through)
+_unpublished: dict[int, Any] = {}  # id -> group: collectives of a background thread, never published
+
+
+def unpublished_group(group: Any) -> Any:
+    """Marks `group` as one whose collectives are not published: a background thread's
+    (an asynchronous checkpoint's), whose progress would interleave with the training
+    thread's in the rank's one progress record. Returns `group`."""
+    if group is not None:
+        _unpublished[id(group)] = group
+    return group
 
 
 def active() -> Optional["Publisher"]:
@@ -177,6 +187,8 @@ def _wrap(name: str, original: Any) -> Any:
         if pub is None or getattr(_local, "depth", 0):
             return original(*args, **kwargs)
         group = arg(args, kwargs, "group") if "group" in pos else None
+        if group is not None and id(group) in _unpublished:
+            return original(*args, **kwargs)
         meta = pub._tensor_meta(arg(args, kwargs, tensor_param), rule)
         extra = pub._code(arg(args, kwargs, op_param)) if op_param else pub._code(arg(args, kwargs, root_param))
         pub.enter(code, group, meta, extra)
