@@ -91,6 +91,8 @@ lint: venv lint-apt
 	$(VENV)/bin/ruff check .
 	@echo "$(CLANG_FORMAT) --dry-run -Werror (C++ under include src python/bindings tools tests/cpp bench fuzz)"
 	@$(CLANG_FORMAT) --dry-run -Werror $(FORMAT_FILES)
+	@echo "no iostreams in liblmr or _core (they crashed inside _core next to torch)"
+	@! grep -rnE '#include <(sstream|iostream|fstream|istream|ostream)>' include src python/bindings
 	@$(MAKE) --no-print-directory lint-threads
 
 format: venv lint-apt

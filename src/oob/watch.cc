@@ -2,7 +2,7 @@
 
 #include <cmath>
 #include <cstdint>
-#include <sstream>
+#include <cstdio>
 #include <utility>
 
 #include "lmr/common/error.h"
@@ -20,9 +20,11 @@ void WatchOptions::validate(const std::string& owner) const {
                                                    {"io_persistence_s", io_persistence_s}};
   for (const auto& [field, value] : fields) {
     if (!(value > 0.0) || !std::isfinite(value)) {
-      std::ostringstream text;
-      text << owner << "." << field << " must be a positive number, got " << value;
-      throw InvalidArgument(text.str());
+      // No iostreams in liblmr: they crashed inside _core next to torch (seen again on the
+      // H200 with this very message).
+      char number[32];
+      std::snprintf(number, sizeof number, "%g", value);
+      throw InvalidArgument(owner + "." + field + " must be a positive number, got " + number);
     }
   }
   if (poll_s >= threshold_s) throw InvalidArgument(owner + ".poll_s must be smaller than threshold_s");
