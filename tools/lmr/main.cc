@@ -32,7 +32,9 @@ constexpr const char* kUsage =
     "       lmr c3 timing [--ranks R0,R1,...] [--kappa K] [--scale-floor S] [--absolute S]\n"
     "                     [--relative F] [--min-peers N] SECONDS...\n";
 
-std::string usage() { return std::string(kUsage) + lmr::cli::kCampaignUsage + lmr::cli::kHealthUsage + lmr::cli::kCkptUsage; }
+std::string usage() {
+  return std::string(kUsage) + lmr::cli::kCampaignUsage + lmr::cli::kHealthUsage + lmr::cli::kCkptUsage;
+}
 
 double parseNumber(const std::string& text, const std::string& what) {
   char* end = nullptr;
