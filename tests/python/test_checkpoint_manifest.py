@@ -160,21 +160,29 @@ def _tiny():
     return model, torch.optim.SGD(model.parameters(), lr=0.1)
 
 
-def test_a_restart_without_a_decision_resumes_the_newest_verified_checkpoint(tmp_path):
-    """A crash nobody diagnosed: an uncertain failure, so RECOVERY_VERIFIED, never LATEST."""
+def _written(tmp_path, model, opt, checkpoints):
+    """A manifest under this model's topology with `checkpoints` (step, tier, state), written."""
     from lm_resiliency.checkpoint.topology import topology_digest
     from lm_resiliency.frameworks import select_adapter
-    from lm_resiliency.recovery import resume
 
-    model, opt = _tiny()
     topology = topology_digest(select_adapter(model, opt), model, 1)
     base = CkptManifest()
     base.topology = topology
     c = _core.Certifier(["embedding"], base)
-    for step, state in ((2, "RECOVERY_VERIFIED"), (4, "RECOVERY_VERIFIED"), (6, "CANDIDATE")):
-        c.captured(_core.CkptCheckpoint(f"durable-{step}", step, "durable", state, f"/ck/{step}", topology))
-    c.captured(_core.CkptCheckpoint("latest-7", 7, "latest", "LATEST", "", topology))
+    for step, tier, state in checkpoints:
+        location = f"/ck/{step}" if tier == "durable" else ""
+        c.captured(_core.CkptCheckpoint(f"{tier}-{step}", step, tier, state, location, topology))
     c.manifest.write(str(tmp_path))
+    return c.manifest
+
+
+def test_a_restart_without_a_decision_resumes_the_newest_verified_checkpoint(tmp_path):
+    """A crash nobody diagnosed: an uncertain failure, so RECOVERY_VERIFIED, never LATEST."""
+    from lm_resiliency.recovery import resume
+
+    model, opt = _tiny()
+    _written(tmp_path, model, opt, [(2, "durable", "RECOVERY_VERIFIED"), (4, "durable", "RECOVERY_VERIFIED"),
+                                    (6, "durable", "CANDIDATE"), (7, "latest", "LATEST")])
     loaded = []
     config = DurableCheckpointConfig(str(tmp_path), lambda step, path: None, loaded.append)
     resumed = resume(config, model, opt)
@@ -185,25 +193,18 @@ def test_a_restart_without_a_decision_resumes_the_newest_verified_checkpoint(tmp
 
 
 def test_a_failed_load_is_an_error_and_changes_nothing(tmp_path):
-    from lm_resiliency.checkpoint.topology import topology_digest
     from lm_resiliency.errors import LmrIOError
-    from lm_resiliency.frameworks import select_adapter
     from lm_resiliency.recovery import resume
 
     model, opt = _tiny()
-    topology = topology_digest(select_adapter(model, opt), model, 1)
-    base = CkptManifest()
-    base.topology = topology
-    c = _core.Certifier(["embedding"], base)
-    c.captured(_core.CkptCheckpoint("durable-2", 2, "durable", "RECOVERY_VERIFIED", "/ck/2", topology))
-    c.manifest.write(str(tmp_path))
+    written = _written(tmp_path, model, opt, [(2, "durable", "RECOVERY_VERIFIED")])
 
     def broken(path):
         raise OSError(f"{path}: no such checkpoint")
 
     with pytest.raises(LmrIOError, match="loading durable-2 failed: OSError: /ck/2: no such checkpoint"):
         resume(DurableCheckpointConfig(str(tmp_path), lambda s, p: None, broken), model, opt)
-    assert CkptManifest.read(str(tmp_path)) == c.manifest
+    assert CkptManifest.read(str(tmp_path)) == written
 
 
 def test_certification_refuses_a_harness_without_periodic_checks(tmp_path):

@@ -37,7 +37,8 @@ import torch.distributed.checkpoint as dcp
 import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from lm_resiliency.checkpoint.latest import (DataState, Stateful, advance_scheduler, atomic_save, atomic_write_text, data_getter,
+from lm_resiliency._core import write_text_atomic
+from lm_resiliency.checkpoint.latest import (DataState, Stateful, advance_scheduler, atomic_save, data_getter,
                                              data_setter, fsync_directory, load_file, rank_and_world, rng_state,
                                              set_rng_state)
 from lm_resiliency.errors import InvalidArgumentError, LmrIOError, UnsupportedError
@@ -99,7 +100,7 @@ def commit_checkpoint(path: str) -> None:
     if problems:
         raise InvalidArgumentError(f"cannot commit {path}: " + "; ".join(problems))
     marker = _read_marker(path)
-    atomic_write_text(json.dumps({"step": marker.get("step"), "committed": True}) + "\n", os.path.join(path, COMMITTED))
+    write_text_atomic(os.path.join(path, COMMITTED), json.dumps({"step": marker.get("step"), "committed": True}) + "\n")
 
 
 def quarantine_checkpoint(path: str) -> str:
@@ -217,7 +218,7 @@ class DCPCheckpointer:
         there is moved aside first and removed after)."""
         _, world = rank_and_world()
         marker = {"format": FORMAT, "step": int(step), "world_size": world, "keys": self._keys()}
-        atomic_write_text(json.dumps(marker) + "\n", os.path.join(partial, MARKER))
+        write_text_atomic(os.path.join(partial, MARKER), json.dumps(marker) + "\n")
         fsync_directory(partial)
         aside = None
         if os.path.lexists(path):

@@ -86,22 +86,6 @@ def atomic_save(obj: Any, path: str) -> None:
     fsync_directory(folder)
 
 
-def atomic_write_text(text: str, path: str) -> None:
-    """Like :func:`atomic_save`, for a small text file."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        _remove_quietly(tmp)
-        raise LmrIOError(f"cannot write {path}: {e}") from e
-    fsync_directory(folder)
-
-
 def load_file(path: str) -> Any:
     # weights_only=False: the data position may be any picklable object the job returned.
     # These files are written by this job for itself; loading one from an untrusted source
