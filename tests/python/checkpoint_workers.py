@@ -173,3 +173,24 @@ def roundtrip(parallel: str, root: str) -> dict[str, Any]:
     except InvalidArgumentError as e:
         out["torn_error"] = str(e)
     return out
+
+
+def one_rank_cannot_gather(root: str) -> dict[str, Any]:
+    """Rank 1's state cannot be gathered: the save fails on every rank, before DCP's own
+    collectives, and no checkpoint appears; then a save that works does."""
+    job = Job(TrainConfig(parallel="ddp", steps=2), seed=0)
+    job.step()
+    ckpt = job.dcp(root)
+    original = ckpt._state
+    if dist.get_rank() == 1:
+        def broken(step: int) -> dict[str, Any]:
+            raise RuntimeError("state_dict of a broken module")
+        ckpt._state = broken
+    error = ""
+    try:
+        ckpt.save(1, "step-1")
+    except Exception as e:  # noqa: BLE001 - what the test looks at
+        error = f"{type(e).__name__}: {e}"
+    ckpt._state = original
+    ckpt.save(2, "step-2")
+    return {"error": error, "listing": sorted(os.listdir(root))}

@@ -191,3 +191,11 @@ def test_the_fast_tier_directory(monkeypatch, tmp_path):
         LocalSnapshotTier(job.model, job.opt, directory=str(tmp_path), keep=0)
     with pytest.raises(InvalidArgumentError, match="data_state"):
         LocalSnapshotTier(job.model, job.opt, data_state=object(), directory=str(tmp_path))
+
+
+@pytest.mark.distributed
+def test_a_rank_whose_state_cannot_be_gathered_fails_the_save_on_every_rank(tmp_path):
+    results = spawn(checkpoint_workers.one_rank_cannot_gather, 2, args=(str(tmp_path),), timeout=120)
+    for r in results:
+        assert r["error"].startswith("LmrIOError: cannot start the checkpoint") and "rank 1: RuntimeError" in r["error"]
+    assert "step-1" not in results[0]["listing"] and "step-2" in results[0]["listing"]

@@ -197,9 +197,12 @@ class DCPCheckpointer:
 
     # --- save ---------------------------------------------------------------------------------
 
-    def _begin(self, path: str) -> str:
-        """A fresh ``<path>.partial`` (rank 0 clears a stale one); every rank waits for it."""
+    def _begin(self, path: str, step: int) -> tuple[str, dict[str, Any]]:
+        """A fresh ``<path>.partial`` (rank 0 clears a stale one) and this rank's state to
+        save; every rank waits for both, so a rank whose state cannot be gathered fails on
+        every rank before DCP's collectives begin (none is left waiting in them)."""
         partial = path + PARTIAL
+        state: dict[str, Any] = {}
 
         def prepare() -> None:
             if rank_and_world()[0] == 0:
@@ -208,10 +211,10 @@ class DCPCheckpointer:
                 os.makedirs(partial)
                 fsync_directory(os.path.dirname(partial))
 
-        problems = _agree(_attempt(prepare))
+        problems = _agree(_attempt(prepare) or _attempt(lambda: state.update(self._state(step))))
         if problems:
             raise LmrIOError(f"cannot start the checkpoint {path}: " + "; ".join(problems))
-        return partial
+        return partial, state
 
     def _publish(self, path: str, partial: str, step: int) -> None:
         """Rank 0: the marker, then ``<partial>`` renamed to `path` (a previous checkpoint
@@ -246,8 +249,8 @@ class DCPCheckpointer:
         loop had not yet taken (latest.advance_scheduler)."""
         self.wait()
         path = self._resolve(path, step)
-        partial = self._begin(path)
-        dcp.save(self._state(step), checkpoint_id=partial)
+        partial, state = self._begin(path, step)
+        dcp.save(state, checkpoint_id=partial)
         problem = _attempt(lambda: self._write_rank_file(partial, step, at_boundary))
         return self._finish(step, path, partial, problem, None)
 
@@ -261,10 +264,10 @@ class DCPCheckpointer:
             raise UnsupportedError("torch.distributed.checkpoint.async_save is not available in this torch")
         self.wait()
         path = self._resolve(path, step)
-        partial = self._begin(path)
+        partial, state = self._begin(path, step)
         problem = _attempt(lambda: self._write_rank_file(partial, step, at_boundary))  # small; the RNG is now's
         group = self._group()
-        upload = dcp.async_save(self._state(step), checkpoint_id=partial, process_group=group)
+        upload = dcp.async_save(state, checkpoint_id=partial, process_group=group)
 
         def complete() -> dict[str, Any]:
             failed = problem
