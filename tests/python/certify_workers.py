@@ -186,3 +186,32 @@ def straggler_run(parallel, directory):
     results = [(r.step, r.status, r.straggler_ranks, r.sdc_ranks) for r in job.harness.results]
     job.close()
     return {"manifest": manifest.to_json(), "results": results}
+
+
+def failing_save_run(parallel, directory):
+    """Rank 1 cannot write its part of the first durable capture (disk full): the adapter
+    agrees the failure, every rank warns, nothing is recorded for that boundary, training
+    goes on, and the next cycle's capture is recorded."""
+    import logging
+
+    import lm_resiliency.checkpoint.dcp as dcp_module
+
+    job = Job(parallel, directory, latest_interval=0).certify()
+    real, calls = dcp_module.atomic_save, []
+
+    def flaky(obj, path):
+        calls.append(path)
+        if dist.get_rank() == 1 and len(calls) == 1:
+            raise OSError(f"{path}: No space left on device")
+        return real(obj, path)
+
+    dcp_module.atomic_save = flaky
+    warnings = []
+    handler = logging.Handler()
+    handler.emit = lambda record: warnings.append(record.getMessage())
+    logging.getLogger("lm_resiliency.checkpoint").addHandler(handler)
+    losses = job.train(0, 10)
+    manifest = json.loads(job.certifier.manifest.to_json())
+    job.close()
+    first = int(calls[0].split("step-")[1].split(".")[0].split("/")[0])
+    return {"first": first, "warnings": warnings, "losses": losses, "manifest": manifest}

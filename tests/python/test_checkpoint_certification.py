@@ -80,3 +80,14 @@ def test_a_straggler_still_yields_certified_checkpoints_and_a_report(parallel, t
     states = [c["state"] for c in manifest["checkpoints"]]
     assert "RECOVERY_VERIFIED" in states and "REJECTED" not in states, manifest["checkpoints"]
     assert manifest["tainted_since"] is None and manifest["decision"] is None
+
+
+def test_a_save_failing_on_one_rank_is_a_warning_everywhere_and_records_nothing(tmp_path):
+    per_rank = spawn(certify_workers.failing_save_run, 4, args=("ddp", str(tmp_path)))
+    first = per_rank[0]["first"]
+    for r in per_rank:
+        assert len(r["losses"]) == 10  # training went on
+        assert any(f"checkpoint of step {first} failed on some rank" in w for w in r["warnings"]), r["warnings"]
+        steps = [c["step"] for c in r["manifest"]["checkpoints"]]
+        assert first not in steps and any(s > first for s in steps), steps
+    assert len({json.dumps(r["manifest"]) for r in per_rank}) == 1
