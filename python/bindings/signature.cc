@@ -25,6 +25,22 @@ nb::bytes toBytes(const signature::Digest& d) {
 // The bytes of a tensor, flattened to uint8 by the caller, on CPU or CUDA.
 using ByteArray = nb::ndarray<nb::ro, std::uint8_t, nb::ndim<1>, nb::c_contig>;
 
+TensorView viewOf(const ByteArray& bytes, const std::string& dtype, const std::vector<std::int64_t>& shape,
+                  const std::vector<std::int64_t>& strides) {
+  TensorView view;
+  view.data = bytes.data();
+  view.nbytes = bytes.size();
+  view.meta = TensorMeta{dtype, shape, strides};
+  const int device_type = bytes.device_type();
+  if (device_type == nb::device::cuda::value) {
+    view.device = DeviceType::kCuda;
+    view.device_index = bytes.device_id();
+  } else if (device_type != nb::device::cpu::value) {
+    throw Unsupported("signatures support CPU and CUDA tensors; got DLPack device type " + std::to_string(device_type));
+  }
+  return view;
+}
+
 }  // namespace
 
 void registerSignature(nb::module_& m) {
@@ -45,18 +61,7 @@ void registerSignature(nb::module_& m) {
       "sign_bytes",
       [](ByteArray bytes, const std::string& dtype, const std::vector<std::int64_t>& shape,
          const std::vector<std::int64_t>& strides, std::uintptr_t stream) {
-        TensorView view;
-        view.data = bytes.data();
-        view.nbytes = bytes.size();
-        view.meta = TensorMeta{dtype, shape, strides};
-        const int device_type = bytes.device_type();
-        if (device_type == nb::device::cuda::value) {
-          view.device = DeviceType::kCuda;
-          view.device_index = bytes.device_id();
-        } else if (device_type != nb::device::cpu::value) {
-          throw Unsupported("signatures support CPU and CUDA tensors; got DLPack device type " +
-                            std::to_string(device_type));
-        }
+        const TensorView view = viewOf(bytes, dtype, shape, strides);
         nb::gil_scoped_release release;
         return signature::sign(view, reinterpret_cast<void*>(stream));
       },
@@ -64,6 +69,23 @@ void registerSignature(nb::module_& m) {
       "Signature of a tensor whose bytes (in logical order) are given as a flat uint8 array. "
       "For CUDA arrays the kernel runs on `stream` (a cudaStream_t as int) and the call waits for it.");
 
+  m.def(
+      "sign_many",
+      [](const std::vector<ByteArray>& arrays, const std::vector<std::string>& dtypes,
+         const std::vector<std::vector<std::int64_t>>& shapes, const std::vector<std::vector<std::int64_t>>& strides,
+         std::uintptr_t stream) {
+        if (dtypes.size() != arrays.size() || shapes.size() != arrays.size() || strides.size() != arrays.size())
+          throw InvalidArgument("sign_many needs one dtype, shape and strides per array");
+        std::vector<TensorView> views;
+        views.reserve(arrays.size());
+        for (std::size_t i = 0; i < arrays.size(); ++i)
+          views.push_back(viewOf(arrays[i], dtypes[i], shapes[i], strides[i]));
+        nb::gil_scoped_release release;
+        return signature::signMany(views, reinterpret_cast<void*>(stream));
+      },
+      nb::arg("arrays"), nb::arg("dtypes"), nb::arg("shapes"), nb::arg("strides"), nb::arg("stream") = 0,
+      "Signatures of many tensors given as flat uint8 arrays, all on one device: one kernel launch and one "
+      "read-back for CUDA arrays (lmr::signature::signMany).");
   m.def("cuda_available", &signature::cudaAvailable, "True when _core has CUDA kernels and a device is visible.");
 }
 

@@ -37,7 +37,7 @@ from lm_resiliency.fault_injection import (
     SafetyClass,
     enable_fault_injection,
 )
-from lm_resiliency.signature import Signature, signature
+from lm_resiliency.signature import Signature, signature, signatures
 
 __version__ = _core.__version__
 
@@ -72,5 +72,6 @@ __all__ = [
     "c3_timing",
     "exact",
     "signature",
+    "signatures",
     "timing",
 ]

@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "lanes.h"
 #include "lmr/common/error.h"
@@ -81,6 +83,46 @@ __global__ void __launch_bounds__(kThreads)
     addInto(acc, mixBlock(Quad{w[0], w[1], w[2], w[3]}, block));
   }
   reduceAndPublish(acc, out);
+}
+
+// One CTA's share of a multi-tensor call: blocks [first, first + count) of one tensor, read
+// as uint4 when the tensor is 16-byte aligned, else byte by byte (bytes past nbytes are 0).
+struct Chunk {
+  const unsigned char* data;
+  std::uint64_t nbytes;
+  std::uint64_t first;
+  std::uint64_t count;
+  std::uint32_t tensor;
+  std::uint32_t aligned;
+};
+
+// Every tensor's blocks cut into chunks of at most kChunkBlocks, one CTA each: small
+// tensors take one CTA, large ones many, all in one launch. Each CTA adds its lane sums
+// into its tensor's four accumulators.
+constexpr std::uint64_t kChunkBlocks = std::uint64_t{kThreads} * 64;  // 256 KiB a CTA
+
+__global__ void __launch_bounds__(kThreads) laneSumsChunks(const Chunk* __restrict__ chunks, std::uint32_t* out) {
+  const Chunk c = chunks[blockIdx.x];
+  Quad acc{0, 0, 0, 0};
+  if (c.aligned) {
+    const uint4* blocks = reinterpret_cast<const uint4*>(c.data);
+    for (std::uint64_t k = threadIdx.x; k < c.count; k += kThreads) {
+      const std::uint64_t i = c.first + k;
+      const uint4 v = __ldcs(blocks + i);
+      addInto(acc, mixBlock(Quad{v.x, v.y, v.z, v.w}, i));
+    }
+  } else {
+    for (std::uint64_t k = threadIdx.x; k < c.count; k += kThreads) {
+      const std::uint64_t block = c.first + k;
+      std::uint32_t w[4] = {0, 0, 0, 0};
+      for (int b = 0; b < 16; ++b) {
+        const std::uint64_t at = block * 16 + b;
+        if (at < c.nbytes) w[b / 4] |= static_cast<std::uint32_t>(c.data[at]) << (8 * (b % 4));
+      }
+      addInto(acc, mixBlock(Quad{w[0], w[1], w[2], w[3]}, block));
+    }
+  }
+  reduceAndPublish(acc, out + 4 * static_cast<std::uint64_t>(c.tensor));
 }
 
 // Restores the caller's current device on every exit path.
@@ -172,6 +214,61 @@ Quad laneSumsCuda(const void* data, std::size_t nbytes, int device, void* stream
         "cudaMemcpyAsync");
   check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   return *scratch.host_sums;
+}
+
+std::vector<Quad> laneSumsManyCuda(const std::vector<Segment>& segments, int device, void* stream_handle) {
+  if (!cudaDevicePresent()) throw Unsupported("no CUDA device is visible to this process");
+  DeviceGuard guard(device);
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
+  std::vector<Chunk> chunks;
+  for (std::size_t t = 0; t < segments.size(); ++t) {
+    const Segment& s = segments[t];
+    const bool aligned = reinterpret_cast<std::uintptr_t>(s.data) % 16 == 0;
+    const std::uint64_t full = aligned ? s.nbytes / 16 : 0;
+    const auto bytes = static_cast<const unsigned char*>(s.data);
+    for (std::uint64_t first = 0; first < full; first += kChunkBlocks)
+      chunks.push_back(
+          {bytes, s.nbytes, first, std::min(kChunkBlocks, full - first), static_cast<std::uint32_t>(t), 1});
+    const std::uint64_t total = (s.nbytes + 15) / 16;
+    for (std::uint64_t first = full; first < total; first += kChunkBlocks)
+      chunks.push_back(
+          {bytes, s.nbytes, first, std::min(kChunkBlocks, total - first), static_cast<std::uint32_t>(t), 0});
+  }
+  // One allocation holds the chunk table and the accumulators; one pinned buffer stages both
+  // ways. Stream-ordered, freed after the wait below.
+  const std::size_t table = chunks.size() * sizeof(Chunk);
+  const std::size_t sums = segments.size() * sizeof(Quad);
+  void* host = nullptr;
+  void* dev = nullptr;
+  check(cudaMallocHost(&host, std::max(table, sums)), "cudaMallocHost");
+  std::vector<Quad> out(segments.size());
+  try {
+    check(cudaMallocAsync(&dev, table + sums, stream), "cudaMallocAsync");
+    std::memcpy(host, chunks.data(), table);
+    auto* device_chunks = static_cast<Chunk*>(dev);
+    auto* device_sums = reinterpret_cast<std::uint32_t*>(static_cast<unsigned char*>(dev) + table);
+    check(cudaMemcpyAsync(device_chunks, host, table, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");
+    check(cudaMemsetAsync(device_sums, 0, sums, stream), "cudaMemsetAsync");
+    for (std::size_t at = 0; at < chunks.size(); at += 2147483647u) {  // the grid's x limit
+      const auto n = static_cast<unsigned>(std::min<std::size_t>(chunks.size() - at, 2147483647u));
+      laneSumsChunks<<<n, kThreads, 0, stream>>>(device_chunks + at, device_sums);
+      check(cudaGetLastError(), "laneSumsChunks launch");
+    }
+    // The host buffer is reused for the result only after the table was copied out of it:
+    // both copies are ordered on the stream.
+    check(cudaMemcpyAsync(host, device_sums, sums, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+    check(cudaFreeAsync(dev, stream), "cudaFreeAsync");
+    dev = nullptr;
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    std::memcpy(out.data(), host, sums);
+  } catch (...) {
+    if (dev != nullptr) cudaFreeAsync(dev, stream);
+    cudaStreamSynchronize(stream);
+    cudaFreeHost(host);
+    throw;
+  }
+  cudaFreeHost(host);
+  return out;
 }
 
 bool cudaDevicePresent() noexcept {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 #include "mix.h"
 
@@ -12,6 +13,13 @@ Quad laneSumsCpu(const unsigned char* data, std::size_t nbytes);
 
 // The same on CUDA device memory; see contentCuda for the stream contract.
 Quad laneSumsCuda(const void* data, std::size_t nbytes, int device, void* stream);
+
+// Lane sums of many device buffers of one CUDA device in one launch and one read-back.
+struct Segment {
+  const void* data = nullptr;
+  std::size_t nbytes = 0;
+};
+std::vector<Quad> laneSumsManyCuda(const std::vector<Segment>& segments, int device, void* stream);
 
 bool cudaDevicePresent() noexcept;
 

@@ -101,4 +101,38 @@ Signature sign(const TensorView& view, void* stream) {
   return s;
 }
 
+std::vector<Signature> signMany(const std::vector<TensorView>& views, void* stream) {
+  std::vector<Signature> out(views.size());
+  if (views.empty()) return out;
+  const DeviceType device = views.front().device;
+  const int index = views.front().device_index;
+  for (const auto& v : views) {
+    if (v.device != device || (device == DeviceType::kCuda && v.device_index != index))
+      throw InvalidArgument("signMany needs every tensor on one device (all host memory, or one CUDA device)");
+    if (v.data == nullptr && v.nbytes != 0) throw InvalidArgument("signMany: null data with non-zero size");
+  }
+  if (device == DeviceType::kCuda) {
+    std::vector<detail::Segment> segments;
+    std::vector<std::size_t> where;  // index of each non-empty view
+    for (std::size_t i = 0; i < views.size(); ++i) {
+      if (views[i].nbytes == 0) continue;
+      segments.push_back({views[i].data, views[i].nbytes});
+      where.push_back(i);
+    }
+    std::vector<Quad> sums(views.size(), Quad{0, 0, 0, 0});
+    if (!segments.empty()) {
+      const auto got = detail::laneSumsManyCuda(segments, index, stream);
+      for (std::size_t k = 0; k < where.size(); ++k) sums[where[k]] = got[k];
+    }
+    for (std::size_t i = 0; i < views.size(); ++i) out[i].content = finalizeContent(sums[i], views[i].nbytes);
+  } else {
+    for (std::size_t i = 0; i < views.size(); ++i) out[i].content = contentCpu(views[i].data, views[i].nbytes);
+  }
+  for (std::size_t i = 0; i < views.size(); ++i) {
+    out[i].meta = metaDigest(views[i].meta, views[i].nbytes);
+    out[i].digest = combine(out[i].content, out[i].meta);
+  }
+  return out;
+}
+
 }  // namespace lmr::signature

@@ -92,3 +92,18 @@ def test_cuda_request_without_cuda_is_unsupported():
     if torch.cuda.is_available():
         pytest.skip("covered by test_signature_gpu.py")
     assert lmr._core.cuda_available() is False
+
+
+def test_many_tensors_at_once_equal_one_by_one():
+    g = torch.Generator().manual_seed(3)
+    base = torch.randint(0, 256, (4096 + 13,), dtype=torch.uint8, generator=g)
+    tensors = [random_tensor(shape, dtype, seed=i) for i, (shape, dtype) in enumerate(
+        (s, d) for d in ALL_DTYPES for s in [(1,), (7,), (3, 5), (129, 33)])]
+    tensors += [base[:0], base[1:18], base[3:3 + 4096], torch.zeros(()), base.view(-1)[::3],
+                random_tensor((64, 48), torch.float32).t(), torch.randn(4, 4, dtype=torch.complex64).conj()]
+    assert lmr.signatures(tensors) == [lmr.signature(t) for t in tensors]
+    assert lmr.signatures([]) == []
+    with pytest.raises(lmr.InvalidArgumentError, match="list or tuple"):
+        lmr.signatures(torch.zeros(3))
+    with pytest.raises(lmr.InvalidArgumentError, match="item 1 needs a torch.Tensor"):
+        lmr.signatures([torch.zeros(3), 3])

@@ -44,3 +44,31 @@ def test_other_device_index_and_core_flag():
     assert lmr._core.cuda_available()
     t = torch.arange(100, dtype=torch.float32, device=f"cuda:{torch.cuda.device_count() - 1}")
     assert lmr.signature(t) == lmr.signature(t.cpu())
+
+
+def test_many_cuda_tensors_in_one_call_equal_one_by_one():
+    g = torch.Generator().manual_seed(5)
+    big = torch.randint(0, 256, ((8 << 20) + 13,), dtype=torch.uint8, generator=g)
+    gpu = big.cuda()
+    tensors = [random_tensor(shape, dtype, seed=i).cuda() for i, (shape, dtype) in enumerate(
+        (s, d) for d in ALL_DTYPES for s in [(1,), (7,), (3, 5), (129, 33)])]
+    for n in [0, 1, 15, 16, 17, 4096, 4097, 1 << 20, (8 << 20) + 13]:  # sizes across the chunk length
+        for offset in [0, 1, 4, 8]:  # unaligned starts
+            if offset + n <= big.numel():
+                tensors.append(gpu[offset:offset + n])
+    tensors.append(gpu[: 1 << 20].view(torch.float32).reshape(512, 512).t())
+    got = lmr.signatures(tensors)
+    assert got == [lmr.signature(t) for t in tensors]
+    assert got == [lmr.signature(t.cpu()) for t in tensors]
+    mixed = [tensors[0], tensors[0].cpu(), tensors[5]]  # several devices in one call
+    assert lmr.signatures(mixed) == [lmr.signature(t) for t in mixed]
+
+
+def test_many_run_on_the_current_stream():
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        xs = [torch.full((1 << 22,), 3, dtype=torch.int32, device="cuda") for _ in range(3)]
+        for x in xs:
+            x.add_(1)  # still queued on `side`
+        got = lmr.signatures(xs)
+    assert got == [lmr.signature(torch.full((1 << 22,), 4, dtype=torch.int32))] * 3

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "lmr/common/tensor_view.h"
 
@@ -59,5 +60,11 @@ Digest combine(const Digest& content, const Digest& meta);
 // Signature of the tensor described by `view` (bytes must be in logical order).
 // `stream` is used only for CUDA views.
 Signature sign(const TensorView& view, void* stream = nullptr);
+
+// The signatures of many tensors, each equal to sign(view): host views one after another,
+// CUDA views (all on one device) with one kernel launch over every tensor, one 16-byte
+// read-back per tensor in one copy, and one wait for `stream`. InvalidArgument when the
+// views mix host and device memory or CUDA devices.
+std::vector<Signature> signMany(const std::vector<TensorView>& views, void* stream = nullptr);
 
 }  // namespace lmr::signature

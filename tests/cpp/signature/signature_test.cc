@@ -191,10 +191,46 @@ TEST(Signature, RejectsBadInput) {
   EXPECT_THROW(metaDigest(TensorMeta{"torch.float32", {1, 2}, {1}}, 8), InvalidArgument);
 }
 
+TensorView hostView(const std::vector<unsigned char>& bytes, std::size_t offset, std::size_t n) {
+  TensorView v;
+  v.data = bytes.data() + offset;
+  v.nbytes = n;
+  v.meta = TensorMeta{"torch.uint8", {static_cast<std::int64_t>(n)}, {1}};
+  return v;
+}
+
+TEST(Signature, ManyAtOnceEqualOneByOne) {
+  const auto bytes = randomBytes(70000, 9);
+  std::vector<TensorView> views;
+  for (std::size_t n : {0, 1, 15, 16, 17, 4096, 65537})
+    for (std::size_t offset : {0, 3})
+      if (offset + n <= bytes.size()) views.push_back(hostView(bytes, offset, n));
+  const auto many = signMany(views);
+  ASSERT_EQ(many.size(), views.size());
+  for (std::size_t i = 0; i < views.size(); ++i) {
+    const Signature one = sign(views[i]);
+    EXPECT_EQ(many[i].digest, one.digest) << i;
+    EXPECT_EQ(many[i].content, one.content) << i;
+  }
+  EXPECT_TRUE(signMany({}).empty());
+  std::vector<TensorView> mixed = {views[2], views[2]};
+  mixed[1].device = DeviceType::kCuda;
+  EXPECT_THROW(signMany(mixed), InvalidArgument);
+  std::vector<TensorView> null_data = {views[2]};
+  null_data[0].data = nullptr;
+  EXPECT_THROW(signMany(null_data), InvalidArgument);
+}
+
 TEST(Signature, CudaWithoutDeviceIsUnsupported) {
   if (cudaAvailable()) GTEST_SKIP() << "a CUDA device is visible; covered by the GPU tests";
   int x = 0;
   EXPECT_THROW(contentCuda(&x, sizeof(x), 0, nullptr), Unsupported);
+  TensorView v;
+  v.data = &x;
+  v.nbytes = sizeof(x);
+  v.device = DeviceType::kCuda;
+  v.meta = TensorMeta{"torch.int32", {1}, {1}};
+  EXPECT_THROW(signMany({v}), Unsupported);
 }
 
 }  // namespace
