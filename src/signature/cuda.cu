@@ -106,7 +106,16 @@ __global__ void __launch_bounds__(kThreads) laneSumsChunks(const Chunk* __restri
   Quad acc{0, 0, 0, 0};
   if (c.aligned) {
     const uint4* blocks = reinterpret_cast<const uint4*>(c.data);
-    for (std::uint64_t k = threadIdx.x; k < c.count; k += kThreads) {
+    std::uint64_t k = threadIdx.x;
+    for (; k + (kUnroll - 1) * kThreads < c.count; k += kUnroll * kThreads) {
+      uint4 v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) v[u] = __ldcs(blocks + c.first + k + u * kThreads);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        addInto(acc, mixBlock(Quad{v[u].x, v[u].y, v[u].z, v[u].w}, c.first + k + u * kThreads));
+    }
+    for (; k < c.count; k += kThreads) {
       const std::uint64_t i = c.first + k;
       const uint4 v = __ldcs(blocks + i);
       addInto(acc, mixBlock(Quad{v.x, v.y, v.z, v.w}, i));
@@ -180,6 +189,37 @@ Scratch& scratchFor(int device) {
   return s;
 }
 
+// The multi-tensor call's buffers, per host thread and device.
+struct ManyScratch {
+  void* host = nullptr;  // pinned
+  void* device = nullptr;
+  std::size_t capacity = 0;
+
+  ManyScratch() = default;
+  ManyScratch(const ManyScratch&) = delete;
+  ManyScratch& operator=(const ManyScratch&) = delete;
+  ~ManyScratch() { release(); }
+  void release() {
+    if (device != nullptr) cudaFree(device);
+    if (host != nullptr) cudaFreeHost(host);
+    device = host = nullptr;
+    capacity = 0;
+  }
+  void reserve(std::size_t bytes) {
+    if (bytes <= capacity) return;
+    release();
+    const std::size_t grown = std::max<std::size_t>(bytes, 64 << 10);
+    check(cudaMallocHost(&host, grown), "cudaMallocHost");
+    check(cudaMalloc(&device, grown), "cudaMalloc");
+    capacity = grown;
+  }
+};
+
+ManyScratch& manyScratchFor(int device) {
+  thread_local std::map<int, ManyScratch> per_device;
+  return per_device[device];
+}
+
 // Enough CTAs for the work, at most one full wave: every thread then loops the same number
 // of times and no second, partly empty wave trails behind.
 int gridFor(std::uint64_t work_items, int full_wave) {
@@ -234,40 +274,28 @@ std::vector<Quad> laneSumsManyCuda(const std::vector<Segment>& segments, int dev
       chunks.push_back(
           {bytes, s.nbytes, first, std::min(kChunkBlocks, total - first), static_cast<std::uint32_t>(t), 0});
   }
-  // One allocation holds the chunk table and the accumulators; one pinned buffer stages both
-  // ways. Stream-ordered, freed after the wait below.
+  // The chunk table and the accumulators share one device buffer and one pinned host buffer
+  // (kept per thread and device, grown when needed: the call waits for its stream before
+  // returning, so a buffer is never in use twice).
   const std::size_t table = chunks.size() * sizeof(Chunk);
   const std::size_t sums = segments.size() * sizeof(Quad);
-  void* host = nullptr;
-  void* dev = nullptr;
-  check(cudaMallocHost(&host, std::max(table, sums)), "cudaMallocHost");
-  std::vector<Quad> out(segments.size());
-  try {
-    check(cudaMallocAsync(&dev, table + sums, stream), "cudaMallocAsync");
-    std::memcpy(host, chunks.data(), table);
-    auto* device_chunks = static_cast<Chunk*>(dev);
-    auto* device_sums = reinterpret_cast<std::uint32_t*>(static_cast<unsigned char*>(dev) + table);
-    check(cudaMemcpyAsync(device_chunks, host, table, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");
-    check(cudaMemsetAsync(device_sums, 0, sums, stream), "cudaMemsetAsync");
-    for (std::size_t at = 0; at < chunks.size(); at += 2147483647u) {  // the grid's x limit
-      const auto n = static_cast<unsigned>(std::min<std::size_t>(chunks.size() - at, 2147483647u));
-      laneSumsChunks<<<n, kThreads, 0, stream>>>(device_chunks + at, device_sums);
-      check(cudaGetLastError(), "laneSumsChunks launch");
-    }
-    // The host buffer is reused for the result only after the table was copied out of it:
-    // both copies are ordered on the stream.
-    check(cudaMemcpyAsync(host, device_sums, sums, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
-    check(cudaFreeAsync(dev, stream), "cudaFreeAsync");
-    dev = nullptr;
-    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-    std::memcpy(out.data(), host, sums);
-  } catch (...) {
-    if (dev != nullptr) cudaFreeAsync(dev, stream);
-    cudaStreamSynchronize(stream);
-    cudaFreeHost(host);
-    throw;
+  ManyScratch& scratch = manyScratchFor(device);
+  scratch.reserve(table + sums);
+  std::memcpy(scratch.host, chunks.data(), table);
+  auto* device_chunks = static_cast<Chunk*>(scratch.device);
+  auto* device_sums = reinterpret_cast<std::uint32_t*>(static_cast<unsigned char*>(scratch.device) + table);
+  check(cudaMemcpyAsync(device_chunks, scratch.host, table, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");
+  check(cudaMemsetAsync(device_sums, 0, sums, stream), "cudaMemsetAsync");
+  for (std::size_t at = 0; at < chunks.size(); at += 2147483647u) {  // the grid's x limit
+    const auto n = static_cast<unsigned>(std::min<std::size_t>(chunks.size() - at, 2147483647u));
+    laneSumsChunks<<<n, kThreads, 0, stream>>>(device_chunks + at, device_sums);
+    check(cudaGetLastError(), "laneSumsChunks launch");
   }
-  cudaFreeHost(host);
+  auto* host_sums = static_cast<unsigned char*>(scratch.host) + table;
+  check(cudaMemcpyAsync(host_sums, device_sums, sums, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  std::vector<Quad> out(segments.size());
+  std::memcpy(out.data(), host_sums, sums);
   return out;
 }
 
