@@ -1,8 +1,10 @@
 // Bindings of lmr::ckpt: checkpoints, the trust manifest, the certifier and recovery
 // selection. Enumerations cross as their names ("CANDIDATE", "durable", "sdc").
 #include <nanobind/operators.h>
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include "bindings.h"
@@ -131,6 +133,23 @@ void bindCertifier(nb::module_& m) {
       .def_prop_ro("manifest", &Certifier::manifest)
       .def_prop_ro("catalog", &Certifier::catalog)
       .def_prop_ro("covered", &Certifier::covered);
+  nb::list outcomes;
+  for (Outcome o : kOutcomes) outcomes.append(str(o));
+  m.attr("CKPT_OUTCOMES") = nb::tuple(outcomes);  // by severity
+  m.def(
+      "ckpt_classify",
+      [](std::vector<std::string> sdc_sources, bool sdc_attributed, bool straggler, bool inconclusive,
+         std::vector<std::string> checked, std::vector<std::string> inconclusive_recipes,
+         std::map<std::string, std::string> reasons, const std::vector<std::string>& catalog) {
+        const LocalOutcome o =
+            classify(CheckEvidence{std::move(sdc_sources), sdc_attributed, straggler, inconclusive, std::move(checked),
+                                   std::move(inconclusive_recipes), std::move(reasons)},
+                     catalog);
+        return std::make_tuple(str(o.outcome), o.accepted, o.reason);
+      },
+      nb::arg("sdc_sources"), nb::arg("sdc_attributed"), nb::arg("straggler"), nb::arg("inconclusive"),
+      nb::arg("checked"), nb::arg("inconclusive_recipes"), nb::arg("reasons"), nb::arg("catalog"),
+      "(outcome, accepted by catalog position, reason) of one rank's check result (lmr::ckpt::classify).");
   m.def(
       "select_recovery",
       [](const Manifest& mf, const std::string& failure, std::int64_t at_step, const std::string& emergency,

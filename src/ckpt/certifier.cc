@@ -4,6 +4,8 @@
 
 #include "lmr/ckpt/recovery.h"
 #include "lmr/common/error.h"
+#include "lmr/replay/replay.h"
+#include "names.h"
 
 namespace lmr::ckpt {
 
@@ -18,10 +20,45 @@ std::string_view name(Outcome outcome) noexcept {
 }
 
 Outcome parseOutcome(std::string_view text) {
-  for (Outcome o : {Outcome::kHealthy, Outcome::kStraggler, Outcome::kInconclusive, Outcome::kSdc})
-    if (name(o) == text) return o;
-  throw InvalidArgument("unknown check outcome \"" + std::string(text) +
-                        "\" (expected healthy, straggler, inconclusive or sdc)");
+  if (auto o = detail::fromName(text, kOutcomes)) return *o;
+  throw InvalidArgument("unknown check outcome \"" + std::string(text) + "\" (expected " + detail::namesOf(kOutcomes) +
+                        ")");
+}
+
+LocalOutcome classify(const CheckEvidence& e, const std::vector<std::string>& catalog) {
+  LocalOutcome out;
+  out.accepted.assign(catalog.size(), false);
+  auto joined = [](const std::vector<std::string>& items) {
+    std::string s;
+    for (const auto& i : items) s += (s.empty() ? "" : ", ") + i;
+    return s;
+  };
+  if (!e.sdc_sources.empty() || e.sdc_attributed) {
+    out.outcome = Outcome::kSdc;
+    out.reason = "SDC in " + joined(e.sdc_sources);
+    return out;
+  }
+  std::vector<std::string> split;
+  for (const auto& [surface, why] : e.inconclusive_reasons)
+    if (why.rfind("no_majority", 0) == 0 && replay::isStateSource(surface)) split.push_back(surface);
+  if (!split.empty()) {
+    out.outcome = Outcome::kSdc;
+    out.reason = "peers disagree with no majority in " + joined(split);
+    return out;
+  }
+  const std::set<std::string> checked(e.checked_recipes.begin(), e.checked_recipes.end());
+  const std::set<std::string> inconclusive(e.inconclusive_recipes.begin(), e.inconclusive_recipes.end());
+  for (std::size_t i = 0; i < catalog.size(); ++i)
+    out.accepted[i] = checked.count(catalog[i]) && !inconclusive.count(catalog[i]);
+  if (e.inconclusive) {
+    out.outcome = Outcome::kInconclusive;
+    for (const auto& [what, why] : e.inconclusive_reasons)
+      out.reason += (out.reason.empty() ? "" : "; ") + what + ": " + why;
+    if (out.reason.empty()) out.reason = "inconclusive";
+    return out;
+  }
+  out.outcome = e.straggler ? Outcome::kStraggler : Outcome::kHealthy;
+  return out;
 }
 
 Certifier::Certifier(std::vector<std::string> catalog, Manifest manifest, std::int64_t completed)

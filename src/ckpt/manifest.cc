@@ -5,6 +5,7 @@
 #include "lmr/common/error.h"
 #include "lmr/common/files.h"
 #include "lmr/common/json.h"
+#include "names.h"
 
 namespace lmr::ckpt {
 namespace {
@@ -19,12 +20,8 @@ constexpr Tier kTiers[] = {Tier::kDurable, Tier::kLatest};
 template <typename E, std::size_t N>
 E parseName(const Json& value, const std::string& path, const E (&values)[N]) {
   const std::string text = json::asString(value, path);
-  std::string accepted;
-  for (E v : values) {
-    if (name(v) == text) return v;
-    accepted += (accepted.empty() ? "" : ", ") + std::string(name(v));
-  }
-  json::fail(path, "unknown value \"" + text + "\" (expected one of " + accepted + ")");
+  if (auto v = detail::fromName(text, values)) return *v;
+  json::fail(path, "unknown value \"" + text + "\" (expected " + detail::namesOf(values) + ")");
 }
 
 Json checkpointJson(const Checkpoint& c) {
@@ -119,8 +116,16 @@ std::string_view name(TrustState state) noexcept {
 
 std::string_view name(Tier tier) noexcept { return tier == Tier::kDurable ? "durable" : "latest"; }
 
-TrustState parseTrustState(std::string_view text) { return parseName(Json(std::string(text)), "state", kStates); }
-Tier parseTier(std::string_view text) { return parseName(Json(std::string(text)), "tier", kTiers); }
+TrustState parseTrustState(std::string_view text) {
+  if (auto v = detail::fromName(text, kStates)) return *v;
+  throw InvalidArgument("unknown trust state \"" + std::string(text) + "\" (expected " + detail::namesOf(kStates) +
+                        ")");
+}
+
+Tier parseTier(std::string_view text) {
+  if (auto v = detail::fromName(text, kTiers)) return *v;
+  throw InvalidArgument("unknown tier \"" + std::string(text) + "\" (expected " + detail::namesOf(kTiers) + ")");
+}
 
 Checkpoint* Manifest::find(std::string_view id) {
   for (auto& c : checkpoints)

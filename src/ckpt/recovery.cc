@@ -1,6 +1,7 @@
 #include "lmr/ckpt/recovery.h"
 
 #include "lmr/common/error.h"
+#include "names.h"
 
 namespace lmr::ckpt {
 namespace {
@@ -12,13 +13,9 @@ constexpr EmergencyReplay kReplays[] = {EmergencyReplay::kNotRun, EmergencyRepla
 
 template <typename E, std::size_t N>
 E parseName(std::string_view text, const E (&values)[N], const char* what) {
-  std::string accepted;
-  for (E v : values) {
-    if (name(v) == text) return v;
-    accepted += (accepted.empty() ? "" : ", ") + std::string(name(v));
-  }
-  throw InvalidArgument(std::string("unknown ") + what + " \"" + std::string(text) + "\" (expected one of " + accepted +
-                        ")");
+  if (auto v = detail::fromName(text, values)) return *v;
+  throw InvalidArgument(std::string("unknown ") + what + " \"" + std::string(text) + "\" (expected " +
+                        detail::namesOf(values) + ")");
 }
 
 // The newest checkpoint under the job's topology satisfying `usable`; at one step the fast

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -25,9 +26,35 @@
 
 namespace lmr::ckpt {
 
+// In increasing severity: the job-wide outcome of a check is the worst of its ranks'.
 enum class Outcome { kHealthy, kStraggler, kInconclusive, kSdc };
+inline constexpr Outcome kOutcomes[] = {Outcome::kHealthy, Outcome::kStraggler, Outcome::kInconclusive, Outcome::kSdc};
 std::string_view name(Outcome outcome) noexcept;
 Outcome parseOutcome(std::string_view text);  // InvalidArgument listing the accepted names
+
+// What one rank's check result (a ReplayResult) holds that certification reads.
+struct CheckEvidence {
+  std::vector<std::string> sdc_sources;  // surfaces that attributed SDC
+  bool sdc_attributed = false;           // any peer attributed (the result's SDC bitmap)
+  bool straggler = false;                // a confirmed straggler
+  bool inconclusive = false;             // the result's status is Inconclusive
+  std::vector<std::string> checked_recipes;
+  std::vector<std::string> inconclusive_recipes;
+  std::map<std::string, std::string> inconclusive_reasons;  // recipe or surface -> reason
+};
+
+struct LocalOutcome {
+  Outcome outcome = Outcome::kHealthy;
+  std::vector<bool> accepted;  // by catalog position: checked and not inconclusive
+  std::string reason;
+};
+
+// One rank's outcome for certification. SDC when a surface attributed it, or when replicas'
+// held state (a state surface, replay::isStateSource) split with no strict majority:
+// replicas must hold identical state, so corruption is certain, only its place is not (a
+// split of recomputed values may be nondeterminism and stays inconclusive). Then
+// inconclusive, straggler, healthy. Ranks agree on the worst outcome afterwards.
+LocalOutcome classify(const CheckEvidence& evidence, const std::vector<std::string>& catalog);
 
 struct CheckOutcome {
   std::int64_t step = 0;

@@ -32,7 +32,7 @@ from lm_resiliency.scout.oob.publisher import checkpoint_io, forbid_collectives
 
 log = logging.getLogger("lm_resiliency.checkpoint")
 
-OUTCOMES = ("healthy", "straggler", "inconclusive", "sdc")  # by severity: the world takes the worst
+OUTCOMES = _core.CKPT_OUTCOMES  # by severity: the world takes the worst
 
 
 def _distributed() -> bool:
@@ -40,22 +40,13 @@ def _distributed() -> bool:
 
 
 def outcome_of(result: Any, catalog: list[str]) -> tuple[int, list[bool], str]:
-    """(severity, accepted per catalog recipe, reason) of one rank's ReplayResult."""
-    if result.sdc_sources or any(result.sdc_bitmap):
-        return 3, [False] * len(catalog), "SDC in " + ", ".join(result.sdc_sources)
-    # Replicas whose held state (parameters, optimizer state) disagrees with no strict
-    # majority (two replicas): corruption is certain, only its place is not; for trust that
-    # is SDC. (A split of recomputed values may be kernel nondeterminism: inconclusive.)
-    split = sorted(k for k, v in result.inconclusive_reasons.items()
-                   if v.startswith("no_majority") and _core.replay_is_state_source(k))
-    if split:
-        return 3, [False] * len(catalog), "peers disagree with no majority in " + ", ".join(split)
-    accepted = set(result.checked_recipe_ids) - set(result.inconclusive_recipes)
-    flags = [r in accepted for r in catalog]
-    if result.status == "Inconclusive":
-        reasons = "; ".join(f"{k}: {v}" for k, v in sorted(result.inconclusive_reasons.items()))
-        return 2, flags, reasons or "inconclusive"
-    return (1 if any(result.straggler_bitmap) else 0), flags, ""
+    """(severity, accepted per catalog recipe, reason) of one rank's ReplayResult, as
+    lmr::ckpt::classify decides it."""
+    outcome, accepted, reason = _core.ckpt_classify(
+        list(result.sdc_sources), any(result.sdc_bitmap), any(result.straggler_bitmap),
+        result.status == "Inconclusive", list(result.checked_recipe_ids), list(result.inconclusive_recipes),
+        dict(result.inconclusive_reasons), catalog)
+    return OUTCOMES.index(outcome), list(accepted), reason
 
 
 class CheckpointCertifier:
@@ -75,10 +66,10 @@ class CheckpointCertifier:
         if config.writer_rank >= world:
             raise InvalidArgumentError(f"writer_rank={config.writer_rank} is outside the world of {world} ranks")
         self._writer = self.rank == config.writer_rank
-        self._group = dist.new_group(backend="gloo") if self._distributed else None
         if harness.config.check_interval == 0:
             raise InvalidArgumentError("checkpoint certification needs periodic checks (check_interval > 0): a manual "
                                        "check() replays one hidden layer and one optimizer slice, never a catalog cycle")
+        self._group = dist.new_group(backend="gloo") if self._distributed else None
         attachment = harness._attachment
         self.topology = topology_digest(attachment.adapter, attachment.model, world)
         self.catalog = harness.catalog()
@@ -103,6 +94,9 @@ class CheckpointCertifier:
     def after_step(self) -> None:
         step = self._harness.completed_iterations
         checked = self._harness.checked_at == step
+        latest = self.config.latest_interval
+        if not checked and (not latest or step % latest):
+            return  # nothing can be captured here: no check, no snapshot due
         try:
             if checked:
                 self._harness.settle()

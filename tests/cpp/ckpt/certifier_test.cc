@@ -169,5 +169,45 @@ TEST(Certifier, AJobThatStartsOverDropsTheOtherTimeline) {
   EXPECT_TRUE(tainted.abandoned().empty());
 }
 
+TEST(Classify, WhatOneRanksCheckSaysForTrust) {
+  CheckEvidence healthy;
+  healthy.checked_recipes = {"embedding", "hidden.1"};
+  auto o = classify(healthy, kCatalog);
+  EXPECT_EQ(o.outcome, Outcome::kHealthy);
+  EXPECT_EQ(o.accepted, (std::vector<bool>{true, false, true, false}));
+
+  CheckEvidence slow = healthy;
+  slow.straggler = true;
+  EXPECT_EQ(classify(slow, kCatalog).outcome, Outcome::kStraggler);
+
+  CheckEvidence sdc = healthy;
+  sdc.sdc_sources = {"hidden.1.output"};
+  o = classify(sdc, kCatalog);
+  EXPECT_EQ(o.outcome, Outcome::kSdc);
+  EXPECT_EQ(o.reason, "SDC in hidden.1.output");
+  EXPECT_EQ(o.accepted, std::vector<bool>(4, false));
+
+  // Two replicas whose held state differs: SDC. Recomputed values that split: inconclusive.
+  CheckEvidence state_split = healthy;
+  state_split.inconclusive = true;
+  state_split.inconclusive_recipes = {"hidden.1"};
+  state_split.inconclusive_reasons = {{"hidden.1.params", "no_majority: the peers disagree"}};
+  o = classify(state_split, kCatalog);
+  EXPECT_EQ(o.outcome, Outcome::kSdc);
+  EXPECT_EQ(o.reason, "peers disagree with no majority in hidden.1.params");
+  CheckEvidence value_split = state_split;
+  value_split.inconclusive_reasons = {{"hidden.1.output", "no_majority: the peers disagree"}};
+  o = classify(value_split, kCatalog);
+  EXPECT_EQ(o.outcome, Outcome::kInconclusive);
+  EXPECT_EQ(o.accepted, (std::vector<bool>{true, false, false, false}));  // hidden.1 was inconclusive
+  EXPECT_EQ(o.reason, "hidden.1.output: no_majority: the peers disagree");
+
+  CheckEvidence missing;
+  missing.inconclusive = true;
+  EXPECT_EQ(classify(missing, kCatalog).reason, "inconclusive");
+  EXPECT_EQ(parseOutcome("sdc"), Outcome::kSdc);
+  EXPECT_THROW(parseOutcome("SDC"), InvalidArgument);
+}
+
 }  // namespace
 }  // namespace lmr::ckpt

@@ -1,0 +1,26 @@
+// Private: enumerations of lmr::ckpt read back from their names (name() in the headers).
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace lmr::ckpt::detail {
+
+template <typename E, std::size_t N>
+std::optional<E> fromName(std::string_view text, const E (&values)[N]) {
+  for (E v : values)
+    if (name(v) == text) return v;
+  return std::nullopt;
+}
+
+// "a, b or c", for messages.
+template <typename E, std::size_t N>
+std::string namesOf(const E (&values)[N]) {
+  std::string out;
+  for (std::size_t i = 0; i < N; ++i) out += (i == 0 ? "" : i + 1 == N ? " or " : ", ") + std::string(name(values[i]));
+  return out;
+}
+
+}  // namespace lmr::ckpt::detail
