@@ -1,6 +1,7 @@
 """Many tensors fingerprinted at once, side by side in one run: the reference decoder's live
 parameters and gradients signed one by one (``signature()`` per tensor), all at once
-(``signatures()``: one launch, one read-back on CUDA), torch's multi-tensor reduction over
+(``signatures()``: one launch, one read-back on CUDA), a ``SignatureSet`` prepared once
+and launched again (what state integrity does every step), torch's multi-tensor reduction over
 the same tensors (``torch._foreach_norm``, read-only, one wait), and one flat buffer of the
 same size (``signature()`` once). Also one 4 KiB call against ``sum().item()``.
 
@@ -52,7 +53,10 @@ def main():
     nbytes = sum(t.numel() * t.element_size() for t in tensors)
     flat = torch.empty(nbytes, dtype=torch.uint8, device=device)
     assert lmr.signatures(tensors) == [lmr.signature(t) for t in tensors]  # the same digests
+    prepared = lmr.SignatureSet(tensors)
+    assert prepared.launch().signatures() == lmr.signatures(tensors)
     rows = {
+        "SignatureSet (prepared once)": timed(lambda: prepared.launch().digests(), args.repeats, device),
         "signatures(), all at once": timed(lambda: lmr.signatures(tensors), args.repeats, device),
         "signature() per tensor": timed(lambda: [lmr.signature(t) for t in tensors], args.repeats, device),
         "torch._foreach_norm, one wait": timed(lambda: torch._foreach_norm(tensors), args.repeats, device),

@@ -68,6 +68,9 @@ if [ "${LMR_CKPT_BENCH:-1}" != 0 ]; then  # certification and recovery against p
 fi
 if [ "${LMR_GPU_BENCH:-1}" != 0 ]; then  # LMR_GPU_BENCH=0: tests only
   run gpu_bench.txt python3 bench/gpu_signature.py --gib 1 --iters 20
+  run multi_signature.txt python3 bench/multi_signature.py --device cuda --layers 16 --dim 2048 --dtype bfloat16
+  run integrity_bench.txt python3 bench/integrity_overhead.py --device cuda --dim 2048 --layers 16 --heads 16 \
+    --seq 1024 --batch 8 --vocab 32000 --dtype bfloat16 --rounds 3 --steps 30
   run cpu_bench.txt python3 bench/run_cpu_bench.py --build-dir build-gpu
 fi
 exit $status

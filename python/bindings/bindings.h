@@ -17,5 +17,6 @@ void registerHealth(nanobind::module_& m);
 void registerFiles(nanobind::module_& m);
 void registerOobReport(nanobind::module_& m);
 void registerCkpt(nanobind::module_& m);
+void registerIntegrity(nanobind::module_& m);
 
 }  // namespace lmr::python

@@ -13,6 +13,7 @@ NB_MODULE(_core, m) {
   lmr::python::registerSession(m);
   lmr::python::registerInject(m);
   lmr::python::registerScout(m);
+  lmr::python::registerIntegrity(m);
   lmr::python::registerOob(m);
   lmr::python::registerOobReport(m);
   lmr::python::registerHealth(m);

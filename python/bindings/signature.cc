@@ -86,6 +86,57 @@ void registerSignature(nb::module_& m) {
       nb::arg("arrays"), nb::arg("dtypes"), nb::arg("shapes"), nb::arg("strides"), nb::arg("stream") = 0,
       "Signatures of many tensors given as flat uint8 arrays, all on one device: one kernel launch and one "
       "read-back for CUDA arrays (lmr::signature::signMany).");
+  using Pending = signature::TensorSet::Pending;
+  nb::class_<Pending>(m, "PendingSignatures")
+      .def("ready", &Pending::ready, "True when the signatures can be read without waiting.")
+      .def(
+          "digests",
+          [](const Pending& p) {
+            std::vector<Signature> got;
+            {
+              nb::gil_scoped_release release;
+              got = p.wait();
+            }
+            std::string out;
+            out.reserve(16 * got.size());
+            for (const Signature& s : got) out += s.digest.bytes();
+            return nb::bytes(out.data(), out.size());
+          },
+          "Waits for this launch only, then every tensor's 16-byte digest, concatenated in the set's order.")
+      .def(
+          "signatures",
+          [](const Pending& p) {
+            nb::gil_scoped_release release;
+            return p.wait();
+          },
+          "Waits for this launch only, then every tensor's Signature.");
+  nb::class_<signature::TensorSet>(m, "SignatureSet")
+      .def(
+          "__init__",
+          [](signature::TensorSet* self, const std::vector<ByteArray>& arrays, const std::vector<std::string>& dtypes,
+             const std::vector<std::vector<std::int64_t>>& shapes,
+             const std::vector<std::vector<std::int64_t>>& strides) {
+            if (dtypes.size() != arrays.size() || shapes.size() != arrays.size() || strides.size() != arrays.size())
+              throw InvalidArgument("SignatureSet needs one dtype, shape and strides per array");
+            std::vector<TensorView> views;
+            views.reserve(arrays.size());
+            for (std::size_t i = 0; i < arrays.size(); ++i)
+              views.push_back(viewOf(arrays[i], dtypes[i], shapes[i], strides[i]));
+            new (self) signature::TensorSet(std::move(views));
+          },
+          nb::arg("arrays"), nb::arg("dtypes"), nb::arg("shapes"), nb::arg("strides"),
+          "A fixed list of flat uint8 arrays on one device, signed again and again "
+          "(lmr::signature::TensorSet). The caller keeps the arrays alive and in place.")
+      .def(
+          "launch",
+          [](const signature::TensorSet& set, std::uintptr_t stream) {
+            nb::gil_scoped_release release;
+            return set.launch(reinterpret_cast<void*>(stream));
+          },
+          nb::arg("stream") = 0,
+          "Queues the signing of every array on `stream` (CUDA: returns at once; host: signs now).")
+      .def_prop_ro("size", &signature::TensorSet::size)
+      .def_prop_ro("on_cuda", &signature::TensorSet::onCuda);
   m.def("cuda_available", &signature::cudaAvailable, "True when _core has CUDA kernels and a device is visible.");
 }
 

@@ -37,7 +37,7 @@ from lm_resiliency.fault_injection import (
     SafetyClass,
     enable_fault_injection,
 )
-from lm_resiliency.signature import Signature, signature, signatures
+from lm_resiliency.signature import PendingSignatures, Signature, SignatureSet, signature, signatures
 
 __version__ = _core.__version__
 
@@ -73,5 +73,7 @@ __all__ = [
     "exact",
     "signature",
     "signatures",
+    "SignatureSet",
+    "PendingSignatures",
     "timing",
 ]

@@ -1,7 +1,9 @@
 """Tensor signatures: ``signature(tensor)`` fingerprints a CPU or CUDA tensor's bytes in
 C++ (CUDA kernels for device tensors, on the tensor's current stream) and digests its dtype,
 shape and strides. Equal bytes give equal signatures on CPU and CUDA. ``signatures(tensors)``
-signs many tensors in one call: one kernel launch and one read-back for CUDA tensors."""
+signs many tensors in one call: one kernel launch and one read-back for CUDA tensors.
+``SignatureSet(tensors)`` prepares a fixed list once and signs it again and again, each time
+with one launch that returns at once (the digests stay on the device until read)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from lm_resiliency import _core
 from lm_resiliency._core import Signature
 from lm_resiliency.errors import InvalidArgumentError, UnsupportedError
 
-__all__ = ["Signature", "signature", "signatures"]
+__all__ = ["PendingSignatures", "Signature", "SignatureSet", "signature", "signatures"]
 
 
 def _prepared(tensor: Any, what: str) -> tuple[torch.Tensor, list[int], list[int], torch.Tensor]:
@@ -85,3 +87,78 @@ def signatures(tensors: Sequence[torch.Tensor]) -> list[Signature]:
         for i, s in zip(indices, signed):
             out[i] = s
     return out
+
+
+class PendingSignatures:
+    """The signatures of one SignatureSet.launch(), read when wanted."""
+
+    def __init__(self, count: int, pending: list) -> None:
+        self._count = count
+        self._pending = pending  # (indices, _core.PendingSignatures) per device
+
+    def ready(self) -> bool:
+        """True when reading them will not wait for the device."""
+        return all(p.ready() for _, p in self._pending)
+
+    def digests(self) -> bytes:
+        """Every tensor's 16-byte digest, concatenated in the set's order (waits for this
+        launch only)."""
+        out: list[bytes] = [b""] * self._count
+        for indices, pending in self._pending:
+            got = pending.digests()
+            for k, i in enumerate(indices):
+                out[i] = got[16 * k:16 * (k + 1)]
+        return b"".join(out)
+
+    def signatures(self) -> list[Signature]:
+        """Every tensor's Signature, in the set's order (waits for this launch only)."""
+        out: list[Any] = [None] * self._count
+        for indices, pending in self._pending:
+            for i, s in zip(indices, pending.signatures()):
+                out[i] = s
+        return out
+
+
+class SignatureSet:
+    """A fixed list of tensors signed again and again (every parameter and optimizer-state
+    tensor at each step). Prepared once: the metadata digests and, for CUDA tensors, the
+    chunk table, which stays on the device. Each ``launch()`` queues one kernel per device
+    on that device's current stream, plus an asynchronous copy of the results, and returns
+    at once; its :class:`PendingSignatures` are read later, e.g. one step later by a
+    pipelined check, without a device-wide wait. Same digests as ``signature()``.
+
+    The tensors are signed where they are: they must be dense and contiguous, and stay
+    alive at the same addresses (updated in place, as optimizers do); ``still_valid()``
+    says whether they still are. A tensor re-allocated since needs a new set."""
+
+    def __init__(self, tensors: Sequence[torch.Tensor]) -> None:
+        if isinstance(tensors, torch.Tensor) or not isinstance(tensors, (list, tuple)):
+            raise InvalidArgumentError(f"SignatureSet needs a list or tuple of tensors, got {type(tensors).__name__}")
+        prepared = []
+        for i, t in enumerate(tensors):
+            what = f"SignatureSet item {i}"
+            if isinstance(t, torch.Tensor) and t.layout == torch.strided and not t.is_contiguous():
+                raise InvalidArgumentError(f"{what} is not contiguous: a set signs tensors in place (sign a "
+                                           "contiguous copy with signature() instead)")
+            prepared.append(_prepared(t, what))
+        self.tensors = [t for t, *_ in prepared]
+        self._pointers = [flat.data_ptr() for *_, flat in prepared]
+        self._flats = [flat for *_, flat in prepared]  # keeps the byte views alive
+        groups: dict[Any, list[int]] = {}
+        for i, flat in enumerate(self._flats):
+            groups.setdefault(flat.device, []).append(i)
+        self._sets = [(indices, device, _core.SignatureSet(
+            [self._flats[i] for i in indices], [str(prepared[i][0].dtype) for i in indices],
+            [prepared[i][1] for i in indices], [prepared[i][2] for i in indices]))
+            for device, indices in groups.items()]
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    def still_valid(self) -> bool:
+        """Whether every tensor still has the storage the set was prepared with."""
+        return all(t.data_ptr() == p for t, p in zip(self.tensors, self._pointers))
+
+    def launch(self) -> PendingSignatures:
+        return PendingSignatures(len(self.tensors), [(indices, s.launch(_stream(self._flats[indices[0]])))
+                                                     for indices, _, s in self._sets])

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -256,10 +257,10 @@ Quad laneSumsCuda(const void* data, std::size_t nbytes, int device, void* stream
   return *scratch.host_sums;
 }
 
-std::vector<Quad> laneSumsManyCuda(const std::vector<Segment>& segments, int device, void* stream_handle) {
-  if (!cudaDevicePresent()) throw Unsupported("no CUDA device is visible to this process");
-  DeviceGuard guard(device);
-  cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
+namespace {
+
+// Every segment's blocks cut into chunks, one CTA each (see laneSumsChunks).
+std::vector<Chunk> chunksOf(const std::vector<Segment>& segments) {
   std::vector<Chunk> chunks;
   for (std::size_t t = 0; t < segments.size(); ++t) {
     const Segment& s = segments[t];
@@ -274,6 +275,25 @@ std::vector<Quad> laneSumsManyCuda(const std::vector<Segment>& segments, int dev
       chunks.push_back(
           {bytes, s.nbytes, first, std::min(kChunkBlocks, total - first), static_cast<std::uint32_t>(t), 0});
   }
+  return chunks;
+}
+
+void launchChunkKernel(const Chunk* device_chunks, std::size_t count, std::uint32_t* device_sums,
+                       cudaStream_t stream) {
+  for (std::size_t at = 0; at < count; at += 2147483647u) {  // the grid's x limit
+    const auto n = static_cast<unsigned>(std::min<std::size_t>(count - at, 2147483647u));
+    laneSumsChunks<<<n, kThreads, 0, stream>>>(device_chunks + at, device_sums);
+    check(cudaGetLastError(), "laneSumsChunks launch");
+  }
+}
+
+}  // namespace
+
+std::vector<Quad> laneSumsManyCuda(const std::vector<Segment>& segments, int device, void* stream_handle) {
+  if (!cudaDevicePresent()) throw Unsupported("no CUDA device is visible to this process");
+  DeviceGuard guard(device);
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
+  const std::vector<Chunk> chunks = chunksOf(segments);
   // The chunk table and the accumulators share one device buffer and one pinned host buffer
   // (kept per thread and device, grown when needed: the call waits for its stream before
   // returning, so a buffer is never in use twice).
@@ -286,17 +306,98 @@ std::vector<Quad> laneSumsManyCuda(const std::vector<Segment>& segments, int dev
   auto* device_sums = reinterpret_cast<std::uint32_t*>(static_cast<unsigned char*>(scratch.device) + table);
   check(cudaMemcpyAsync(device_chunks, scratch.host, table, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");
   check(cudaMemsetAsync(device_sums, 0, sums, stream), "cudaMemsetAsync");
-  for (std::size_t at = 0; at < chunks.size(); at += 2147483647u) {  // the grid's x limit
-    const auto n = static_cast<unsigned>(std::min<std::size_t>(chunks.size() - at, 2147483647u));
-    laneSumsChunks<<<n, kThreads, 0, stream>>>(device_chunks + at, device_sums);
-    check(cudaGetLastError(), "laneSumsChunks launch");
-  }
+  launchChunkKernel(device_chunks, chunks.size(), device_sums, stream);
   auto* host_sums = static_cast<unsigned char*>(scratch.host) + table;
   check(cudaMemcpyAsync(host_sums, device_sums, sums, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
   check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   std::vector<Quad> out(segments.size());
   std::memcpy(out.data(), host_sums, sums);
   return out;
+}
+
+// One launch's accumulators (device), their pinned mirror and the event after the copy.
+struct SumsSlot {
+  std::uint32_t* device_sums = nullptr;
+  Quad* host_sums = nullptr;
+  cudaEvent_t done = nullptr;
+  ~SumsSlot() {
+    if (done != nullptr) cudaEventDestroy(done);
+    if (device_sums != nullptr) cudaFree(device_sums);
+    if (host_sums != nullptr) cudaFreeHost(host_sums);
+  }
+};
+
+struct DeviceChunks {
+  int device = 0;
+  std::size_t segments = 0;
+  std::size_t chunks = 0;
+  Chunk* device_table = nullptr;
+  std::vector<std::unique_ptr<SumsSlot>> free_slots;  // returned by finished launches
+  ~DeviceChunks() {
+    free_slots.clear();
+    if (device_table != nullptr) cudaFree(device_table);
+  }
+};
+
+struct DeviceLaunch {
+  std::shared_ptr<DeviceChunks> owner;
+  std::unique_ptr<SumsSlot> slot;
+  ~DeviceLaunch() {
+    // A launch dropped before it finished: its buffers are still being written.
+    if (slot != nullptr && cudaEventSynchronize(slot->done) == cudaSuccess) owner->free_slots.push_back(std::move(slot));
+  }
+};
+
+std::shared_ptr<DeviceChunks> uploadChunks(const std::vector<Segment>& segments, int device) {
+  if (!cudaDevicePresent()) throw Unsupported("no CUDA device is visible to this process");
+  DeviceGuard guard(device);
+  auto out = std::make_shared<DeviceChunks>();
+  out->device = device;
+  out->segments = segments.size();
+  const std::vector<Chunk> chunks = chunksOf(segments);
+  out->chunks = chunks.size();
+  if (!chunks.empty()) {
+    check(cudaMalloc(reinterpret_cast<void**>(&out->device_table), chunks.size() * sizeof(Chunk)), "cudaMalloc");
+    check(cudaMemcpy(out->device_table, chunks.data(), chunks.size() * sizeof(Chunk), cudaMemcpyHostToDevice),
+          "cudaMemcpy");
+  }
+  return out;
+}
+
+std::shared_ptr<DeviceLaunch> launchChunks(const std::shared_ptr<DeviceChunks>& table, void* stream_handle) {
+  DeviceGuard guard(table->device);
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
+  auto launch = std::make_shared<DeviceLaunch>();
+  launch->owner = table;
+  if (!table->free_slots.empty()) {
+    launch->slot = std::move(table->free_slots.back());
+    table->free_slots.pop_back();
+  } else {
+    launch->slot = std::make_unique<SumsSlot>();
+    const std::size_t bytes = std::max<std::size_t>(1, table->segments) * sizeof(Quad);
+    check(cudaMalloc(reinterpret_cast<void**>(&launch->slot->device_sums), bytes), "cudaMalloc");
+    check(cudaMallocHost(reinterpret_cast<void**>(&launch->slot->host_sums), bytes), "cudaMallocHost");
+    check(cudaEventCreateWithFlags(&launch->slot->done, cudaEventDisableTiming), "cudaEventCreate");
+  }
+  SumsSlot& s = *launch->slot;
+  const std::size_t bytes = table->segments * sizeof(Quad);
+  check(cudaMemsetAsync(s.device_sums, 0, bytes, stream), "cudaMemsetAsync");
+  launchChunkKernel(table->device_table, table->chunks, s.device_sums, stream);
+  check(cudaMemcpyAsync(s.host_sums, s.device_sums, bytes, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+  check(cudaEventRecord(s.done, stream), "cudaEventRecord");
+  return launch;
+}
+
+bool launchReady(const DeviceLaunch& launch) {
+  const cudaError_t status = cudaEventQuery(launch.slot->done);
+  if (status == cudaErrorNotReady) return false;
+  check(status, "cudaEventQuery");
+  return true;
+}
+
+std::vector<Quad> launchWait(const DeviceLaunch& launch) {
+  check(cudaEventSynchronize(launch.slot->done), "cudaEventSynchronize");
+  return std::vector<Quad>(launch.slot->host_sums, launch.slot->host_sums + launch.owner->segments);
 }
 
 bool cudaDevicePresent() noexcept {

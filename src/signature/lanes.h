@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <vector>
 
 #include "mix.h"
@@ -20,6 +21,15 @@ struct Segment {
   std::size_t nbytes = 0;
 };
 std::vector<Quad> laneSumsManyCuda(const std::vector<Segment>& segments, int device, void* stream);
+
+// A fixed list of device segments whose chunk table lives on the device (TensorSet), and
+// one queued launch over it: the lane sums land in pinned memory behind an event.
+struct DeviceChunks;
+struct DeviceLaunch;
+std::shared_ptr<DeviceChunks> uploadChunks(const std::vector<Segment>& segments, int device);
+std::shared_ptr<DeviceLaunch> launchChunks(const std::shared_ptr<DeviceChunks>& table, void* stream);
+bool launchReady(const DeviceLaunch& launch);
+std::vector<Quad> launchWait(const DeviceLaunch& launch);  // by segment
 
 bool cudaDevicePresent() noexcept;
 

@@ -101,17 +101,29 @@ Signature sign(const TensorView& view, void* stream) {
   return s;
 }
 
-std::vector<Signature> signMany(const std::vector<TensorView>& views, void* stream) {
-  std::vector<Signature> out(views.size());
-  if (views.empty()) return out;
+namespace {
+
+// InvalidArgument unless every view is on one device with data where it has bytes.
+void checkOneDevice(const std::vector<TensorView>& views, const char* what) {
+  if (views.empty()) return;
   const DeviceType device = views.front().device;
   const int index = views.front().device_index;
   for (const auto& v : views) {
     if (v.device != device || (device == DeviceType::kCuda && v.device_index != index))
-      throw InvalidArgument("signMany needs every tensor on one device (all host memory, or one CUDA device)");
-    if (v.data == nullptr && v.nbytes != 0) throw InvalidArgument("signMany: null data with non-zero size");
+      throw InvalidArgument(std::string(what) +
+                            " needs every tensor on one device (all host memory, or one CUDA device)");
+    if (v.data == nullptr && v.nbytes != 0) throw InvalidArgument(std::string(what) + ": null data with non-zero size");
   }
-  if (device == DeviceType::kCuda) {
+}
+
+}  // namespace
+
+std::vector<Signature> signMany(const std::vector<TensorView>& views, void* stream) {
+  std::vector<Signature> out(views.size());
+  if (views.empty()) return out;
+  checkOneDevice(views, "signMany");
+  const int index = views.front().device_index;
+  if (views.front().device == DeviceType::kCuda) {
     std::vector<detail::Segment> segments;
     std::vector<std::size_t> where;  // index of each non-empty view
     for (std::size_t i = 0; i < views.size(); ++i) {
@@ -130,6 +142,59 @@ std::vector<Signature> signMany(const std::vector<TensorView>& views, void* stre
   }
   for (std::size_t i = 0; i < views.size(); ++i) {
     out[i].meta = metaDigest(views[i].meta, views[i].nbytes);
+    out[i].digest = combine(out[i].content, out[i].meta);
+  }
+  return out;
+}
+
+constexpr std::size_t kNoSegment = static_cast<std::size_t>(-1);
+
+TensorSet::TensorSet(std::vector<TensorView> views) : views_(std::move(views)) {
+  checkOneDevice(views_, "TensorSet");
+  metas_ = std::make_shared<std::vector<Signature>>(views_.size());
+  for (std::size_t i = 0; i < views_.size(); ++i) (*metas_)[i].meta = metaDigest(views_[i].meta, views_[i].nbytes);
+  nbytes_ = std::make_shared<std::vector<std::size_t>>();
+  segment_of_ = std::make_shared<std::vector<std::size_t>>();
+  for (const TensorView& v : views_) nbytes_->push_back(v.nbytes);
+  if (!views_.empty() && views_.front().device == DeviceType::kCuda) {
+    std::vector<detail::Segment> segments;
+    for (const TensorView& v : views_) {
+      segment_of_->push_back(v.nbytes == 0 ? kNoSegment : segments.size());
+      if (v.nbytes != 0) segments.push_back({v.data, v.nbytes});
+    }
+    table_ = detail::uploadChunks(segments, views_.front().device_index);
+  }
+}
+
+TensorSet::Pending TensorSet::launch(void* stream) const {
+  Pending p;
+  p.metas_ = metas_;
+  if (table_ != nullptr) {
+    p.launch_ = detail::launchChunks(table_, stream);
+    p.segment_of_ = segment_of_;
+    p.nbytes_ = nbytes_;
+    return p;
+  }
+  auto signed_now = std::make_shared<std::vector<Signature>>(*metas_);
+  for (std::size_t i = 0; i < views_.size(); ++i) {
+    Signature& s = (*signed_now)[i];
+    s.content = contentCpu(views_[i].data, views_[i].nbytes);
+    s.digest = combine(s.content, s.meta);
+  }
+  p.host_ = std::move(signed_now);
+  return p;
+}
+
+bool TensorSet::Pending::ready() const { return launch_ == nullptr || detail::launchReady(*launch_); }
+
+std::vector<Signature> TensorSet::Pending::wait() const {
+  if (host_ != nullptr) return *host_;
+  std::vector<Signature> out = metas_ != nullptr ? *metas_ : std::vector<Signature>{};
+  if (launch_ == nullptr) return out;
+  const std::vector<Quad> sums = detail::launchWait(*launch_);
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    const std::size_t k = (*segment_of_)[i];
+    out[i].content = finalizeContent(k == kNoSegment ? Quad{0, 0, 0, 0} : sums[k], (*nbytes_)[i]);
     out[i].digest = combine(out[i].content, out[i].meta);
   }
   return out;

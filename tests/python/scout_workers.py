@@ -41,12 +41,13 @@ def adam_campaign():
                               "state_key": "exp_avg"}, {"until": "campaign_end"}))
 
 
-def run(parallel, kind, steps, check_interval=1, pipelined=None, ffn_hidden=None):
+def run(parallel, kind, steps, check_interval=1, pipelined=None, ffn_hidden=None, state_integrity=None):
     cfg = TrainConfig(parallel=parallel, steps=steps)
     if ffn_hidden is not None:  # e.g. a size FSDP cannot split evenly
         cfg.model = dataclasses.replace(cfg.model, ffn_hidden=ffn_hidden)
     model, opt, data, device = build(cfg)
-    harness = ReplayHarness(model, opt, ReplayHarnessConfig(check_interval=check_interval, pipelined=pipelined))
+    harness = ReplayHarness(model, opt, ReplayHarnessConfig(check_interval=check_interval, pipelined=pipelined,
+                                                            state_integrity=state_integrity))
     c = {"compute": compute_campaign, "weight": weight_campaign, "adam": adam_campaign}.get(kind)
     session = lmr.enable_fault_injection(model, opt, campaign=c()) if c else None
     for step in range(steps):

@@ -42,6 +42,7 @@ def test_failing_callback_or_vote_never_raises_out_of_the_step(caplog):
     assert sum("on_result raised" in r.getMessage() for r in caplog.records) == 3
     # Whatever escapes a check (here its vote) leaves an Inconclusive result, no exception.
     results, _ = w.train_cache_model(3, break_finish=True)
+    results = [r for r in results if r.checked_recipe_ids != ["integrity"]]  # state integrity still voted
     assert [r.status for r in results] == ["Inconclusive"] * 3
     assert all(r.inconclusive_reasons["check"] == "replay_error: ConnectionError: peer went away" for r in results)
 

@@ -107,3 +107,27 @@ def test_many_tensors_at_once_equal_one_by_one():
         lmr.signatures(torch.zeros(3))
     with pytest.raises(lmr.InvalidArgumentError, match="item 1 needs a torch.Tensor"):
         lmr.signatures([torch.zeros(3), 3])
+
+
+def test_a_prepared_set_signs_in_place_updates_again_and_again():
+    tensors = [random_tensor(shape, dtype, seed=i) for i, (shape, dtype) in enumerate(
+        (s, d) for d in ALL_DTYPES for s in [(1,), (3, 5)])] + [torch.zeros(0), torch.zeros(())]
+    s = lmr.SignatureSet(tensors)
+    assert len(s) == len(tensors) and s.still_valid()
+    first = s.launch()
+    assert first.ready()
+    assert first.signatures() == [lmr.signature(t) for t in tensors]
+    assert first.digests() == b"".join(lmr.signature(t).digest for t in tensors)
+    tensors[3].view(torch.uint8).view(-1)[0] ^= 1  # an in-place change the next launch sees
+    second = s.launch().signatures()
+    assert second[3] != first.signatures()[3] and second[3] == lmr.signature(tensors[3])
+    assert second[:3] == first.signatures()[:3]
+    w = torch.nn.Parameter(torch.randn(4, 4))
+    s = lmr.SignatureSet([w])
+    w.data = torch.randn(4, 4)  # new storage: the set no longer describes it
+    assert not s.still_valid()
+    with pytest.raises(lmr.InvalidArgumentError, match="not contiguous"):
+        lmr.SignatureSet([torch.randn(4, 4).t()])
+    with pytest.raises(lmr.InvalidArgumentError, match="list or tuple"):
+        lmr.SignatureSet(torch.zeros(3))
+    assert lmr.SignatureSet([]).launch().signatures() == []

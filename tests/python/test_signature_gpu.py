@@ -72,3 +72,24 @@ def test_many_run_on_the_current_stream():
             x.add_(1)  # still queued on `side`
         got = lmr.signatures(xs)
     assert got == [lmr.signature(torch.full((1 << 22,), 4, dtype=torch.int32))] * 3
+
+
+def test_a_prepared_cuda_set_streams_its_digests():
+    tensors = [random_tensor(shape, dtype, seed=i).cuda() for i, (shape, dtype) in enumerate(
+        (s, d) for d in ALL_DTYPES for s in [(1,), (129, 33)])]
+    tensors += [torch.zeros(0, device="cuda"), torch.zeros((8 << 20) + 5, dtype=torch.uint8, device="cuda")[1:]]
+    tensors.append(torch.zeros(3))  # a host tensor in the same set
+    s = lmr.SignatureSet(tensors)
+    expected = [lmr.signature(t) for t in tensors]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)  # the launch queues behind this on the current stream
+        pending = s.launch()
+        assert not pending.ready()
+        tensors[0].add_(1)  # after the launch in stream order: not in its digests
+    got = pending.signatures()  # waits for this launch only
+    assert got == expected
+    torch.cuda.synchronize()
+    assert s.launch().signatures() == [lmr.signature(t) for t in tensors]
+    assert s.launch().signatures()[0] != expected[0]

@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -66,5 +67,49 @@ Signature sign(const TensorView& view, void* stream = nullptr);
 // read-back per tensor in one copy, and one wait for `stream`. InvalidArgument when the
 // views mix host and device memory or CUDA devices.
 std::vector<Signature> signMany(const std::vector<TensorView>& views, void* stream = nullptr);
+
+namespace detail {
+struct DeviceChunks;
+struct DeviceLaunch;
+}  // namespace detail
+
+// A fixed list of tensors signed again and again (state integrity signs every parameter and
+// optimizer-state tensor at each optimizer step). What does not depend on the bytes is done
+// once: the metadata digests and, for CUDA, the chunk table, which stays on the device.
+// launch() queues one kernel over every tensor and one asynchronous copy of the lane sums on
+// `stream`, and returns at once; the Pending it returns reads the signatures when they are
+// there. Host sets are signed inside launch(). The caller keeps every tensor's memory at the
+// same address, alive, while the set is in use. Not thread-safe.
+class TensorSet {
+ public:
+  // InvalidArgument as signMany (one device, no null data).
+  explicit TensorSet(std::vector<TensorView> views);
+
+  class Pending {
+   public:
+    bool ready() const;  // the signatures can be read without waiting
+    // Waits for the launch (only for it), then the signatures, in the set's order.
+    std::vector<Signature> wait() const;
+
+   private:
+    friend class TensorSet;
+    std::shared_ptr<const std::vector<Signature>> metas_;  // meta digests; content unset
+    std::shared_ptr<detail::DeviceLaunch> launch_;         // null for host sets
+    std::shared_ptr<const std::vector<std::size_t>> segment_of_;  // view -> segment, npos when empty
+    std::shared_ptr<const std::vector<std::size_t>> nbytes_;
+    std::shared_ptr<std::vector<Signature>> host_;         // host sets: signed already
+  };
+
+  Pending launch(void* stream = nullptr) const;
+  std::size_t size() const { return views_.size(); }
+  bool onCuda() const { return table_ != nullptr; }
+
+ private:
+  std::vector<TensorView> views_;
+  std::shared_ptr<std::vector<Signature>> metas_;
+  std::shared_ptr<detail::DeviceChunks> table_;
+  std::shared_ptr<std::vector<std::size_t>> segment_of_;  // view -> segment index, npos for empty views
+  std::shared_ptr<std::vector<std::size_t>> nbytes_;
+};
 
 }  // namespace lmr::signature

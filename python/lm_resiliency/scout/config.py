@@ -32,6 +32,13 @@ class ReplayHarnessConfig:
     # stalling the GPU (results arrive one step later). None: on for CUDA models.
     pipelined: Optional[bool] = None
     compare_parameters: bool = True  # C3 on the replayed module's parameter state
+    # State integrity after every optimizer step (scout/integrity.py): replicas compare
+    # digests of every parameter and optimizer-state tensor; each rank checks that its
+    # state did not change at rest. None: on.
+    state_integrity: Optional[bool] = None
+    # Sign the state again before each update (the at-rest check). None: where replicas
+    # cannot outvote a diverged one (a state group of fewer than 3, or pure FSDP shards).
+    integrity_at_rest: Optional[bool] = None
     # Outlier test of each check (defaults: lmr::replay::StragglerOptions).
     straggler_kappa: float = _DEFAULTS.timing.kappa
     straggler_absolute_s: float = _DEFAULTS.timing.absolute_threshold
@@ -69,8 +76,10 @@ class ReplayHarnessConfig:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
                 raise InvalidArgumentError(f"ReplayHarnessConfig.{name} must be a non-negative number")
 
-        if self.pipelined is not None and not isinstance(self.pipelined, bool):
-            raise InvalidArgumentError(f"ReplayHarnessConfig.pipelined must be True, False or None, got {self.pipelined!r}")
+        for name in ("pipelined", "state_integrity", "integrity_at_rest"):
+            v = getattr(self, name)
+            if v is not None and not isinstance(v, bool):
+                raise InvalidArgumentError(f"ReplayHarnessConfig.{name} must be True, False or None, got {v!r}")
         if self.hang_detection is not None and not isinstance(self.hang_detection, HangDetectionConfig):
             raise InvalidArgumentError("ReplayHarnessConfig.hang_detection must be a HangDetectionConfig or None")
 

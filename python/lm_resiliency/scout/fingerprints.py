@@ -7,11 +7,13 @@ from typing import Optional, Union
 
 import torch
 
-from lm_resiliency.signature import signature
+from lm_resiliency.signature import signatures
 
 
 def _sign(tensors: list[Optional[torch.Tensor]]) -> bytes:
-    return b"".join(b"-" * 16 if t is None else signature(t.detach()).digest for t in tensors)
+    """Every tensor's digest (one multi-tensor call), 16 dashes for a missing one."""
+    signed = iter(signatures([t.detach() for t in tensors if t is not None]))
+    return b"".join(b"-" * 16 if t is None else next(signed).digest for t in tensors)
 
 
 class Fingerprints:

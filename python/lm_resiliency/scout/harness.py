@@ -24,10 +24,11 @@ from lm_resiliency.scout.capture import Capture
 from lm_resiliency.scout.config import ReplayHarnessConfig
 from lm_resiliency.scout.determinism import Determinism
 from lm_resiliency.scout.guard import Guard, WarnOnce, describe, log
+from lm_resiliency.scout.integrity import StateIntegrity
 from lm_resiliency.scout.module_replay import ModuleReplay
 from lm_resiliency.scout.oob.monitor import HangMonitor
 from lm_resiliency.scout.optimizer_replay import OptimizerReplay
-from lm_resiliency.scout.result import ReplayResult, SurfaceResult
+from lm_resiliency.scout.result import ReplayResult, SurfaceResult, merge_results
 from lm_resiliency.scout.started_check import StartedCheck
 
 
@@ -82,6 +83,12 @@ class ReplayHarness:
         self.checked_at: Optional[int] = None  # the last boundary at which a check started
         self.boundary_times: dict[int, float] = {completed_iterations: time.time()}
         self._plan_now: Optional[tuple] = None
+        self._integrity: Optional[StateIntegrity] = None
+        self._load_handle = None
+        if self.config.state_integrity is not False:
+            self._integrity = StateIntegrity(self._adapter, self._peers, self._device, self._pipelined,
+                                             self.config.integrity_at_rest)
+            self._load_handle = self._attachment.on_load(lambda _kind: self._integrity.replaced())
         self._handle = self._attachment.add_listener(self, REPLAY)
         self._arm(self._completed + 1)
         # The out-of-band path, when configured: a collective construction on every rank.
@@ -126,6 +133,8 @@ class ReplayHarness:
     def before_step(self) -> None:
         """Just before the update: the pre-update snapshot the optimizer recipe needs."""
         plan = self._plan_now = self._plan(self._completed + 1)
+        if self._integrity is not None:
+            self._integrity.before_step(self._completed + 1)
         if plan[3] is not None:
             try:
                 self._snapshot = self._optimizer_replay.snapshot(plan[3])
@@ -150,18 +159,23 @@ class ReplayHarness:
 
     def _forget_step(self) -> None:
         self._plan_now, self._snapshot, self._snapshot_error = None, None, None
+        if self._integrity is not None:
+            self._integrity.step_abandoned()
 
     def _boundary(self, step: int, plan: tuple) -> None:
         captures, self._captures = self._captures, {}
         try:
-            self._finish_pending()
+            integrity = self._integrity_verdict(self._integrity.after_step(step) if self._integrity else None)
+            integrity = self._finish_pending(integrity)
             if self.config.check_interval != 0 and any(x not in (False, None) for x in plan):
                 self.checked_at = step
                 started = self._contained(step, lambda: self._start(step, plan, captures, self._snapshot))
                 if started is not None and self._pipelined:
                     self._pending = started
                 elif started is not None:
-                    self._conclude(step, lambda: self._finish(started))
+                    integrity = self._conclude(step, lambda: self._finish(started), integrity)
+            if integrity is not None:
+                self._record(integrity)
         finally:
             self._snapshot, self._snapshot_error = None, None
             for c in self._last_captures.values():
@@ -187,21 +201,43 @@ class ReplayHarness:
             self._record(failed)
             return None
 
-    def _conclude(self, step: int, finish: Any) -> ReplayResult:
-        """Records what `finish()` decides, or the Inconclusive result of its failure."""
+    def _conclude(self, step: int, finish: Any, integrity: Optional[ReplayResult] = None) -> Optional[ReplayResult]:
+        """Records what `finish()` decides, or the Inconclusive result of its failure, with
+        `integrity` (the state-integrity verdict) merged in when it is of the same step.
+        Returns `integrity` when it was not merged."""
         result = self._contained(step, finish)
+        if result is not None and integrity is not None and integrity.step == result.step:
+            merge_results(result, integrity)
+            integrity = None
         if result is not None:
             self._record(result)
-        return self.results[-1]
+        return integrity
+
+    def _integrity_verdict(self, due: Any) -> Optional[ReplayResult]:
+        """The state-integrity verdict of a recorded step (a collective over the peers), or
+        None when none is due; its failure is an Inconclusive result."""
+        if due is None:
+            return None
+        try:
+            return self._integrity.conclude(due)
+        except Exception as e:  # noqa: BLE001 - the step the user called must not fail
+            log.exception("SCOUT state integrity after step %d failed; its result is Inconclusive", due.step)
+            failed = ReplayResult(step=due.step, peer_ranks=list(self._peers.ranks), status="Inconclusive",
+                                  wall_time=time.time())
+            failed.checked_recipe_ids = ["integrity"]
+            failed.inconclusive_recipes = ["integrity"]
+            failed.inconclusive_reasons = {"integrity": f"replay_error: {describe(e)}"}
+            return failed
 
     def check(self) -> ReplayResult:
         """Runs the full catalog now on the last iteration's captures (collective: every
         rank calls it). The optimizer recipe needs a pre-update snapshot, which a manual
         check does not have: it compares the optimizer state and parameters instead."""
-        self._finish_pending()
+        self.settle()
         step = self._completed
         plan = self._plan(max(step, 1), full=True)
-        return self._conclude(step, lambda: self._finish(self._start(step, plan, self._last_captures, None)))
+        self._conclude(step, lambda: self._finish(self._start(step, plan, self._last_captures, None)))
+        return self.results[-1]
 
     @property
     def completed_iterations(self) -> int:
@@ -216,12 +252,17 @@ class ReplayHarness:
         """Finishes a pipelined check now instead of at the next boundary (collective:
         every rank calls it at the same boundary). Checkpoint certification needs the
         verdict before it captures the state the check covered."""
-        self._finish_pending()
+        integrity = self._integrity_verdict(self._integrity.settle() if self._integrity else None)
+        integrity = self._finish_pending(integrity)
+        if integrity is not None:
+            self._record(integrity)
 
-    def _finish_pending(self) -> None:
+    def _finish_pending(self, integrity: Optional[ReplayResult] = None) -> Optional[ReplayResult]:
+        """Finishes the pipelined check; returns `integrity` unless it was merged into it."""
         pending, self._pending = self._pending, None
         if pending is not None:
-            self._conclude(pending.step, lambda: self._finish(pending))
+            return self._conclude(pending.step, lambda: self._finish(pending), integrity)
+        return integrity
 
     def _record(self, result: ReplayResult) -> None:
         self.results.append(result)
@@ -240,8 +281,8 @@ class ReplayHarness:
         """Detaches. A pipelined check still open is finished first (its vote is a
         collective: every rank closes at the same point, as every rank steps)."""
         try:
-            if getattr(self, "_pending", None) is not None:
-                self._finish_pending()
+            if getattr(self, "_pending", None) is not None or getattr(self, "_integrity", None) is not None:
+                self.settle()
         finally:
             self._detach()
 
@@ -253,6 +294,8 @@ class ReplayHarness:
         self._captures, self._last_captures = {}, {}
         if getattr(self, "_handle", None) is not None:
             self._handle.remove()
+        if getattr(self, "_load_handle", None) is not None:
+            self._load_handle.remove()
 
     # --- one check -----------------------------------------------------------------------
 

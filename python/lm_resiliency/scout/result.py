@@ -43,6 +43,14 @@ class ReplayResult:
     compute_repetitions: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # this rank: every repetition
     collective_timings: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     layer_of_source: dict[str, int] = dataclasses.field(default_factory=dict)
+    # The model component a source's evidence belongs to, where the recipe family does not
+    # say it (state integrity: the component of the tensors it named).
+    component_of_source: dict[str, str] = dataclasses.field(default_factory=dict)
+    # State integrity: surface -> {rank: the tensors that named it} ("layers.1.mlp.w1.weight",
+    # "layers.1.mlp.w1.weight[exp_avg]"), and where those tensors are: surface -> {rank:
+    # (component, layer)} when they are all in one place.
+    integrity_tensors: dict[str, dict[int, list[str]]] = dataclasses.field(default_factory=dict)
+    rank_places: dict[str, dict[int, tuple]] = dataclasses.field(default_factory=dict)
     wall_time: float = 0.0
 
     @property
@@ -52,6 +60,17 @@ class ReplayResult:
     @property
     def straggler_ranks(self) -> list[int]:
         return [r for r, slow in zip(self.peer_ranks, self.straggler_bitmap) if slow]
+
+    def component_of(self, source: str) -> Optional[str]:
+        """The kit's component of an evidence source, when known."""
+        return self.component_of_source.get(source) or COMPONENTS.get(source.split(".")[0])
+
+    def place_of(self, source: str, rank: int) -> tuple[Optional[str], Optional[int]]:
+        """(component, layer) of what `source` found on `rank`, when known."""
+        place = self.rank_places.get(source, {}).get(rank)
+        if place is not None:
+            return place[0], place[1]
+        return self.component_of(source), self.layer_of_source.get(source)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -73,8 +92,9 @@ class ReplayResult:
         out = []
         by_family: dict[tuple[str, Optional[int]], list[str]] = {}
         for source in self.sdc_sources:
-            family = source.split(".")[0]
-            by_family.setdefault((COMPONENTS.get(family, family), self.layer_of_source.get(source)), []).append(source)
+            component = self.component_of(source)
+            by_family.setdefault((component or source.split(".")[0], self.layer_of_source.get(source)),
+                                 []).append(source)
         for (component, layer), sources in sorted(by_family.items(), key=lambda kv: str(kv[0])):
             bitmaps = [self.c3_results[s].bitmap for s in sources if s in self.c3_results] or [self.sdc_bitmap]
             ranks = [r for i, r in enumerate(self.peer_ranks) if any(b[i] for b in bitmaps)]
@@ -85,3 +105,24 @@ class ReplayResult:
         if any(self.straggler_bitmap):
             out.append({"kind": "straggler", "ranks": self.straggler_ranks, "sources": list(self.compute_seconds)})
         return out
+
+
+_SEVERITY = {"Agree": 0, "Inconclusive": 1, "Attributed": 2}
+
+
+def merge_results(into: ReplayResult, other: ReplayResult) -> None:
+    """Adds `other` (evidence of another recipe family, same step and peers: the state
+    integrity verdict) to `into`; the status becomes the worse of the two."""
+    n = len(into.peer_ranks)
+    into.c3_results.update(other.c3_results)
+    into.sdc_bitmap = [a or b for a, b in zip(into.sdc_bitmap or [False] * n, other.sdc_bitmap or [False] * n)]
+    into.sdc_sources = sorted(set(into.sdc_sources) | set(other.sdc_sources))
+    into.checked_recipe_ids += [r for r in other.checked_recipe_ids if r not in into.checked_recipe_ids]
+    into.inconclusive_recipes += [r for r in other.inconclusive_recipes if r not in into.inconclusive_recipes]
+    into.inconclusive_reasons.update(other.inconclusive_reasons)
+    into.layer_of_source.update(other.layer_of_source)
+    into.component_of_source.update(other.component_of_source)
+    into.integrity_tensors.update(other.integrity_tensors)
+    into.rank_places.update(other.rank_places)
+    if _SEVERITY.get(other.status, 0) > _SEVERITY.get(into.status, 0):
+        into.status = other.status

@@ -21,7 +21,7 @@ from typing import Iterable, Optional, Sequence
 from lm_resiliency import _core
 from lm_resiliency.fault_injection.campaign import FaultCampaign
 from lm_resiliency.fault_injection.ground_truth import FaultInjectionRecord, LocalizationResult
-from lm_resiliency.scout.result import COMPONENTS, ReplayResult
+from lm_resiliency.scout.result import ReplayResult
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,8 +81,8 @@ def _results_for(occurrence_id: str, check: ReplayResult, mine: list[Attribution
         if a.kind == "straggler":
             key: tuple = ("straggler", None, None)
         else:
-            component = COMPONENTS.get(a.source.split(".")[0])
-            key = ("sdc", component, check.layer_of_source.get(a.source))
+            component, layer = check.place_of(a.source, a.rank)
+            key = ("sdc", component, layer)
         groups.setdefault(key, set()).add(a.rank)
     return [LocalizationResult(occurrence_id, True, failed_ranks=tuple(sorted(ranks)), kind=kind,
                                components=(component,) if component else None, layer_id=layer, latency_ms=latency_ms)

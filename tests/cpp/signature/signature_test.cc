@@ -221,6 +221,29 @@ TEST(Signature, ManyAtOnceEqualOneByOne) {
   EXPECT_THROW(signMany(null_data), InvalidArgument);
 }
 
+TEST(Signature, TensorSetSignsAgainAndAgain) {
+  auto bytes = randomBytes(70000, 11);
+  std::vector<TensorView> views;
+  for (std::size_t n : {0, 1, 17, 4096, 65537}) views.push_back(hostView(bytes, 2, n));
+  const TensorSet set(views);
+  EXPECT_EQ(set.size(), views.size());
+  EXPECT_FALSE(set.onCuda());
+  const TensorSet::Pending first = set.launch();
+  EXPECT_TRUE(first.ready());
+  const auto before = first.wait();
+  const auto reference = signMany(views);
+  for (std::size_t i = 0; i < views.size(); ++i) EXPECT_EQ(before[i].digest, reference[i].digest) << i;
+  bytes[2 + 4000] ^= 1;  // inside every view of at least 4001 bytes
+  const auto after = set.launch().wait();
+  for (std::size_t i = 0; i < views.size(); ++i)
+    EXPECT_EQ(after[i].digest == before[i].digest, views[i].nbytes <= 4000) << i;
+  EXPECT_EQ(first.wait()[3].digest, before[3].digest);  // an earlier launch keeps its values
+  EXPECT_EQ(TensorSet({}).launch().wait().size(), 0u);
+  std::vector<TensorView> mixed = {views[1], views[1]};
+  mixed[1].device = DeviceType::kCuda;
+  EXPECT_THROW(TensorSet{mixed}, InvalidArgument);
+}
+
 TEST(Signature, CudaWithoutDeviceIsUnsupported) {
   if (cudaAvailable()) GTEST_SKIP() << "a CUDA device is visible; covered by the GPU tests";
   int x = 0;
@@ -231,6 +254,7 @@ TEST(Signature, CudaWithoutDeviceIsUnsupported) {
   v.device = DeviceType::kCuda;
   v.meta = TensorMeta{"torch.int32", {1}, {1}};
   EXPECT_THROW(signMany({v}), Unsupported);
+  EXPECT_THROW(TensorSet({v}), Unsupported);
 }
 
 }  // namespace

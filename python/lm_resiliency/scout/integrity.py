@@ -1,0 +1,257 @@
+"""State integrity at every optimizer step (the decisions: lmr::replay, integrity.h).
+
+After each update every rank signs every parameter and optimizer-state tensor it holds
+with one multi-tensor launch (lmr::signature::TensorSet, prepared once) on the current
+stream. Replicas (DDP ranks, HSDP replicate peers) compare the folded digests; where a
+strict majority of replicas cannot form (two replicas, or one owner per shard under FSDP)
+each rank also signs its state again just before the next update: any change while the
+state was at rest is corruption on that rank. Pipelined like the checks: on CUDA the
+digests of step N are read at boundary N + 1, when the GPU has long finished them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+from lm_resiliency import _core
+from lm_resiliency.scout.guard import describe, log
+from lm_resiliency.scout.result import ReplayResult, SurfaceResult
+from lm_resiliency.signature import PendingSignatures, SignatureSet
+
+RECIPE = "integrity"
+
+
+class _Held:
+    """The tensors a rank holds, what they are, and the set that signs them."""
+
+    def __init__(self, entries: list[tuple[str, bool, torch.Tensor]]) -> None:
+        self.names = [n for n, _, _ in entries]
+        self.kinds = bytes(1 if s else 0 for _, s, _ in entries)
+        self.layout = _core.contract_digest(["lmr.integrity.layout.v1"] + [
+            f"{n}:{int(s)}:{t.dtype}:{list(t.shape)}" for n, s, t in entries])
+        self.set = SignatureSet([t for _, _, t in entries])
+
+    def launch(self) -> "_Launch":
+        return _Launch(self, self.set.launch())
+
+
+@dataclasses.dataclass
+class _Launch:
+    held: _Held
+    pending: PendingSignatures
+
+    def digests(self) -> bytes:
+        return self.pending.digests()
+
+
+@dataclasses.dataclass
+class _Step:
+    step: int
+    after: Optional[_Launch] = None
+    before: Optional[_Launch] = None
+    error: Optional[str] = None
+
+
+class StateIntegrity:
+    """One per harness. `at_rest`: sign the state again before each update (None: where
+    replicas cannot outvote a diverged one, i.e. some state group has fewer than 3)."""
+
+    def __init__(self, adapter: Any, peers: Any, device: torch.device, pipelined: bool,
+                 at_rest: Optional[bool]) -> None:
+        self._adapter = adapter
+        self._peers = peers
+        self._pipelined = pipelined  # as the checks: verdicts of step N taken at boundary N + 1
+        self.replicas = not peers.materialize
+        smallest = min((len(g) for g in peers.state_groups), default=1)
+        self.at_rest = at_rest if at_rest is not None else (not self.replicas or smallest < 3)
+        self._names = self._parameter_names()
+        self._components = self._component_paths()
+        self._held: Optional[_Held] = None
+        self._state_count = -1
+        self._current: Optional[_Step] = None  # the step between before_step and after_step
+        self._pending: Optional[_Step] = None  # recorded, verdict not yet taken (pipelined)
+        self._reference: Optional[tuple[_Held, bytes]] = None  # digests after the last concluded update
+        self.uncovered: list[str] = []
+
+    # --- naming ----------------------------------------------------------------------
+
+    def _parameter_names(self) -> dict[int, str]:
+        names: dict[int, str] = {}
+        for part in range(len(self._adapter.model_parts())):
+            for path, module in self._adapter.named_modules(part).items():
+                for leaf, p in module.named_parameters(recurse=False):
+                    names.setdefault(id(p), f"{path}.{leaf}" if path else leaf)
+        return names
+
+    def _component_paths(self) -> list[tuple[str, str, Optional[int]]]:
+        """(module path, component, layer), longest path first."""
+        out = []
+        for kind in ("embedding", "output"):
+            try:
+                out.append((self._adapter.component(kind)[0], kind, None))
+            except Exception:  # noqa: BLE001 - a model without that component
+                pass
+        try:
+            out.extend((path, "transformer_block", layer) for layer, (path, _) in self._adapter.blocks().items())
+        except Exception:  # noqa: BLE001
+            pass
+        return sorted(out, key=lambda x: -len(x[0]))
+
+    def component_of(self, tensor_name: str) -> tuple[Optional[str], Optional[int]]:
+        name = tensor_name.split("[", 1)[0]
+        for path, component, layer in self._components:
+            if name.startswith(path + "."):
+                return component, layer
+        return None, None
+
+    # --- the tensors ---------------------------------------------------------------------
+
+    def _optimizer_state_count(self) -> int:
+        state = getattr(getattr(self._adapter, "optimizer", None), "state", None)
+        return len(state) if hasattr(state, "__len__") else -1
+
+    def _collect(self) -> _Held:
+        entries: list[tuple[str, bool, torch.Tensor]] = []
+        uncovered = []
+        local = self._adapter.local
+        for i, (p, _) in enumerate(self._adapter.optimizer_parameters()):
+            name = self._names.get(id(p), f"param{i}")
+            candidates = [(name, False, local(p))] + [
+                (f"{name}[{k}]", True, local(v)) for k, v in sorted(self._adapter.optimizer_state(p).items())
+                if isinstance(v, torch.Tensor)]
+            for n, s, t in candidates:
+                t = t.detach()
+                if t.is_contiguous() and t.layout == torch.strided and t.device.type in ("cpu", "cuda"):
+                    entries.append((n, s, t))
+                else:
+                    uncovered.append(n)
+        if uncovered and uncovered != self.uncovered:
+            log.warning("SCOUT state integrity does not cover %d tensor(s) that are not dense, contiguous CPU or "
+                        "CUDA tensors: %s", len(uncovered), ", ".join(uncovered[:5]))
+        self.uncovered = uncovered
+        return _Held(entries)
+
+    def _held_now(self) -> _Held:
+        count = self._optimizer_state_count()
+        if self._held is None or count != self._state_count or not self._held.set.still_valid():
+            self._held, self._state_count = self._collect(), count
+        return self._held
+
+    def replaced(self) -> None:
+        """A load replaced the state: nothing to compare it with at rest."""
+        self._held, self._reference = None, None
+
+    # --- the boundary --------------------------------------------------------------------
+
+    def before_step(self, step: int) -> None:
+        self._current = _Step(step)
+        if not self.at_rest or self._reference is None:
+            return
+        try:
+            held = self._held_now()
+            if held is self._reference[0]:
+                self._current.before = held.launch()
+        except Exception as e:  # noqa: BLE001 - this rank votes an error; every peer learns it
+            self._current.error = describe(e)
+
+    def step_abandoned(self) -> None:
+        self._current = None
+
+    def after_step(self, step: int) -> Optional[_Step]:
+        """Records this step's digests; returns the step whose verdict is due now."""
+        current = self._current if self._current is not None and self._current.step == step else _Step(step)
+        self._current = None
+        if current.error is None:
+            try:
+                current.after = self._held_now().launch()
+            except Exception as e:  # noqa: BLE001
+                current.error = describe(e)
+        due, self._pending = (self._pending, current) if self._pipelined else (current, None)
+        return due
+
+    def settle(self) -> Optional[_Step]:
+        """The recorded step whose verdict is still open, now (pipelined)."""
+        due, self._pending = self._pending, None
+        return due
+
+    # --- the verdict -------------------------------------------------------------------
+
+    def _local(self, due: _Step) -> tuple[bytes, Any]:
+        if due.error is not None or due.after is None:
+            self._reference = None
+            return _core.integrity_failed(due.error or "no digests were taken")
+        try:
+            held = due.after.held
+            after = due.after.digests()
+            reference = before = None
+            if due.before is not None and self._reference is not None and self._reference[0] is held \
+                    and due.before.held is held:
+                reference, before = self._reference[1], due.before.digests()
+            self._reference = (held, after)
+            return _core.integrity_local(held.layout, held.kinds, after, reference, before)
+        except Exception as e:  # noqa: BLE001 - this rank votes an error; every peer learns it
+            self._reference = None
+            return _core.integrity_failed(describe(e))
+
+    def _gather_summaries(self, summary: bytes) -> list[bytes]:
+        votes = self._peers.votes
+        if votes is None:
+            return [summary]
+        mine = torch.frombuffer(bytearray(summary), dtype=torch.uint8)
+        out = [torch.empty(64, dtype=torch.uint8) for _ in self._peers.ranks]
+        dist.all_gather(out, mine, group=votes)
+        return [bytes(t.numpy().tobytes()) for t in out]
+
+    def _gather_details(self, detail: Any) -> list[Any]:
+        if self._peers.votes is None:
+            return [detail]
+        out: list[Any] = [None] * len(self._peers.ranks)
+        dist.all_gather_object(out, detail, group=self._peers.votes)
+        return out
+
+    def conclude(self, due: _Step) -> ReplayResult:
+        """The verdict of `due` (collective over the peers: every peer concludes the same
+        step at the same boundary)."""
+        summary, detail = self._local(due)
+        ranks, groups = list(self._peers.ranks), self._peers.state_groups
+        summaries = self._gather_summaries(summary)
+        details = []
+        if _core.integrity_needs_detail(ranks, groups, self.replicas, summaries):
+            details = self._gather_details(detail)
+        verdict, tensors = _core.integrity_decide(ranks, groups, self.replicas, summaries, details)
+        result = ReplayResult(step=due.step, peer_ranks=ranks, wall_time=time.time())
+        result.checked_recipe_ids = [RECIPE]
+        names = due.after.held.names if due.after is not None else []
+        _fill(result, verdict, tensors, names, self)
+        return result
+
+
+def _fill(result: ReplayResult, verdict: Any, tensors: dict, names: list[str], integrity: StateIntegrity) -> None:
+    """Writes an integrity verdict into a fresh ReplayResult, naming tensors and components."""
+    for name, s in verdict.surfaces.items():
+        result.c3_results[name] = SurfaceResult(s.status.name, list(s.bitmap), [e.hex() for e in s.evidence])
+        named = {r: [names[i] if 0 <= i < len(names) else f"tensor{i}" for i in idx]
+                 for r, idx in zip(result.peer_ranks, tensors.get(name, [])) if idx}
+        if named:
+            result.integrity_tensors[name] = named
+            for r, ts in named.items():
+                mine = {integrity.component_of(t) for t in ts}
+                if len(mine) == 1:
+                    result.rank_places.setdefault(name, {})[r] = next(iter(mine))
+            places = {integrity.component_of(t) for ts in named.values() for t in ts}
+            if len(places) == 1:
+                component, layer = next(iter(places))
+                if component is not None:
+                    result.component_of_source[name] = component
+                if layer is not None:
+                    result.layer_of_source[name] = layer
+    result.status = verdict.status.name
+    result.sdc_bitmap, result.sdc_sources = list(verdict.sdc_bitmap), list(verdict.sdc_sources)
+    result.inconclusive_recipes, result.inconclusive_reasons = list(verdict.inconclusive), dict(verdict.reasons)
+    result.straggler_bitmap = [False] * len(result.peer_ranks)
+    result.straggler_candidates = [False] * len(result.peer_ranks)
