@@ -30,6 +30,7 @@ from scout_overhead import timed
 CONFIGS = {
     "off": None,
     "integrity": dict(check_interval=0, integrity_at_rest=False),
+    "integrity, one stream": dict(check_interval=0, integrity_at_rest=False),
     "integrity + at rest": dict(check_interval=0, integrity_at_rest=True),
     "replay (cadence 100), no integrity": dict(check_interval=100, state_integrity=False),
     "replay + integrity (defaults)": dict(check_interval=100),
@@ -84,6 +85,8 @@ def body(args):
         for name, config in CONFIGS.items():
             harness = None if config is None else ReplayHarness(model, opt, ReplayHarnessConfig(**config),
                                                                 completed_iterations=step)
+            if name.endswith("one stream"):  # the digests on the training stream, not overlapped
+                harness._integrity.side_stream = None
             samples[name].append(timed(model, opt, data, args["steps"], step, device))
             step += args["steps"]
             if harness is not None:

@@ -48,8 +48,16 @@ def _prepared(tensor: Any, what: str) -> tuple[torch.Tensor, list[int], list[int
     return tensor, list(tensor.shape), list(tensor.stride()), t.reshape(-1).view(torch.uint8)
 
 
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def _stream(t: torch.Tensor) -> int:
-    return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0
+    """The current stream of the tensor's device, as an int (0 for host tensors)."""
+    if not t.is_cuda:
+        return 0
+    if _raw_stream is not None:  # what torch.cuda.current_stream() reads, without building a Stream
+        return _raw_stream(t.device.index)
+    return torch.cuda.current_stream(t.device).cuda_stream
 
 
 def signature(tensor: torch.Tensor) -> Signature:
@@ -160,5 +168,6 @@ class SignatureSet:
         return all(t.data_ptr() == p for t, p in zip(self.tensors, self._pointers))
 
     def launch(self) -> PendingSignatures:
+        """Queues the signing on each device's current stream; returns at once."""
         return PendingSignatures(len(self.tensors), [(indices, s.launch(_stream(self._flats[indices[0]])))
                                                      for indices, _, s in self._sets])

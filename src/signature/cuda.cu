@@ -27,7 +27,8 @@ void check(cudaError_t status, const char* what) {
   }
 }
 
-__device__ __forceinline__ void reduceAndPublish(Quad acc, std::uint32_t* out) {
+// `overwrite`: the grid is one CTA, which stores its sums (no zeroing launch needed first).
+__device__ __forceinline__ void reduceAndPublish(Quad acc, std::uint32_t* out, bool overwrite = false) {
   for (int offset = 16; offset > 0; offset /= 2) {
     acc.x0 += __shfl_xor_sync(0xFFFFFFFFu, acc.x0, offset);
     acc.x1 += __shfl_xor_sync(0xFFFFFFFFu, acc.x1, offset);
@@ -41,6 +42,13 @@ __device__ __forceinline__ void reduceAndPublish(Quad acc, std::uint32_t* out) {
   if (threadIdx.x == 0) {
     Quad total{0, 0, 0, 0};
     for (int w = 0; w < kThreads / 32; ++w) addInto(total, warp_sums[w]);
+    if (overwrite) {
+      out[0] = total.x0;
+      out[1] = total.x1;
+      out[2] = total.x2;
+      out[3] = total.x3;
+      return;
+    }
     atomicAdd(out + 0, total.x0);
     atomicAdd(out + 1, total.x1);
     atomicAdd(out + 2, total.x2);
@@ -50,7 +58,7 @@ __device__ __forceinline__ void reduceAndPublish(Quad acc, std::uint32_t* out) {
 
 // Full 16-byte blocks [0, nblocks) of 16-byte aligned memory.
 __global__ void __launch_bounds__(kThreads)
-    laneSumsAligned(const uint4* __restrict__ data, std::uint64_t nblocks, std::uint32_t* out) {
+    laneSumsAligned(const uint4* __restrict__ data, std::uint64_t nblocks, std::uint32_t* out, bool overwrite) {
   Quad acc{0, 0, 0, 0};
   const std::uint64_t stride = static_cast<std::uint64_t>(gridDim.x) * kThreads;
   std::uint64_t i = static_cast<std::uint64_t>(blockIdx.x) * kThreads + threadIdx.x;
@@ -65,13 +73,13 @@ __global__ void __launch_bounds__(kThreads)
     const uint4 v = __ldcs(data + i);
     addInto(acc, mixBlock(Quad{v.x, v.y, v.z, v.w}, i));
   }
-  reduceAndPublish(acc, out);
+  reduceAndPublish(acc, out, overwrite);
 }
 
 // Blocks [first, first + count) of memory with any alignment; bytes past nbytes read as 0.
 __global__ void __launch_bounds__(kThreads)
     laneSumsBytes(const unsigned char* __restrict__ data, std::uint64_t nbytes, std::uint64_t first,
-                  std::uint64_t count, std::uint32_t* out) {
+                  std::uint64_t count, std::uint32_t* out, bool overwrite) {
   Quad acc{0, 0, 0, 0};
   const std::uint64_t stride = static_cast<std::uint64_t>(gridDim.x) * kThreads;
   for (std::uint64_t k = static_cast<std::uint64_t>(blockIdx.x) * kThreads + threadIdx.x; k < count; k += stride) {
@@ -83,7 +91,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     addInto(acc, mixBlock(Quad{w[0], w[1], w[2], w[3]}, block));
   }
-  reduceAndPublish(acc, out);
+  reduceAndPublish(acc, out, overwrite);
 }
 
 // One CTA's share of a multi-tensor call: blocks [first, first + count) of one tensor, read
@@ -236,19 +244,26 @@ Quad laneSumsCuda(const void* data, std::size_t nbytes, int device, void* stream
   cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
   Scratch& scratch = scratchFor(device);
 
-  check(cudaMemsetAsync(scratch.device_sums, 0, sizeof(Quad), stream), "cudaMemsetAsync");
   const std::uint64_t full = nbytes / 16;
   const bool aligned = reinterpret_cast<std::uintptr_t>(data) % 16 == 0;
-  if (aligned && full > 0) {
-    laneSumsAligned<<<gridFor(full / kUnroll + 1, scratch.aligned_grid), kThreads, 0, stream>>>(
-        static_cast<const uint4*>(data), full, scratch.device_sums);
-    check(cudaGetLastError(), "laneSumsAligned launch");
-  }
+  const bool run_aligned = aligned && full > 0;
   const std::uint64_t first = aligned ? full : 0;
   const std::uint64_t count = (nbytes + 15) / 16 - first;
+  const int aligned_grid = run_aligned ? gridFor(full / kUnroll + 1, scratch.aligned_grid) : 0;
+  const int bytes_grid = count > 0 ? gridFor(count, scratch.bytes_grid) : 0;
+  // The first kernel stores instead of adding when it is one CTA: a small tensor then costs
+  // one launch and the copy back, no zeroing launch.
+  const bool first_overwrites = run_aligned ? aligned_grid == 1 : bytes_grid == 1;
+  if (!first_overwrites)
+    check(cudaMemsetAsync(scratch.device_sums, 0, sizeof(Quad), stream), "cudaMemsetAsync");
+  if (run_aligned) {
+    laneSumsAligned<<<aligned_grid, kThreads, 0, stream>>>(static_cast<const uint4*>(data), full,
+                                                           scratch.device_sums, first_overwrites);
+    check(cudaGetLastError(), "laneSumsAligned launch");
+  }
   if (count > 0) {
-    laneSumsBytes<<<gridFor(count, scratch.bytes_grid), kThreads, 0, stream>>>(
-        static_cast<const unsigned char*>(data), nbytes, first, count, scratch.device_sums);
+    laneSumsBytes<<<bytes_grid, kThreads, 0, stream>>>(static_cast<const unsigned char*>(data), nbytes, first, count,
+                                                       scratch.device_sums, first_overwrites && !run_aligned);
     check(cudaGetLastError(), "laneSumsBytes launch");
   }
   check(cudaMemcpyAsync(scratch.host_sums, scratch.device_sums, sizeof(Quad), cudaMemcpyDeviceToHost, stream),

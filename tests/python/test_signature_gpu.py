@@ -81,15 +81,16 @@ def test_a_prepared_cuda_set_streams_its_digests():
     tensors.append(torch.zeros(3))  # a host tensor in the same set
     s = lmr.SignatureSet(tensors)
     expected = [lmr.signature(t) for t in tensors]
+    big = tensors[-2]  # zeros on the device
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         torch.cuda._sleep(50_000_000)  # the launch queues behind this on the current stream
         pending = s.launch()
         assert not pending.ready()
-        tensors[0].add_(1)  # after the launch in stream order: not in its digests
+        big.add_(1)  # after the launch in stream order: not in its digests
     got = pending.signatures()  # waits for this launch only
     assert got == expected
     torch.cuda.synchronize()
-    assert s.launch().signatures() == [lmr.signature(t) for t in tensors]
-    assert s.launch().signatures()[0] != expected[0]
+    again = s.launch().signatures()
+    assert again == [lmr.signature(t) for t in tensors] and again[-2] != expected[-2]

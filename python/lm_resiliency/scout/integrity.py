@@ -66,6 +66,10 @@ class StateIntegrity:
         self._adapter = adapter
         self._peers = peers
         self._pipelined = pipelined  # as the checks: verdicts of step N taken at boundary N + 1
+        # CUDA: the digests after an update are taken on a side stream, overlapping the next
+        # forward pass; the next update waits for them (it must not write what they read).
+        self.side_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._recorded: Optional[Any] = None  # the side stream's event after the last record
         self.replicas = not peers.materialize
         smallest = min((len(g) for g in peers.state_groups), default=1)
         self.at_rest = at_rest if at_rest is not None else (not self.replicas or smallest < 3)
@@ -150,6 +154,9 @@ class StateIntegrity:
 
     def before_step(self, step: int) -> None:
         self._current = _Step(step)
+        if self._recorded is not None:
+            torch.cuda.current_stream(self._recorded.device).wait_event(self._recorded)
+            self._recorded = None
         if not self.at_rest or self._reference is None:
             return
         try:
@@ -168,11 +175,21 @@ class StateIntegrity:
         self._current = None
         if current.error is None:
             try:
-                current.after = self._held_now().launch()
+                current.after = self._record(self._held_now())
             except Exception as e:  # noqa: BLE001
                 current.error = describe(e)
         due, self._pending = (self._pending, current) if self._pipelined else (current, None)
         return due
+
+    def _record(self, held: _Held) -> _Launch:
+        if self.side_stream is None:
+            return held.launch()
+        self.side_stream.wait_stream(torch.cuda.current_stream(self.side_stream.device))
+        with torch.cuda.stream(self.side_stream):
+            launch = held.launch()
+            self._recorded = torch.cuda.Event()
+            self._recorded.record(self.side_stream)
+        return launch
 
     def settle(self) -> Optional[_Step]:
         """The recorded step whose verdict is still open, now (pipelined)."""
