@@ -100,12 +100,13 @@ def body(args):
             harness = None
             if cadence > 0:
                 harness = ReplayHarness(model, opt, ReplayHarnessConfig(check_interval=cadence,
-                                                                        timing_repeats=args["timing_repeats"]),
+                                                                        timing_repeats=args["timing_repeats"],
+                                                                        state_integrity=args["integrity"]),
                                         completed_iterations=step)
             samples[cadence].append(timed(model, opt, data, args["steps"], step, device))
             step += args["steps"]
             if harness is not None:
-                checks[cadence] += len(harness.results)
+                checks[cadence] += sum(r.checked_recipe_ids != ["integrity"] for r in harness.results)
                 assert all(r.status == "Agree" for r in harness.results), [r.to_json() for r in harness.results]
                 harness.close()
     # The live tensors after the last block (gradients of the last step were zeroed: take one more).
@@ -126,6 +127,8 @@ def main() -> None:
     add_model_args(p)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--timing-repeats", type=int, default=None, help="ReplayHarnessConfig.timing_repeats (default: its own)")
+    p.add_argument("--no-integrity", dest="integrity", action="store_const", const=False, default=None,
+                   help="state integrity off (bench/integrity_overhead.py measures it)")
     ns = p.parse_args()
     args = dict(vars(ns), cadences=[int(c) for c in ns.cadences.split(",")])
     if under_torchrun():  # NCCL on CUDA, one GPU per rank

@@ -143,14 +143,9 @@ IntegrityVerdict decideIntegrity(const PeerLayout& layout, bool replicas, const 
   if (details.empty() && integrityNeedsDetail(layout, replicas, summaries))
     throw InvalidArgument("state integrity: these summaries need the peers' details");
   IntegrityVerdict out;
+  out.check = CheckVerdict::forPeers(n);
   CheckVerdict& v = out.check;
-  v.sdc_bitmap.assign(n, false);
-  v.straggler_bitmap.assign(n, false);
-  v.straggler_candidates.assign(n, false);
-  auto inconclusive = [&v](const std::string& what, const std::string& why) {
-    if (!v.reasons.count(what)) v.inconclusive.push_back(what);
-    v.reasons[what] = why;
-  };
+  auto inconclusive = [&v](const std::string& what, const std::string& why) { v.addInconclusive(what, why); };
   for (std::size_t i = 0; i < n; ++i) {
     if (!summaries[i].error) continue;
     const std::string text = details.empty() || details[i].error.empty() ? "digests failed" : details[i].error;

@@ -25,6 +25,19 @@ void checkVotes(const PeerLayout& layout, std::size_t votes) {
 
 }  // namespace
 
+CheckVerdict CheckVerdict::forPeers(std::size_t peers) {
+  CheckVerdict v;
+  v.sdc_bitmap.assign(peers, false);
+  v.straggler_bitmap.assign(peers, false);
+  v.straggler_candidates.assign(peers, false);
+  return v;
+}
+
+void CheckVerdict::addInconclusive(const std::string& what, const std::string& why) {
+  if (!reasons.count(what)) inconclusive.push_back(what);
+  reasons[what] = why;
+}
+
 void validate(const PeerLayout& layout) {
   if (layout.ranks.empty()) throw InvalidArgument("a peer layout needs at least one compute peer");
   std::set<std::int64_t> seen(layout.ranks.begin(), layout.ranks.end());
@@ -86,14 +99,8 @@ CheckVerdict decideCheck(const PeerLayout& layout, std::int64_t step, const std:
   validate(layout);
   checkVotes(layout, votes.size());
   const std::size_t n = layout.ranks.size();
-  CheckVerdict v;
-  v.sdc_bitmap.assign(n, false);
-  v.straggler_bitmap.assign(n, false);
-  v.straggler_candidates.assign(n, false);
-  auto inconclusive = [&v](const std::string& what, const std::string& why) {
-    if (!v.reasons.count(what)) v.inconclusive.push_back(what);
-    v.reasons[what] = why;
-  };
+  CheckVerdict v = CheckVerdict::forPeers(n);
+  auto inconclusive = [&v](const std::string& what, const std::string& why) { v.addInconclusive(what, why); };
   for (const auto& [recipe, why] : not_ready) inconclusive(recipe, why);
 
   // A recipe that failed on any peer is Inconclusive on all of them.

@@ -81,6 +81,11 @@ struct CheckVerdict {
   std::map<std::string, std::string> reasons;  // for each entry of `inconclusive`
   std::vector<bool> straggler_bitmap;          // confirmed
   std::vector<bool> straggler_candidates;      // this check's outliers
+
+  // Agree with every bitmap sized for `peers`.
+  static CheckVerdict forPeers(std::size_t peers);
+  // Marks `what` (a recipe or surface) Inconclusive for `why` (the last reason wins).
+  void addInconclusive(const std::string& what, const std::string& why);
 };
 
 // Decides a check after `step`. `checked`: the recipes that ran (ready everywhere);

@@ -50,3 +50,12 @@ def build(mesh_dims: list[tuple[str, int, str]]) -> Peers:
     for group in {id(g): g for g in (world_votes, mine.votes, mine.data)}.values():
         dist.barrier(group=group)
     return mine
+
+
+def gather(peers: Peers, payload: Any) -> list[Any]:
+    """Every compute peer's `payload`, in position order (collective over the peers)."""
+    if peers.votes is None:
+        return [payload]
+    out: list[Any] = [None] * len(peers.ranks)
+    dist.all_gather_object(out, payload, group=peers.votes)
+    return out

@@ -300,11 +300,7 @@ class ReplayHarness:
     # --- one check -----------------------------------------------------------------------
 
     def _vote(self, payload: Any) -> list[Any]:
-        if self._peers.votes is None:
-            return [payload]
-        out: list[Any] = [None] * len(self._peers.ranks)
-        dist.all_gather_object(out, payload, group=self._peers.votes)
-        return out
+        return groups.gather(self._peers, payload)
 
     def _world_all(self, flags: list[bool]) -> list[bool]:
         """Whether each flag holds on every rank of the world (one collective)."""

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from lm_resiliency import _core
+from lm_resiliency.scout import groups
 from lm_resiliency.scout.guard import describe, log
 from lm_resiliency.scout.result import ReplayResult, SurfaceResult
 from lm_resiliency.signature import PendingSignatures, SignatureSet
@@ -224,23 +225,16 @@ class StateIntegrity:
         dist.all_gather(out, mine, group=votes)
         return [bytes(t.numpy().tobytes()) for t in out]
 
-    def _gather_details(self, detail: Any) -> list[Any]:
-        if self._peers.votes is None:
-            return [detail]
-        out: list[Any] = [None] * len(self._peers.ranks)
-        dist.all_gather_object(out, detail, group=self._peers.votes)
-        return out
-
     def conclude(self, due: _Step) -> ReplayResult:
         """The verdict of `due` (collective over the peers: every peer concludes the same
         step at the same boundary)."""
         summary, detail = self._local(due)
-        ranks, groups = list(self._peers.ranks), self._peers.state_groups
+        ranks, state_groups = list(self._peers.ranks), self._peers.state_groups
         summaries = self._gather_summaries(summary)
         details = []
-        if _core.integrity_needs_detail(ranks, groups, self.replicas, summaries):
-            details = self._gather_details(detail)
-        verdict, tensors = _core.integrity_decide(ranks, groups, self.replicas, summaries, details)
+        if _core.integrity_needs_detail(ranks, state_groups, self.replicas, summaries):
+            details = groups.gather(self._peers, detail)
+        verdict, tensors = _core.integrity_decide(ranks, state_groups, self.replicas, summaries, details)
         result = ReplayResult(step=due.step, peer_ranks=ranks, wall_time=time.time())
         result.checked_recipe_ids = [RECIPE]
         names = due.after.held.names if due.after is not None else []
