@@ -1,8 +1,8 @@
 """Step-time cost of state integrity at every step, side by side in one run: blocks of steps
 alternate between no harness, integrity alone (no replay checks; replicas compare, one read
 of the state per step), integrity with the at-rest check (two reads: what FSDP shards and
-two-replica groups use), the default-cadence replay without integrity, and the defaults
-(replay plus integrity). Medians of the blocks.
+two-replica groups use), the default-cadence replay without integrity, and replay plus integrity (with
+the at-rest check where the layout needs it: always with one rank). Medians of the blocks.
 
     python bench/integrity_overhead.py                       # 2 CPU ranks (gloo), DDP
     python3 bench/integrity_overhead.py --device cuda --dim 2048 --layers 16 --heads 16 --seq 1024 \\
@@ -29,11 +29,11 @@ from scout_overhead import timed
 
 CONFIGS = {
     "off": None,
-    "integrity": dict(check_interval=0, integrity_at_rest=False),
-    "integrity, one stream": dict(check_interval=0, integrity_at_rest=False),
-    "integrity + at rest": dict(check_interval=0, integrity_at_rest=True),
+    "integrity": dict(check_interval=0, state_integrity=True, integrity_at_rest=False),
+    "integrity, one stream": dict(check_interval=0, state_integrity=True, integrity_at_rest=False),
+    "integrity + at rest": dict(check_interval=0, state_integrity=True, integrity_at_rest=True),
     "replay (cadence 100), no integrity": dict(check_interval=100, state_integrity=False),
-    "replay + integrity (defaults)": dict(check_interval=100),
+    "replay + integrity (+ at rest if needed)": dict(check_interval=100, state_integrity=True),
 }
 
 

@@ -68,7 +68,7 @@ class Job:
             self_healing=self_healing)
 
     def certify(self, start=0, campaign_=None, state_dir=None):
-        self.harness = ReplayHarness(self.model, self.opt, ReplayHarnessConfig(check_interval=2,
+        self.harness = ReplayHarness(self.model, self.opt, ReplayHarnessConfig(check_interval=2, state_integrity=True,
                                                                                optimizer_slice_size=64),
                                      completed_iterations=start)
         self.certifier = CheckpointCertifier(self.harness, self.config)

@@ -34,7 +34,7 @@ def faulty(parallel, steps, device="cpu"):
     cfg = TrainConfig(parallel=parallel, steps=steps, device=device)
     model, opt, data, dev = build(cfg)
     # No replay checks in the run: what is found, state integrity finds.
-    harness = ReplayHarness(model, opt, ReplayHarnessConfig(check_interval=1000))
+    harness = ReplayHarness(model, opt, ReplayHarnessConfig(check_interval=1000, state_integrity=True))
     session = lmr.enable_fault_injection(model, opt, campaign=state_campaign())
     for step in range(steps):
         train_step(model, opt, data, dev, step)
@@ -50,7 +50,7 @@ def clean(parallel, steps, load_at, fail_at):
     change between steps) and rank 1's integrity fails at `fail_at`."""
     cfg = TrainConfig(parallel=parallel, steps=steps)
     model, opt, data, device = build(cfg)
-    harness = ReplayHarness(model, opt, ReplayHarnessConfig(check_interval=5))
+    harness = ReplayHarness(model, opt, ReplayHarnessConfig(check_interval=5, state_integrity=True))
     saved = None
     original = StateIntegrity._held_now
 
@@ -81,7 +81,8 @@ def job_writes(steps, write_at):
     """Every rank edits a weight between two steps (code outside the optimizer)."""
     cfg = TrainConfig(parallel="ddp", steps=steps)
     model, opt, data, device = build(cfg)
-    harness = ReplayHarness(model, opt, ReplayHarnessConfig(check_interval=1000, integrity_at_rest=True))
+    harness = ReplayHarness(model, opt, ReplayHarnessConfig(check_interval=1000, state_integrity=True,
+                                                            integrity_at_rest=True))
     for step in range(steps):
         if step == write_at:
             with torch.no_grad():

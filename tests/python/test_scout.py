@@ -82,14 +82,10 @@ def test_state_sdc_without_a_majority_of_copies_is_never_misattributed():
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp2", "hsdp"])
 def test_fault_free_run_agrees_everywhere(parallel):
     per_rank = spawn(scout_workers.run, 4, args=(parallel, "none", 60, 4))
-    every = replay_results(per_rank[0]["results"])
-    assert [r.step for r in every] == list(range(1, 61))  # state integrity at every step
-    for r in every:
-        assert r.status == "Agree" and "integrity" in r.checked_recipe_ids, r.to_json()
-    results = [r for r in every if r.checked_recipe_ids != ["integrity"]]
-    assert len(results) == 15
+    results = replay_results(per_rank[0]["results"])
+    assert len(results) == 15  # state integrity is off on CPU by default
     recipes = {rid.split(".")[0] for r in results for rid in r.checked_recipe_ids}
-    assert recipes == {"embedding", "hidden", "output", "optimizer", "integrity"}
+    assert recipes == {"embedding", "hidden", "output", "optimizer"}
     assert {rid for r in results for rid in r.checked_recipe_ids if rid.startswith("hidden")} == {"hidden.0", "hidden.1"}
     for r in results:
         assert r.status == "Agree" and not any(r.sdc_bitmap) and not any(r.straggler_bitmap), r.to_json()

@@ -87,3 +87,19 @@ def test_the_jobs_own_writes_between_steps_are_never_blamed():
     assert written.status == "Inconclusive" and not any(written.sdc_bitmap)
     assert "changed_between_steps" in written.inconclusive_reasons["integrity.params"]
     assert all(r.status == "Agree" for r in results if r.step != 5)
+
+
+def test_on_by_default_only_where_it_pays():
+    import torch
+
+    from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
+    from lm_resiliency.workloads import Decoder, DecoderConfig
+
+    model = Decoder(DecoderConfig(vocab_size=32, dim=16, n_layers=2, n_heads=2, max_seq_len=8))
+    opt = torch.optim.AdamW(model.parameters())
+    harness = ReplayHarness(model, opt, ReplayHarnessConfig())  # a CPU model, one rank: off
+    assert harness._integrity is None
+    harness.close()
+    harness = ReplayHarness(model, opt, ReplayHarnessConfig(state_integrity=True))
+    assert harness._integrity is not None and harness._integrity.at_rest  # one copy: the at-rest check
+    harness.close()

@@ -34,7 +34,8 @@ class ReplayHarnessConfig:
     compare_parameters: bool = True  # C3 on the replayed module's parameter state
     # State integrity after every optimizer step (scout/integrity.py): replicas compare
     # digests of every parameter and optimizer-state tensor; each rank checks that its
-    # state did not change at rest. None: on.
+    # state did not change at rest. None: on for CUDA models with peers to compare with;
+    # off on CPU (where it costs a few percent of a small model's step) and for one rank.
     state_integrity: Optional[bool] = None
     # Sign the state again before each update (the at-rest check). None: where replicas
     # cannot outvote a diverged one (a state group of fewer than 3, or pure FSDP shards).

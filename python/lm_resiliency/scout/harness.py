@@ -85,7 +85,10 @@ class ReplayHarness:
         self._plan_now: Optional[tuple] = None
         self._integrity: Optional[StateIntegrity] = None
         self._load_handle = None
-        if self.config.state_integrity is not False:
+        integrity = self.config.state_integrity
+        if integrity is None:
+            integrity = self._device.type == "cuda" and len(self._peers.ranks) > 1
+        if integrity:
             self._integrity = StateIntegrity(self._adapter, self._peers, self._device, self._pipelined,
                                              self.config.integrity_at_rest)
             self._load_handle = self._attachment.on_load(lambda _kind: self._integrity.replaced())

@@ -89,7 +89,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     start = resumed.step if resumed is not None else 0
     decisions: list[Any] = []
     hooks = OrchestrationHooks(on_recovery_decision=decisions.append)
-    harness = ReplayHarness(model, opt, ReplayHarnessConfig(check_interval=args.check_interval, optimizer_slice_size=64),
+    harness = ReplayHarness(model, opt, ReplayHarnessConfig(check_interval=args.check_interval, optimizer_slice_size=64,
+                                                            state_integrity=True),
                             completed_iterations=start, hooks=hooks)
     session = None
     if args.fault_step:
