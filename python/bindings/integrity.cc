@@ -75,8 +75,7 @@ void registerIntegrity(nb::module_& m) {
         const replay::LocalIntegrity local = replay::localIntegrity(held);
         return std::make_pair(asBytes(local.summary.pack()), detailSpec(local.detail));
       },
-      nb::arg("layout"), nb::arg("is_state"), nb::arg("after"), nb::arg("reference").none(),
-      nb::arg("before").none(),
+      nb::arg("layout"), nb::arg("is_state"), nb::arg("after"), nb::arg("reference").none(), nb::arg("before").none(),
       "(64-byte summary, detail) of this peer's held state (lmr::replay::localIntegrity); digests are "
       "concatenated 16-byte values in the set's order, is_state one byte per tensor.");
   m.def(

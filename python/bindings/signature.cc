@@ -1,4 +1,3 @@
-#include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -22,23 +21,37 @@ nb::bytes toBytes(const signature::Digest& d) {
   return nb::bytes(b.data(), b.size());
 }
 
-// The bytes of a tensor, flattened to uint8 by the caller, on CPU or CUDA.
-using ByteArray = nb::ndarray<nb::ro, std::uint8_t, nb::ndim<1>, nb::c_contig>;
-
-TensorView viewOf(const ByteArray& bytes, const std::string& dtype, const std::vector<std::int64_t>& shape,
-                  const std::vector<std::int64_t>& strides) {
+// A tensor's bytes as the Python side passes them: the address of its first byte (logical
+// order), the byte count and the device (-1: host memory, else a CUDA ordinal). Passing the
+// address instead of a DLPack capsule saves the capsule's construction on every call; the
+// caller holds the tensor for the call (SignatureSet: for the set's life).
+TensorView rawView(std::uintptr_t address, std::uint64_t nbytes, int device, const std::string& dtype,
+                   const std::vector<std::int64_t>& shape, const std::vector<std::int64_t>& strides) {
   TensorView view;
-  view.data = bytes.data();
-  view.nbytes = bytes.size();
+  view.data = reinterpret_cast<const void*>(address);
+  view.nbytes = static_cast<std::size_t>(nbytes);
   view.meta = TensorMeta{dtype, shape, strides};
-  const int device_type = bytes.device_type();
-  if (device_type == nb::device::cuda::value) {
+  if (device < -1) throw InvalidArgument("device must be -1 (host) or a CUDA ordinal, got " + std::to_string(device));
+  if (device >= 0) {
     view.device = DeviceType::kCuda;
-    view.device_index = bytes.device_id();
-  } else if (device_type != nb::device::cpu::value) {
-    throw Unsupported("signatures support CPU and CUDA tensors; got DLPack device type " + std::to_string(device_type));
+    view.device_index = device;
   }
   return view;
+}
+
+using Shapes = std::vector<std::vector<std::int64_t>>;
+
+std::vector<TensorView> rawViews(const std::vector<std::uintptr_t>& addresses, const std::vector<std::uint64_t>& nbytes,
+                                 int device, const std::vector<std::string>& dtypes, const Shapes& shapes,
+                                 const Shapes& strides, const char* what) {
+  const std::size_t n = addresses.size();
+  if (nbytes.size() != n || dtypes.size() != n || shapes.size() != n || strides.size() != n)
+    throw InvalidArgument(std::string(what) + " needs one byte count, dtype, shape and strides per address");
+  std::vector<TensorView> views;
+  views.reserve(n);
+  for (std::size_t i = 0; i < n; ++i)
+    views.push_back(rawView(addresses[i], nbytes[i], device, dtypes[i], shapes[i], strides[i]));
+  return views;
 }
 
 }  // namespace
@@ -58,34 +71,30 @@ void registerSignature(nb::module_& m) {
       .def("__repr__", [](const Signature& s) { return "Signature(" + s.digest.hex() + ")"; });
 
   m.def(
-      "sign_bytes",
-      [](ByteArray bytes, const std::string& dtype, const std::vector<std::int64_t>& shape,
-         const std::vector<std::int64_t>& strides, std::uintptr_t stream) {
-        const TensorView view = viewOf(bytes, dtype, shape, strides);
+      "sign_raw",
+      [](std::uintptr_t address, std::uint64_t nbytes, int device, const std::string& dtype,
+         const std::vector<std::int64_t>& shape, const std::vector<std::int64_t>& strides, std::uintptr_t stream) {
+        const TensorView view = rawView(address, nbytes, device, dtype, shape, strides);
         nb::gil_scoped_release release;
         return signature::sign(view, reinterpret_cast<void*>(stream));
       },
-      nb::arg("bytes"), nb::arg("dtype"), nb::arg("shape"), nb::arg("strides"), nb::arg("stream") = 0,
-      "Signature of a tensor whose bytes (in logical order) are given as a flat uint8 array. "
-      "For CUDA arrays the kernel runs on `stream` (a cudaStream_t as int) and the call waits for it.");
+      nb::arg("address"), nb::arg("nbytes"), nb::arg("device"), nb::arg("dtype"), nb::arg("shape"), nb::arg("strides"),
+      nb::arg("stream") = 0,
+      "Signature of a tensor's bytes (logical order) at `address` on `device` (-1: host, else a CUDA "
+      "ordinal). For CUDA the kernel runs on `stream` (a cudaStream_t as int) and the call waits for it.");
 
   m.def(
       "sign_many",
-      [](const std::vector<ByteArray>& arrays, const std::vector<std::string>& dtypes,
-         const std::vector<std::vector<std::int64_t>>& shapes, const std::vector<std::vector<std::int64_t>>& strides,
-         std::uintptr_t stream) {
-        if (dtypes.size() != arrays.size() || shapes.size() != arrays.size() || strides.size() != arrays.size())
-          throw InvalidArgument("sign_many needs one dtype, shape and strides per array");
-        std::vector<TensorView> views;
-        views.reserve(arrays.size());
-        for (std::size_t i = 0; i < arrays.size(); ++i)
-          views.push_back(viewOf(arrays[i], dtypes[i], shapes[i], strides[i]));
+      [](const std::vector<std::uintptr_t>& addresses, const std::vector<std::uint64_t>& nbytes, int device,
+         const std::vector<std::string>& dtypes, const Shapes& shapes, const Shapes& strides, std::uintptr_t stream) {
+        const std::vector<TensorView> views = rawViews(addresses, nbytes, device, dtypes, shapes, strides, "sign_many");
         nb::gil_scoped_release release;
         return signature::signMany(views, reinterpret_cast<void*>(stream));
       },
-      nb::arg("arrays"), nb::arg("dtypes"), nb::arg("shapes"), nb::arg("strides"), nb::arg("stream") = 0,
-      "Signatures of many tensors given as flat uint8 arrays, all on one device: one kernel launch and one "
-      "read-back for CUDA arrays (lmr::signature::signMany).");
+      nb::arg("addresses"), nb::arg("nbytes"), nb::arg("device"), nb::arg("dtypes"), nb::arg("shapes"),
+      nb::arg("strides"), nb::arg("stream") = 0,
+      "Signatures of many tensors' bytes on one device: one kernel launch and one read-back for CUDA "
+      "(lmr::signature::signMany).");
   using Pending = signature::TensorSet::Pending;
   nb::class_<Pending>(m, "PendingSignatures")
       .def("ready", &Pending::ready, "True when the signatures can be read without waiting.")
@@ -113,20 +122,16 @@ void registerSignature(nb::module_& m) {
   nb::class_<signature::TensorSet>(m, "SignatureSet")
       .def(
           "__init__",
-          [](signature::TensorSet* self, const std::vector<ByteArray>& arrays, const std::vector<std::string>& dtypes,
-             const std::vector<std::vector<std::int64_t>>& shapes,
-             const std::vector<std::vector<std::int64_t>>& strides) {
-            if (dtypes.size() != arrays.size() || shapes.size() != arrays.size() || strides.size() != arrays.size())
-              throw InvalidArgument("SignatureSet needs one dtype, shape and strides per array");
-            std::vector<TensorView> views;
-            views.reserve(arrays.size());
-            for (std::size_t i = 0; i < arrays.size(); ++i)
-              views.push_back(viewOf(arrays[i], dtypes[i], shapes[i], strides[i]));
-            new (self) signature::TensorSet(std::move(views));
+          [](signature::TensorSet* self, const std::vector<std::uintptr_t>& addresses,
+             const std::vector<std::uint64_t>& nbytes, int device, const std::vector<std::string>& dtypes,
+             const Shapes& shapes, const Shapes& strides) {
+            new (self)
+                signature::TensorSet(rawViews(addresses, nbytes, device, dtypes, shapes, strides, "SignatureSet"));
           },
-          nb::arg("arrays"), nb::arg("dtypes"), nb::arg("shapes"), nb::arg("strides"),
-          "A fixed list of flat uint8 arrays on one device, signed again and again "
-          "(lmr::signature::TensorSet). The caller keeps the arrays alive and in place.")
+          nb::arg("addresses"), nb::arg("nbytes"), nb::arg("device"), nb::arg("dtypes"), nb::arg("shapes"),
+          nb::arg("strides"),
+          "A fixed list of tensors' bytes on one device, signed again and again (lmr::signature::TensorSet). "
+          "The caller keeps the tensors alive and in place.")
       .def(
           "launch",
           [](const signature::TensorSet& set, std::uintptr_t stream) {

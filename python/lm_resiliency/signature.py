@@ -19,7 +19,8 @@ __all__ = ["PendingSignatures", "Signature", "SignatureSet", "signature", "signa
 
 
 def _prepared(tensor: Any, what: str) -> tuple[torch.Tensor, list[int], list[int], torch.Tensor]:
-    """(the tensor, its shape, its strides, its bytes in logical order as flat uint8)."""
+    """(the tensor, its shape, its strides, a contiguous tensor holding its bytes in logical
+    order: the tensor itself when it already is one, else a copy)."""
     if not isinstance(tensor, torch.Tensor):
         raise InvalidArgumentError(f"{what} needs a torch.Tensor, got {type(tensor).__name__}")
     if type(tensor) is not torch.Tensor and not isinstance(tensor, torch.nn.Parameter):
@@ -36,16 +37,12 @@ def _prepared(tensor: Any, what: str) -> tuple[torch.Tensor, list[int], list[int
         raise InvalidArgumentError(f"{what} needs a dense tensor, got layout {tensor.layout}; use .to_dense()")
     if tensor.is_quantized:
         raise InvalidArgumentError(f"{what} does not take quantized tensors; sign tensor.int_repr() instead")
-    if tensor.device.type not in ("cpu", "cuda"):
+    if not (tensor.is_cuda or tensor.is_cpu):
         raise UnsupportedError(f"{what} supports CPU and CUDA tensors, got device {tensor.device}")
-    t = tensor.detach()
-    if t.is_conj():
-        t = t.resolve_conj()
-    if t.is_neg():
-        t = t.resolve_neg()
-    if not t.is_contiguous():
-        t = t.contiguous()
-    return tensor, list(tensor.shape), list(tensor.stride()), t.reshape(-1).view(torch.uint8)
+    t = tensor
+    if t.is_conj() or t.is_neg() or not t.is_contiguous():
+        t = t.detach().resolve_conj().resolve_neg().contiguous()
+    return tensor, list(tensor.shape), list(tensor.stride()), t
 
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -60,6 +57,12 @@ def _stream(t: torch.Tensor) -> int:
     return torch.cuda.current_stream(t.device).cuda_stream
 
 
+def _where(data: torch.Tensor) -> tuple[int, int, int]:
+    """(address, byte count, device: -1 for host memory, else the CUDA ordinal) of a
+    contiguous tensor's bytes."""
+    return data.data_ptr(), data.numel() * data.element_size(), data.get_device()
+
+
 def signature(tensor: torch.Tensor) -> Signature:
     """Signature of ``tensor``: ``.content`` (16 bytes, the values in logical order),
     ``.meta`` (dtype, shape, strides) and ``.digest`` (both combined; what peers compare).
@@ -72,7 +75,7 @@ def signature(tensor: torch.Tensor) -> Signature:
     current stream and reads back only the 16-byte result.
     """
     tensor, shape, strides, flat = _prepared(tensor, "signature()")
-    return _core.sign_bytes(flat, str(tensor.dtype), shape, strides, _stream(flat))
+    return _core.sign_raw(*_where(flat), str(tensor.dtype), shape, strides, _stream(flat))
 
 
 def signatures(tensors: Sequence[torch.Tensor]) -> list[Signature]:
@@ -89,9 +92,10 @@ def signatures(tensors: Sequence[torch.Tensor]) -> list[Signature]:
     out: list[Any] = [None] * len(prepared)
     for device, indices in groups.items():
         items = [prepared[i] for i in indices]
-        signed = _core.sign_many([flat for _, _, _, flat in items], [str(t.dtype) for t, _, _, _ in items],
-                                 [shape for _, shape, _, _ in items], [strides for _, _, strides, _ in items],
-                                 _stream(items[0][3]))
+        where = [_where(flat) for *_, flat in items]
+        signed = _core.sign_many([a for a, _, _ in where], [n for _, n, _ in where], where[0][2],
+                                 [str(t.dtype) for t, _, _, _ in items], [shape for _, shape, _, _ in items],
+                                 [strides for _, _, strides, _ in items], _stream(items[0][3]))
         for i, s in zip(indices, signed):
             out[i] = s
     return out
@@ -155,10 +159,13 @@ class SignatureSet:
         groups: dict[Any, list[int]] = {}
         for i, flat in enumerate(self._flats):
             groups.setdefault(flat.device, []).append(i)
-        self._sets = [(indices, device, _core.SignatureSet(
-            [self._flats[i] for i in indices], [str(prepared[i][0].dtype) for i in indices],
-            [prepared[i][1] for i in indices], [prepared[i][2] for i in indices]))
-            for device, indices in groups.items()]
+        self._sets = []
+        for device, indices in groups.items():
+            where = [_where(self._flats[i]) for i in indices]
+            self._sets.append((indices, device, _core.SignatureSet(
+                [a for a, _, _ in where], [n for _, n, _ in where], where[0][2],
+                [str(prepared[i][0].dtype) for i in indices], [prepared[i][1] for i in indices],
+                [prepared[i][2] for i in indices])))
 
     def __len__(self) -> int:
         return len(self.tensors)

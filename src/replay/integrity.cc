@@ -19,14 +19,15 @@ void checkDigests(const std::vector<std::string>& digests, std::size_t n, const 
     throw InvalidArgument(std::string("state integrity: ") + what + " has " + std::to_string(digests.size()) +
                           " digests for " + std::to_string(n) + " tensors");
   for (const std::string& d : digests)
-    if (d.size() != kDigest) throw InvalidArgument(std::string("state integrity: a digest in ") + what + " is not 16 bytes");
+    if (d.size() != kDigest)
+      throw InvalidArgument(std::string("state integrity: a digest in ") + what + " is not 16 bytes");
 }
 
 std::vector<std::size_t> positionsOf(const PeerLayout& layout, const std::vector<std::int64_t>& group) {
   std::vector<std::size_t> out;
   for (std::int64_t r : group)
-    out.push_back(static_cast<std::size_t>(std::find(layout.ranks.begin(), layout.ranks.end(), r) -
-                                           layout.ranks.begin()));
+    out.push_back(
+        static_cast<std::size_t>(std::find(layout.ranks.begin(), layout.ranks.end(), r) - layout.ranks.begin()));
   return out;
 }
 
@@ -88,7 +89,8 @@ LocalIntegrity localIntegrity(const HeldState& held) {
   if (held.layout.size() != kDigest) throw InvalidArgument("state integrity: the layout digest is not 16 bytes");
   checkDigests(held.after, n, "the digests after the update");
   if (held.reference.empty() != held.before.empty())
-    throw InvalidArgument("state integrity: the at-rest check needs both the reference and the digests before the update");
+    throw InvalidArgument(
+        "state integrity: the at-rest check needs both the reference and the digests before the update");
   if (!held.reference.empty()) {
     checkDigests(held.reference, n, "the reference digests");
     checkDigests(held.before, n, "the digests before the update");
@@ -134,12 +136,14 @@ bool integrityNeedsDetail(const PeerLayout& layout, bool replicas, const std::ve
   return false;
 }
 
-IntegrityVerdict decideIntegrity(const PeerLayout& layout, bool replicas, const std::vector<IntegritySummary>& summaries,
+IntegrityVerdict decideIntegrity(const PeerLayout& layout, bool replicas,
+                                 const std::vector<IntegritySummary>& summaries,
                                  const std::vector<IntegrityDetail>& details) {
   validate(layout);
   const std::size_t n = layout.ranks.size();
   if (summaries.size() != n) throw InvalidArgument("state integrity needs one summary per compute peer");
-  if (!details.empty() && details.size() != n) throw InvalidArgument("state integrity needs one detail per compute peer");
+  if (!details.empty() && details.size() != n)
+    throw InvalidArgument("state integrity needs one detail per compute peer");
   if (details.empty() && integrityNeedsDetail(layout, replicas, summaries))
     throw InvalidArgument("state integrity: these summaries need the peers' details");
   IntegrityVerdict out;
@@ -189,12 +193,12 @@ IntegrityVerdict decideIntegrity(const PeerLayout& layout, bool replicas, const 
       for (const auto& group : layout.state_groups) {
         const std::vector<std::size_t> at = positionsOf(layout, group);
         if (at.size() < 2) continue;
-        const bool same_layout = std::all_of(at.begin(), at.end(), [&](std::size_t k) {
-          return summaries[k].layout == summaries[at.front()].layout;
-        });
+        const bool same_layout = std::all_of(
+            at.begin(), at.end(), [&](std::size_t k) { return summaries[k].layout == summaries[at.front()].layout; });
         if (!same_layout) {
-          inconclusive(name, "contract_mismatch: replicas hold different parameter or optimizer-state tensors "
-                             "(names, dtypes or shapes)");
+          inconclusive(name,
+                       "contract_mismatch: replicas hold different parameter or optimizer-state tensors "
+                       "(names, dtypes or shapes)");
           continue;
         }
         const bool folds_agree = std::all_of(at.begin(), at.end(), [&](std::size_t k) {
@@ -210,7 +214,8 @@ IntegrityVerdict decideIntegrity(const PeerLayout& layout, bool replicas, const 
           if (first.is_state[t] != state) continue;
           const auto tensor = static_cast<std::int64_t>(t);
           std::vector<std::string> evidence;
-          for (std::size_t k : at) evidence.push_back(t < details[k].after.size() ? details[k].after[t] : std::string());
+          for (std::size_t k : at)
+            evidence.push_back(t < details[k].after.size() ? details[k].after[t] : std::string());
           const consensus::ExactResult r = consensus::exact(evidence, ranks);
           std::vector<bool> blamed(at.size(), false);
           if (r.status == Status::kAttributed) {

@@ -254,11 +254,10 @@ Quad laneSumsCuda(const void* data, std::size_t nbytes, int device, void* stream
   // The first kernel stores instead of adding when it is one CTA: a small tensor then costs
   // one launch and the copy back, no zeroing launch.
   const bool first_overwrites = run_aligned ? aligned_grid == 1 : bytes_grid == 1;
-  if (!first_overwrites)
-    check(cudaMemsetAsync(scratch.device_sums, 0, sizeof(Quad), stream), "cudaMemsetAsync");
+  if (!first_overwrites) check(cudaMemsetAsync(scratch.device_sums, 0, sizeof(Quad), stream), "cudaMemsetAsync");
   if (run_aligned) {
-    laneSumsAligned<<<aligned_grid, kThreads, 0, stream>>>(static_cast<const uint4*>(data), full,
-                                                           scratch.device_sums, first_overwrites);
+    laneSumsAligned<<<aligned_grid, kThreads, 0, stream>>>(static_cast<const uint4*>(data), full, scratch.device_sums,
+                                                           first_overwrites);
     check(cudaGetLastError(), "laneSumsAligned launch");
   }
   if (count > 0) {
@@ -293,8 +292,7 @@ std::vector<Chunk> chunksOf(const std::vector<Segment>& segments) {
   return chunks;
 }
 
-void launchChunkKernel(const Chunk* device_chunks, std::size_t count, std::uint32_t* device_sums,
-                       cudaStream_t stream) {
+void launchChunkKernel(const Chunk* device_chunks, std::size_t count, std::uint32_t* device_sums, cudaStream_t stream) {
   for (std::size_t at = 0; at < count; at += 2147483647u) {  // the grid's x limit
     const auto n = static_cast<unsigned>(std::min<std::size_t>(count - at, 2147483647u));
     laneSumsChunks<<<n, kThreads, 0, stream>>>(device_chunks + at, device_sums);
@@ -359,7 +357,8 @@ struct DeviceLaunch {
   std::unique_ptr<SumsSlot> slot;
   ~DeviceLaunch() {
     // A launch dropped before it finished: its buffers are still being written.
-    if (slot != nullptr && cudaEventSynchronize(slot->done) == cudaSuccess) owner->free_slots.push_back(std::move(slot));
+    if (slot != nullptr && cudaEventSynchronize(slot->done) == cudaSuccess)
+      owner->free_slots.push_back(std::move(slot));
   }
 };
 

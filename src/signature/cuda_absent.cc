@@ -8,13 +8,9 @@ constexpr const char* kNoCuda =
     "this build of liblmr has no CUDA support (configure with LMR_CUDA=ON on a machine with a CUDA toolkit)";
 }  // namespace
 
-Quad laneSumsCuda(const void*, std::size_t, int, void*) {
-  throw Unsupported(kNoCuda);
-}
+Quad laneSumsCuda(const void*, std::size_t, int, void*) { throw Unsupported(kNoCuda); }
 
-std::vector<Quad> laneSumsManyCuda(const std::vector<Segment>&, int, void*) {
-  throw Unsupported(kNoCuda);
-}
+std::vector<Quad> laneSumsManyCuda(const std::vector<Segment>&, int, void*) { throw Unsupported(kNoCuda); }
 
 struct DeviceChunks {};
 struct DeviceLaunch {};

@@ -89,7 +89,8 @@ struct IntegrityVerdict {
 // The verdict. `replicas`: the state groups hold the same state (compare them); false for
 // sharded peers that hold different shards (only the at-rest check applies). `details`:
 // one per peer when integrityNeedsDetail said so, else empty.
-IntegrityVerdict decideIntegrity(const PeerLayout& layout, bool replicas, const std::vector<IntegritySummary>& summaries,
+IntegrityVerdict decideIntegrity(const PeerLayout& layout, bool replicas,
+                                 const std::vector<IntegritySummary>& summaries,
                                  const std::vector<IntegrityDetail>& details);
 
 }  // namespace lmr::replay

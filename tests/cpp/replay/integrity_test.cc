@@ -38,9 +38,11 @@ HeldState held(const Peer& p) {
   h.layout = p.layout;
   h.is_state = {false, false, true};
   for (int t = 0; t < 3; ++t) {
-    h.after.push_back(digest(100 + p.offset * 10 + t + (std::find(p.bad.begin(), p.bad.end(), t) != p.bad.end() ? 1000 : 0)));
+    h.after.push_back(
+        digest(100 + p.offset * 10 + t + (std::find(p.bad.begin(), p.bad.end(), t) != p.bad.end() ? 1000 : 0)));
     h.reference.push_back(digest(200 + p.offset * 10 + t));
-    h.before.push_back(digest(200 + p.offset * 10 + t + (std::find(p.rest.begin(), p.rest.end(), t) != p.rest.end() ? 1000 : 0)));
+    h.before.push_back(
+        digest(200 + p.offset * 10 + t + (std::find(p.rest.begin(), p.rest.end(), t) != p.rest.end() ? 1000 : 0)));
   }
   return h;
 }
