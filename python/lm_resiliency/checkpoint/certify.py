@@ -148,6 +148,8 @@ class CheckpointCertifier:
         this boundary); else None, and the next check's boundary takes it into account."""
         results = self._harness.results
         new, self._seen = results[self._seen:], len(results)
+        if self._core.manifest.tainted_since is not None:
+            return None  # already tainted (a corrupted replica stays diverged): nothing new to decide
         world = dist.get_world_size() if self._distributed else 1
         for r in new:
             if r.checked_recipe_ids == ["integrity"] and r.sdc_sources and len(r.peer_ranks) == world:
