@@ -85,3 +85,35 @@ def train(kind, parallel, steps):
     harness.close()
     return {"records": [r.to_dict() for r in session.records()], "results": [r.to_dict() for r in harness.results],
             "boundary_times": harness.boundary_times, "losses": losses}
+
+
+def state_campaign(kind):
+    """A weight of block 0 on rank 0, then rank 2's Adam state of block 1."""
+    return campaign(
+        incident("weight", [4], "tensor_corruption",
+                 {"rank": 0, "component": "transformer_block", "index": 0, "surface": "weight"},
+                 {"operation": "scale", "factor": 4.0, "scope": "1%", "parameter": WEIGHT[kind]},
+                 {"until": "campaign_end"}),
+        incident("adam", [8], "tensor_corruption",
+                 {"rank": 2, "component": "transformer_block", "index": 1, "surface": "optimizer_state"},
+                 {"operation": "scale", "factor": 50.0, "scope": "10%", "parameter": WEIGHT[kind],
+                  "state_key": "exp_avg"}, {"until": "campaign_end"}))
+
+
+def integrity_train(kind, parallel, steps):
+    """State integrity alone (no replay checks) on a model we did not write."""
+    model, blocks = hf_model(kind)
+    model = wrap(model, blocks, parallel)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    harness = ReplayHarness(model, opt, ReplayHarnessConfig(check_interval=1000, state_integrity=True))
+    session = lmr.enable_fault_injection(model, opt, campaign=state_campaign(kind))
+    for step in range(steps):
+        g = torch.Generator().manual_seed(1000 * step + dist.get_rank())
+        ids = torch.randint(0, VOCAB, (4, 16), generator=g)
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    session.close()
+    harness.close()
+    return {"records": [r.to_dict() for r in session.records()], "results": [r.to_dict() for r in harness.results],
+            "boundary_times": harness.boundary_times}

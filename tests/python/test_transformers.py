@@ -34,3 +34,22 @@ def test_transformers_model_campaign_is_localized(kind, parallel):
     # Outside the fault windows the checks agree (no replay error, nothing skipped).
     quiet = [r for r in results if r.step in (1, 2, 7, 8)]
     assert quiet and all(r.status == "Agree" for r in quiet), [r.to_json() for r in quiet]
+
+
+@pytest.mark.parametrize("kind,parallel", [("gpt2", "fsdp2"), ("llama", "ddp")])
+def test_state_faults_in_a_transformers_model_are_localized_by_state_integrity(kind, parallel):
+    # Under FSDP2 each shard has one owner, so replay cannot see a corrupted weight (every
+    # rank computes with the same gathered values); the owner's at-rest check does.
+    per_rank = spawn(hf_workers.integrity_train, 4, args=(kind, parallel, 12), timeout=600)
+    c = FaultCampaign.from_json(hf_workers.state_campaign(kind))
+    records = [FaultInjectionRecord.from_dict(r) for rank in per_rank for r in rank["records"]]
+    results = replay_results(per_rank[0]["results"])
+    report = evaluate(c, records, localization_results(c, records, results, per_rank[0]["boundary_times"]))
+    for occurrence in report.occurrences:
+        assert occurrence["localized"], (occurrence["occurrence_id"], occurrence["reasons"], report.table())
+    first = {o: next(r for r in results if r.step == int(o.split("@")[1])) for o in ("weight@4", "adam@8")}
+    assert first["weight@4"].sdc_ranks == [0] and "integrity.params" in first["weight@4"].sdc_sources
+    assert 2 in first["adam@8"].sdc_ranks and "integrity.state" in first["adam@8"].sdc_sources
+    assert all(r.status == "Agree" for r in results if r.step < 4)
+    unexplained = [a.describe() for a in explain_attributions(c, records, results) if a.explanation == "unexplained"]
+    assert not unexplained, unexplained
