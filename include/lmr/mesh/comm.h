@@ -1,0 +1,106 @@
+// Communication stragglers: which process groups are slow at their collectives, and the one
+// rank (and its host) that every slow group shares. Decisions over complete observations
+// that every rank holds (gathered before the call), so every rank reaches the same verdict.
+//
+// A collective's time on a member splits into the wait for the last member to arrive and the
+// transfer once all have. A slow computing rank arrives late: its peers wait, the transfer is
+// normal. A slow link or NIC makes the transfer of every group using it slow. So groups are
+// compared on their transfer time (the members' median), against the other groups that ran
+// the same collective in the same size class, with robust timing consensus; a group is slow
+// once confirmed over rounds as compute stragglers are (lmr::replay::StragglerTracker). Slow
+// groups that intersect at exactly one rank, with no healthy group containing that rank,
+// name it; the resource map gives its host, the manager's replacement scope.
+//
+// Not thread-safe (CommTracker); the rest are pure functions.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "lmr/consensus/consensus.h"
+#include "lmr/replay/replay.h"
+
+namespace lmr::mesh {
+
+// Where a rank runs. `host` is always known; `nic` and `switch_name` only from a map file.
+struct Resources {
+  std::string host;
+  std::string nic;
+  std::string switch_name;
+  bool operator==(const Resources&) const = default;
+};
+
+// Ranks to resources. The file format (strict JSON; an error names the JSON path):
+//   {"version": 1,
+//    "ranks": {"0": {"host": "node-a", "nic": "mlx5_0", "switch": "leaf-1"},
+//              "1": {"host": "node-a"}, ...}}
+// Every rank of the world appears exactly once; "host" is required, "nic" and "switch" are
+// optional non-empty strings; no other keys.
+class ResourceMap {
+ public:
+  // Throws InvalidArgument naming the JSON path of what is wrong.
+  static ResourceMap fromJson(std::string_view text, std::int64_t world_size);
+  // Host names gathered from every rank, by rank (no NIC or switch known).
+  static ResourceMap fromHosts(const std::vector<std::string>& hosts);
+
+  const Resources& of(std::int64_t rank) const;  // InvalidArgument for a rank outside the world
+  std::int64_t worldSize() const { return static_cast<std::int64_t>(ranks_.size()); }
+
+ private:
+  std::vector<Resources> ranks_;
+};
+
+// One call of one collective by one process group, timed on every member.
+struct CollectiveObservation {
+  std::string group;                  // a stable id of the process group ("dp_shard:2")
+  std::vector<std::int64_t> members;  // global ranks
+  std::string collective;             // "all_reduce", "fsdp_parameter_all_gather", ...
+  std::uint64_t bytes = 0;            // payload per member
+  std::vector<double> wait;           // by member: seconds waiting for the last to arrive
+  std::vector<double> transfer;       // by member: seconds from the last arrival to the end
+};
+
+// floor(log2(bytes)), 0 for 0 or 1 byte: groups of one class are compared.
+std::int64_t sizeClass(std::uint64_t bytes);
+
+struct CommOptions {
+  // A group is an outlier when its transfer exceeds the median of its class by kappa robust
+  // scales, 1 ms and a quarter of the median.
+  consensus::TimingOptions timing{
+      .kappa = 3.0, .scale_floor = 1e-4, .absolute_threshold = 1e-3, .relative_threshold = 0.25, .min_peers = 3};
+  std::int64_t confirmation_rounds = 3;  // outlier rounds needed ...
+  std::int64_t confirmation_checks = 5;  // ... among this many most recent rounds of the class
+  std::int64_t temporal_window = 1000;   // steps
+};
+
+struct CommVerdict {
+  std::vector<std::string> slow_groups;       // confirmed slow at this round, sorted
+  std::vector<std::string> candidate_groups;  // this round's outliers, sorted
+  // Members that arrived late in some group of this round (their peers waited): evidence of
+  // compute stragglers, never of a slow link. Sorted, unique.
+  std::vector<std::int64_t> late_ranks;
+  std::optional<std::int64_t> rank;      // the one rank every slow group shares
+  std::optional<Resources> resources;    // its resources (with a map): the replacement scope
+  std::string reason;                    // why no rank was named while groups are slow
+};
+
+class CommTracker {
+ public:
+  explicit CommTracker(CommOptions options = {});
+  // One round: every observation complete (a timing per member). InvalidArgument for a
+  // malformed observation, a group id seen with other members, or a member outside `map`.
+  CommVerdict observe(std::int64_t step, const std::vector<CollectiveObservation>& round,
+                      const ResourceMap* map = nullptr);
+
+ private:
+  CommOptions options_;
+  replay::StragglerTracker tracker_;                        // groups as peers, one "recipe" per class
+  std::map<std::string, std::int64_t> group_ids_;           // group id -> peer id for the tracker
+  std::map<std::string, std::vector<std::int64_t>> members_;  // group id -> its members
+};
+
+}  // namespace lmr::mesh

@@ -1,0 +1,208 @@
+#include "lmr/mesh/comm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "lmr/common/error.h"
+#include "lmr/common/json.h"
+
+namespace lmr::mesh {
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+void checkTimings(const std::vector<double>& v, const CollectiveObservation& o, const char* what) {
+  if (v.size() != o.members.size())
+    throw InvalidArgument("collective observation of group " + o.group + ": " + std::to_string(v.size()) + " " + what +
+                          " timings for " + std::to_string(o.members.size()) + " members");
+  for (double t : v)
+    if (!std::isfinite(t) || t < 0)
+      throw InvalidArgument("collective observation of group " + o.group + ": a " + what +
+                            " timing is negative or not finite");
+}
+
+replay::StragglerOptions trackerOptions(const CommOptions& o) {
+  replay::StragglerOptions s;
+  s.timing = o.timing;
+  s.confirmation_rounds = o.confirmation_rounds;
+  s.confirmation_checks = o.confirmation_checks;
+  s.temporal_window = o.temporal_window;
+  return s;
+}
+
+std::string describeRanks(const std::set<std::int64_t>& ranks) {
+  std::string out;
+  for (std::int64_t r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
+  return "{" + out + "}";
+}
+
+}  // namespace
+
+ResourceMap ResourceMap::fromJson(std::string_view text, std::int64_t world_size) {
+  if (world_size < 1) throw InvalidArgument("a resource map needs a world of at least one rank");
+  const json::Document doc = json::parse(text, "resource map");
+  const json::Json& root = doc.value;
+  json::requireObject(root, "");
+  json::requireKnownKeys(root, "", {"version", "ranks"});
+  if (json::asInteger(json::requireMember(root, "", "version"), "version") != 1)
+    json::fail("version", "unsupported version (this release reads version 1)");
+  const json::Json& ranks = json::requireMember(root, "", "ranks");
+  json::requireObject(ranks, "ranks");
+  ResourceMap out;
+  out.ranks_.resize(static_cast<std::size_t>(world_size));
+  std::vector<bool> seen(static_cast<std::size_t>(world_size), false);
+  for (const auto& [key, value] : ranks.items()) {
+    const std::string path = json::child("ranks", key);
+    std::int64_t rank = -1;
+    if (key.empty() || key.size() > 18 ||
+        !std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      json::fail(path, "a rank key is a decimal rank number");
+    rank = std::stoll(key);
+    if (rank >= world_size) json::fail(path, "rank " + key + " is outside the world of " + std::to_string(world_size));
+    if (std::to_string(rank) != key) json::fail(path, "a rank key has no leading zeros");
+    json::requireObject(value, path);
+    json::requireKnownKeys(value, path, {"host", "nic", "switch"});
+    Resources& r = out.ranks_[static_cast<std::size_t>(rank)];
+    r.host = json::asIdentifier(json::requireMember(value, path, "host"), json::child(path, "host"));
+    if (const json::Json* nic = json::findMember(value, "nic"))
+      r.nic = json::asIdentifier(*nic, json::child(path, "nic"));
+    if (const json::Json* sw = json::findMember(value, "switch"))
+      r.switch_name = json::asIdentifier(*sw, json::child(path, "switch"));
+    seen[static_cast<std::size_t>(rank)] = true;
+  }
+  for (std::size_t r = 0; r < seen.size(); ++r)
+    if (!seen[r]) json::fail("ranks", "rank " + std::to_string(r) + " is missing");
+  return out;
+}
+
+ResourceMap ResourceMap::fromHosts(const std::vector<std::string>& hosts) {
+  if (hosts.empty()) throw InvalidArgument("a resource map needs the host of at least one rank");
+  ResourceMap out;
+  for (std::size_t r = 0; r < hosts.size(); ++r) {
+    if (hosts[r].empty()) throw InvalidArgument("rank " + std::to_string(r) + " has an empty host name");
+    out.ranks_.push_back(Resources{hosts[r], "", ""});
+  }
+  return out;
+}
+
+const Resources& ResourceMap::of(std::int64_t rank) const {
+  if (rank < 0 || rank >= worldSize())
+    throw InvalidArgument("rank " + std::to_string(rank) + " is not in the resource map of " +
+                          std::to_string(worldSize()) + " ranks");
+  return ranks_[static_cast<std::size_t>(rank)];
+}
+
+std::int64_t sizeClass(std::uint64_t bytes) {
+  std::int64_t c = 0;
+  while (bytes > 1) {
+    bytes >>= 1;
+    ++c;
+  }
+  return c;
+}
+
+CommTracker::CommTracker(CommOptions options) : options_(options), tracker_(trackerOptions(options)) {}
+
+CommVerdict CommTracker::observe(std::int64_t step, const std::vector<CollectiveObservation>& round,
+                                 const ResourceMap* map) {
+  // Validate everything first: a malformed round changes no history.
+  for (const CollectiveObservation& o : round) {
+    if (o.group.empty()) throw InvalidArgument("a collective observation has an empty group id");
+    if (o.members.empty()) throw InvalidArgument("collective observation of group " + o.group + " has no members");
+    if (std::set<std::int64_t>(o.members.begin(), o.members.end()).size() != o.members.size())
+      throw InvalidArgument("collective observation of group " + o.group + " repeats a member");
+    checkTimings(o.wait, o, "wait");
+    checkTimings(o.transfer, o, "transfer");
+    std::vector<std::int64_t> sorted = o.members;
+    std::sort(sorted.begin(), sorted.end());
+    const auto known = members_.find(o.group);
+    if (known != members_.end() && known->second != sorted)
+      throw InvalidArgument("group " + o.group + " was observed before with other members");
+    if (map != nullptr)
+      for (std::int64_t r : o.members) map->of(r);
+  }
+  CommVerdict v;
+  std::set<std::int64_t> late;
+  // Comparable groups: same collective, same size class; each group's evidence is the
+  // median transfer of its members, one value per group per round.
+  std::map<std::string, std::vector<const CollectiveObservation*>> classes;
+  for (const CollectiveObservation& o : round) {
+    std::vector<std::int64_t> sorted = o.members;
+    std::sort(sorted.begin(), sorted.end());
+    members_[o.group] = sorted;
+    group_ids_.emplace(o.group, static_cast<std::int64_t>(group_ids_.size()));
+    classes[o.collective + "#" + std::to_string(sizeClass(o.bytes))].push_back(&o);
+    // Late arrivers: the members whose peers waited for them.
+    if (o.members.size() >= 3) {
+      const double most = *std::max_element(o.wait.begin(), o.wait.end());
+      std::vector<double> lateness;
+      for (double w : o.wait) lateness.push_back(most - w);
+      const consensus::TimingResult t = consensus::timing(lateness, options_.timing, o.members);
+      if (t.status == consensus::Status::kAttributed)
+        for (std::int64_t r : t.attributedRanks()) late.insert(r);
+    }
+  }
+  std::set<std::string> slow, candidates, healthy;
+  for (auto& [name, groups] : classes) {
+    // One observation per group per class and round: the first.
+    std::map<std::string, const CollectiveObservation*> unique;
+    for (const CollectiveObservation* o : groups) unique.emplace(o->group, o);
+    std::vector<std::vector<double>> evidence;
+    std::vector<std::int64_t> ids;
+    std::vector<std::string> names;
+    for (const auto& [group, o] : unique) {
+      evidence.push_back({median(o->transfer)});
+      ids.push_back(group_ids_.at(group));
+      names.push_back(group);
+    }
+    if (evidence.size() < 3) continue;  // nothing to compare with: no evidence either way
+    const replay::StragglerTracker::Verdict t = tracker_.observe(name, step, evidence, ids);
+    const bool conclusive = t.check.status != consensus::Status::kInconclusive;
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      if (t.confirmed[i]) slow.insert(names[i]);
+      if (t.check.status == consensus::Status::kAttributed && t.check.bitmap[i]) {
+        candidates.insert(names[i]);
+      } else if (conclusive) {
+        healthy.insert(names[i]);
+      }
+    }
+  }
+  v.slow_groups.assign(slow.begin(), slow.end());
+  v.candidate_groups.assign(candidates.begin(), candidates.end());
+  v.late_ranks.assign(late.begin(), late.end());
+  if (slow.empty()) return v;
+  if (slow.size() == 1) {
+    v.reason = "one slow group (" + *slow.begin() + "): no other slow group narrows it to one rank";
+    return v;
+  }
+  std::set<std::int64_t> shared(members_.at(*slow.begin()).begin(), members_.at(*slow.begin()).end());
+  for (const std::string& g : slow) {
+    std::set<std::int64_t> both;
+    for (std::int64_t r : members_.at(g))
+      if (shared.count(r)) both.insert(r);
+    shared = std::move(both);
+  }
+  if (shared.size() != 1) {
+    v.reason = shared.empty() ? "the slow groups share no rank"
+                              : "the slow groups share more than one rank " + describeRanks(shared);
+    return v;
+  }
+  const std::int64_t rank = *shared.begin();
+  for (const std::string& g : healthy) {
+    const auto& m = members_.at(g);
+    if (std::find(m.begin(), m.end(), rank) != m.end()) {
+      v.reason = "the slow groups share rank " + std::to_string(rank) + ", but group " + g + " holding it is not slow";
+      return v;
+    }
+  }
+  v.rank = rank;
+  if (map != nullptr) v.resources = map->of(rank);
+  return v;
+}
+
+}  // namespace lmr::mesh

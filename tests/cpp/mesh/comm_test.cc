@@ -1,0 +1,226 @@
+// Communication stragglers on an 8-rank 2-D mesh (rows of 4, columns of 2; two ranks per
+// pretend host): a slow link named with its host after confirmation, a slow whole group
+// without a culprit, a late computing rank kept apart from a slow link, contradictions,
+// noise, malformed rounds and resource maps.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "lmr/common/error.h"
+#include "lmr/mesh/comm.h"
+
+namespace lmr::mesh {
+namespace {
+
+struct Group {
+  std::string id;
+  std::vector<std::int64_t> members;
+};
+
+const std::vector<Group> kMesh = {{"row0", {0, 1, 2, 3}}, {"row1", {4, 5, 6, 7}}, {"col0", {0, 4}},
+                                  {"col1", {1, 5}},       {"col2", {2, 6}},       {"col3", {3, 7}}};
+
+ResourceMap hosts() { return ResourceMap::fromHosts({"h0", "h0", "h1", "h1", "h2", "h2", "h3", "h3"}); }
+
+// One round: every group all-reduces 1 MiB; transfers take 10 ms (plus jitter), slower by
+// `slow_s` in groups holding `slow_rank` (a slow link) and by `group_s` in `slow_group`;
+// `late_rank` arrives `late_s` after its peers.
+struct Round {
+  std::int64_t slow_rank = -1;
+  double slow_s = 0.02;
+  std::string slow_group;
+  double group_s = 0.02;
+  std::int64_t late_rank = -1;
+  double late_s = 0.05;
+  int jitter = 0;
+};
+
+Round link(std::int64_t rank, int jitter) {
+  Round r;
+  r.slow_rank = rank;
+  r.jitter = jitter;
+  return r;
+}
+
+Round slowGroup(const std::string& group, int jitter) {
+  Round r;
+  r.slow_group = group;
+  r.jitter = jitter;
+  return r;
+}
+
+Round late(std::int64_t rank, int jitter) {
+  Round r;
+  r.late_rank = rank;
+  r.jitter = jitter;
+  return r;
+}
+
+Round quiet(int jitter) { return slowGroup("", jitter); }
+
+std::vector<CollectiveObservation> round(const Round& r, const std::vector<Group>& groups = kMesh) {
+  std::vector<CollectiveObservation> out;
+  int k = 0;
+  for (const Group& g : groups) {
+    CollectiveObservation o{g.id, g.members, "all_reduce", 1 << 20, {}, {}};
+    bool holds_slow = false, holds_late = false;
+    for (std::int64_t m : g.members) {
+      holds_slow = holds_slow || m == r.slow_rank;
+      holds_late = holds_late || m == r.late_rank;
+    }
+    double transfer = 0.010 + 0.0002 * ((k++ * 7 + r.jitter) % 5);
+    if (holds_slow) transfer += r.slow_s;
+    if (g.id == r.slow_group) transfer += r.group_s;
+    for (std::int64_t m : g.members) {
+      o.transfer.push_back(transfer);
+      o.wait.push_back(holds_late && m != r.late_rank ? r.late_s : 0.0001);
+    }
+    out.push_back(o);
+  }
+  return out;
+}
+
+TEST(CommStragglers, ASlowLinkNamesTheRankAndItsHostAfterConfirmation) {
+  CommTracker t;
+  const ResourceMap map = hosts();
+  for (int step = 1; step <= 2; ++step) {
+    const CommVerdict v = t.observe(step, round(link(5, step)), &map);
+    EXPECT_EQ(v.candidate_groups, (std::vector<std::string>{"col1", "row1"}));
+    EXPECT_TRUE(v.slow_groups.empty());  // not confirmed yet
+    EXPECT_FALSE(v.rank);
+  }
+  const CommVerdict v = t.observe(3, round(link(5, 3)), &map);
+  EXPECT_EQ(v.slow_groups, (std::vector<std::string>{"col1", "row1"}));
+  ASSERT_TRUE(v.rank);
+  EXPECT_EQ(*v.rank, 5);
+  ASSERT_TRUE(v.resources);
+  EXPECT_EQ(v.resources->host, "h2");
+  EXPECT_TRUE(v.late_ranks.empty());
+}
+
+TEST(CommStragglers, ASlowWholeGroupHasNoCulprit) {
+  CommTracker t;
+  CommVerdict v;
+  for (int step = 1; step <= 3; ++step) v = t.observe(step, round(slowGroup("row1", step)));
+  EXPECT_EQ(v.slow_groups, std::vector<std::string>{"row1"});
+  EXPECT_FALSE(v.rank);
+  EXPECT_NE(v.reason.find("one slow group"), std::string::npos);
+}
+
+TEST(CommStragglers, ALateComputingRankIsNotASlowLink) {
+  CommTracker t;
+  CommVerdict v;
+  for (int step = 1; step <= 5; ++step) v = t.observe(step, round(late(5, step)));
+  EXPECT_TRUE(v.slow_groups.empty());
+  EXPECT_TRUE(v.candidate_groups.empty());
+  EXPECT_EQ(v.late_ranks, std::vector<std::int64_t>{5});  // its row waited for it
+  EXPECT_FALSE(v.rank);
+}
+
+TEST(CommStragglers, AHealthyGroupHoldingTheSharedRankContradicts) {
+  std::vector<Group> groups = kMesh;
+  groups.push_back({"pair", {5, 6}});  // holds rank 5, stays fast
+  CommTracker t;
+  CommVerdict v;
+  for (int step = 1; step <= 3; ++step) {
+    auto r = round(quiet(step), groups);
+    for (auto& o : r)
+      if (o.group == "row1" || o.group == "col1")
+        for (double& x : o.transfer) x += 0.02;
+    v = t.observe(step, r);
+  }
+  EXPECT_EQ(v.slow_groups, (std::vector<std::string>{"col1", "row1"}));
+  EXPECT_FALSE(v.rank);
+  EXPECT_NE(v.reason.find("group pair"), std::string::npos);
+}
+
+TEST(CommStragglers, SlowGroupsThatShareNoRankNameNobody) {
+  CommTracker t;
+  CommVerdict v;
+  for (int step = 1; step <= 3; ++step) {
+    auto r = round(quiet(step));
+    for (auto& o : r)
+      if (o.group == "col1" || o.group == "col2")
+        for (double& x : o.transfer) x += 0.02;
+    v = t.observe(step, r);
+  }
+  EXPECT_EQ(v.slow_groups, (std::vector<std::string>{"col1", "col2"}));
+  EXPECT_FALSE(v.rank);
+  EXPECT_EQ(v.reason, "the slow groups share no rank");
+}
+
+TEST(CommStragglers, NoiseAloneNamesNothing) {
+  CommTracker t;
+  for (int step = 1; step <= 50; ++step) {
+    // One group slow in one round of every five: never three of the last five.
+    const CommVerdict v = t.observe(step, round(slowGroup(step % 5 == 0 ? "col2" : "", step)));
+    EXPECT_TRUE(v.slow_groups.empty()) << step;
+    EXPECT_FALSE(v.rank);
+  }
+}
+
+TEST(CommStragglers, GroupsOfOtherCollectivesOrSizesAreNotCompared) {
+  EXPECT_EQ(sizeClass(0), 0);
+  EXPECT_EQ(sizeClass(1), 0);
+  EXPECT_EQ(sizeClass(1024), 10);
+  EXPECT_EQ(sizeClass(2047), 10);
+  CommTracker t;
+  auto r = round(slowGroup("row1", 0));
+  r[1].collective = "reduce_scatter";  // row1 alone in its class: nothing to compare with
+  CommVerdict v;
+  for (int step = 1; step <= 3; ++step) v = t.observe(step, r);
+  EXPECT_TRUE(v.slow_groups.empty());
+  EXPECT_TRUE(v.candidate_groups.empty());
+}
+
+TEST(CommStragglers, MalformedRoundsAreRejectedAndChangeNothing) {
+  CommTracker t;
+  auto r = round(quiet(0));
+  r[0].wait.pop_back();
+  EXPECT_THROW(t.observe(1, r), InvalidArgument);
+  r = round(quiet(0));
+  r[2].transfer[0] = -1.0;
+  EXPECT_THROW(t.observe(1, r), InvalidArgument);
+  r = round(quiet(0));
+  r[3].members = {1, 1};
+  EXPECT_THROW(t.observe(1, r), InvalidArgument);
+  t.observe(1, round(quiet(0)));
+  r = round(quiet(0));
+  r[2].members = {0, 5};  // col0 seen before as {0, 4}
+  EXPECT_THROW(t.observe(2, r), InvalidArgument);
+  const ResourceMap small = ResourceMap::fromHosts({"h0", "h0"});
+  EXPECT_THROW(t.observe(2, round(quiet(0)), &small), InvalidArgument);
+}
+
+TEST(ResourceMaps, ParseStrictlyWithThePathOfWhatIsWrong) {
+  const ResourceMap m = ResourceMap::fromJson(
+      R"({"version": 1, "ranks": {"0": {"host": "a", "nic": "mlx5_0", "switch": "leaf-1"}, "1": {"host": "b"}}})", 2);
+  EXPECT_EQ(m.of(0), (Resources{"a", "mlx5_0", "leaf-1"}));
+  EXPECT_EQ(m.of(1).host, "b");
+  EXPECT_THROW(m.of(2), InvalidArgument);
+  const auto error = [](const std::string& text, std::int64_t world) {
+    try {
+      ResourceMap::fromJson(text, world);
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error(R"({"version": 1, "ranks": {"0": {"host": "a"}}})", 2).find("ranks: rank 1 is missing"),
+            std::string::npos);
+  EXPECT_NE(error(R"({"version": 1, "ranks": {"0": {"host": "a", "rack": "r"}}})", 1).find("ranks.0"),
+            std::string::npos);
+  EXPECT_NE(error(R"({"version": 1, "ranks": {"x": {"host": "a"}}})", 1).find("ranks.x"), std::string::npos);
+  EXPECT_NE(error(R"({"version": 1, "ranks": {"01": {"host": "a"}}})", 2).find("leading zeros"), std::string::npos);
+  EXPECT_NE(error(R"({"version": 1, "ranks": {"3": {"host": "a"}}})", 2).find("outside the world"), std::string::npos);
+  EXPECT_NE(error(R"({"version": 2, "ranks": {}})", 1).find("version"), std::string::npos);
+  EXPECT_NE(error(R"({"version": 1, "ranks": {"0": {"host": ""}}})", 1).find("ranks.0.host"), std::string::npos);
+  EXPECT_NE(error(R"({"version": 1, "ranks": {"0": {"host": "a"}}, "extra": 1})", 1).find("extra"), std::string::npos);
+  EXPECT_NE(error("[1, 2", 1), "no error");
+  EXPECT_THROW(ResourceMap::fromHosts({}), InvalidArgument);
+  EXPECT_THROW(ResourceMap::fromHosts({"a", ""}), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace lmr::mesh
