@@ -1,6 +1,7 @@
 #include "lmr/mesh/comm.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <set>
 
@@ -97,14 +98,7 @@ const Resources& ResourceMap::of(std::int64_t rank) const {
   return ranks_[static_cast<std::size_t>(rank)];
 }
 
-std::int64_t sizeClass(std::uint64_t bytes) {
-  std::int64_t c = 0;
-  while (bytes > 1) {
-    bytes >>= 1;
-    ++c;
-  }
-  return c;
-}
+std::int64_t sizeClass(std::uint64_t bytes) { return bytes <= 1 ? 0 : std::bit_width(bytes) - 1; }
 
 CommTracker::CommTracker(CommOptions options) : options_(options), tracker_(trackerOptions(options)) {}
 

@@ -87,8 +87,8 @@ class CheckpointCertifier:
         self._core = _core.Certifier(self.catalog, manifest, harness.completed_iterations)
         retire_abandoned(config, self._core.abandoned, self._writer)
         self._pending_save: Optional[tuple] = None  # (step, state, reason, future) of an async save
-        self._observed_through = harness.completed_iterations  # results up to here are certified
-        self._seen = len(harness.results)  # harness results looked at for state-integrity SDC
+        self._seen = len(harness.results)  # harness results already scanned for state-integrity SDC
+        self._integrity_finding: Any = None  # the first integrity SDC since the last boundary taken
         self._handle = attachment.add_listener(self, CERTIFICATION)
 
     # --- the optimizer boundary --------------------------------------------------------
@@ -97,12 +97,12 @@ class CheckpointCertifier:
         step = self._harness.completed_iterations
         checked = self._harness.checked_at == step
         latest = self.config.latest_interval
-        corrupted = None if checked else self._integrity_sdc()
-        if not checked and corrupted is None and (not latest or step % latest):
-            return  # nothing can be captured here: no check, no snapshot due
         try:
             if checked:
                 self._harness.settle()
+            corrupted = None if checked else self._integrity_sdc()
+            if not checked and corrupted is None and (not latest or step % latest):
+                return  # nothing can be captured here: no check, no snapshot due
             self._boundary(step, checked or corrupted is not None, corrupted)
         except Exception as e:  # noqa: BLE001 - the step the user called must not fail
             log.warning("checkpoint certification at step %d failed: %s", step, describe(e))
@@ -142,37 +142,42 @@ class CheckpointCertifier:
         if changes is not None and severity == 3 and self._core.manifest.tainted_since == step:
             self._decide("sdc", step)
 
-    def _integrity_sdc(self) -> Any:
-        """A state-integrity result recorded since the last boundary that found SDC, when its
-        peers span the world (every rank then holds the same verdict, so every rank takes
-        this boundary); else None, and the next check's boundary takes it into account."""
+    def _scan_integrity(self) -> None:
+        """Notes the first state-integrity SDC among the results recorded since the last scan."""
         results = self._harness.results
-        new, self._seen = results[self._seen:], len(results)
-        if self._core.manifest.tainted_since is not None:
-            return None  # already tainted (a corrupted replica stays diverged): nothing new to decide
+        if self._integrity_finding is None:
+            self._integrity_finding = next((r for r in results[self._seen:] if r.checked_recipe_ids == ["integrity"]
+                                            and r.sdc_sources), None)
+        self._seen = len(results)
+
+    def _integrity_sdc(self) -> Any:
+        """The integrity SDC to take a boundary for now, when its peers span the world (every
+        rank then holds the same verdict, so every rank takes this boundary); else None, and
+        the next check's boundary counts it."""
+        self._scan_integrity()
+        found = self._integrity_finding
+        if found is None or self._core.manifest.tainted_since is not None:
+            return None  # nothing, or already tainted (a corrupted replica stays diverged)
         world = dist.get_world_size() if self._distributed else 1
-        for r in new:
-            if r.checked_recipe_ids == ["integrity"] and r.sdc_sources and len(r.peer_ranks) == world:
-                return r
-        return None
+        return found if len(found.peer_ranks) == world else None
 
     def _local_outcome(self, step: int, result: Any) -> tuple[int, list[bool], str]:
         """The check's outcome at `step`, made SDC by any state-integrity verdict since the
         last certified boundary that found corruption (integrity runs every step; only
         its SDC findings change what a checkpoint may be trusted with)."""
-        since, self._observed_through = self._observed_through, step
+        self._scan_integrity()
+        finding, self._integrity_finding = self._integrity_finding, None
         try:
             if result is None:
-                mine = [r for r in self._harness.results if r.step == step and r.checked_recipe_ids != ["integrity"]]
-                result = mine[-1] if mine else None
+                result = next((r for r in reversed(self._harness.results)
+                               if r.step == step and r.checked_recipe_ids != ["integrity"]), None)
             if result is None:
                 return 2, [False] * len(self.catalog), f"no check result on rank {self.rank}"
             severity, accepted, reason = outcome_of(result, self.catalog)
-            for r in self._harness.results:
-                if since < r.step <= step and r.checked_recipe_ids == ["integrity"]:
-                    s, _, why = outcome_of(r, self.catalog)
-                    if s == OUTCOMES.index("sdc") and s > severity:
-                        severity, reason = s, f"state integrity after step {r.step}: {why}"
+            if finding is not None and finding is not result:
+                s, _, why = outcome_of(finding, self.catalog)
+                if s > severity:
+                    severity, reason = s, f"state integrity after step {finding.step}: {why}"
             return severity, accepted, reason
         except Exception as e:  # noqa: BLE001 - an Inconclusive outcome, agreed below
             return 2, [False] * len(self.catalog), f"rank {self.rank}: {describe(e)}"

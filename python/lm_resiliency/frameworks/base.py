@@ -133,6 +133,12 @@ class FrameworkAdapter:
         the first step."""
         raise NotImplementedError
 
+    def optimizer_state_count(self) -> int:
+        """A number that changes when the optimizer creates or drops state (its first
+        step, a load): state integrity rebuilds its tensor set then. The default counts
+        every parameter's entries; adapters override it with something cheaper."""
+        return sum(len(self.optimizer_state(p)) for p, _ in self.optimizer_parameters())
+
     def optimizer_replay_support(self) -> Optional[str]:
         """None when `replay_update` works for this optimizer; otherwise why the optimizer
         recipe of a replay check is turned off (it is then skipped with this reason)."""

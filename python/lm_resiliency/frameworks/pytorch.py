@@ -224,6 +224,9 @@ class PyTorchAdapter(FrameworkAdapter):
     def optimizer_state(self, parameter: torch.Tensor) -> dict[str, Any]:
         return self.optimizer.state.get(parameter, {})
 
+    def optimizer_state_count(self) -> int:
+        return len(self.optimizer.state)  # parameters with state: grows at the first step
+
     def optimizer_replay_support(self) -> Optional[str]:
         return None  # a torch.optim.Optimizer class can be built again over copies
 

@@ -197,12 +197,18 @@ class ReplayHarness:
             return body()
         except Exception as e:  # noqa: BLE001 - the step the user called must not fail
             log.exception("SCOUT check after step %d failed; its result is Inconclusive", step)
-            failed = ReplayResult(step=step, peer_ranks=list(self._peers.ranks), status="Inconclusive",
-                                  wall_time=time.time())
-            failed.inconclusive_recipes = ["check"]
-            failed.inconclusive_reasons = {"check": f"replay_error: {describe(e)}"}
-            self._record(failed)
+            self._record(self._failed(step, "check", e))
             return None
+
+    def _failed(self, step: int, recipe: str, error: BaseException) -> ReplayResult:
+        """The Inconclusive result of `recipe` ("check", "integrity") failing at `step`."""
+        failed = ReplayResult(step=step, peer_ranks=list(self._peers.ranks), status="Inconclusive",
+                              wall_time=time.time())
+        if recipe != "check":
+            failed.checked_recipe_ids = [recipe]
+        failed.inconclusive_recipes = [recipe]
+        failed.inconclusive_reasons = {recipe: f"replay_error: {describe(error)}"}
+        return failed
 
     def _conclude(self, step: int, finish: Any, integrity: Optional[ReplayResult] = None) -> Optional[ReplayResult]:
         """Records what `finish()` decides, or the Inconclusive result of its failure, with
@@ -225,12 +231,7 @@ class ReplayHarness:
             return self._integrity.conclude(due)
         except Exception as e:  # noqa: BLE001 - the step the user called must not fail
             log.exception("SCOUT state integrity after step %d failed; its result is Inconclusive", due.step)
-            failed = ReplayResult(step=due.step, peer_ranks=list(self._peers.ranks), status="Inconclusive",
-                                  wall_time=time.time())
-            failed.checked_recipe_ids = ["integrity"]
-            failed.inconclusive_recipes = ["integrity"]
-            failed.inconclusive_reasons = {"integrity": f"replay_error: {describe(e)}"}
-            return failed
+            return self._failed(due.step, "integrity", e)
 
     def check(self) -> ReplayResult:
         """Runs the full catalog now on the last iteration's captures (collective: every

@@ -116,10 +116,6 @@ class StateIntegrity:
 
     # --- the tensors ---------------------------------------------------------------------
 
-    def _optimizer_state_count(self) -> int:
-        state = getattr(getattr(self._adapter, "optimizer", None), "state", None)
-        return len(state) if hasattr(state, "__len__") else -1
-
     def _collect(self) -> _Held:
         entries: list[tuple[str, bool, torch.Tensor]] = []
         uncovered = []
@@ -142,7 +138,7 @@ class StateIntegrity:
         return _Held(entries)
 
     def _held_now(self) -> _Held:
-        count = self._optimizer_state_count()
+        count = self._adapter.optimizer_state_count()
         if self._held is None or count != self._state_count or not self._held.set.still_valid():
             self._held, self._state_count = self._collect(), count
         return self._held
@@ -155,15 +151,14 @@ class StateIntegrity:
 
     def before_step(self, step: int) -> None:
         self._current = _Step(step)
-        if self._recorded is not None:
-            torch.cuda.current_stream(self._recorded.device).wait_event(self._recorded)
-            self._recorded = None
-        if not self.at_rest or self._reference is None:
-            return
         try:
-            held = self._held_now()
-            if held is self._reference[0]:
-                self._current.before = held.launch()
+            if self._recorded is not None:  # the update must not write what the record still reads
+                recorded, self._recorded = self._recorded, None
+                torch.cuda.current_stream(recorded.device).wait_event(recorded)
+            # The set the last record validated: one that changed since gets no at-rest
+            # evidence this step either way (the record rebuilds it).
+            if self.at_rest and self._reference is not None and self._held is self._reference[0]:
+                self._current.before = self._held.launch()
         except Exception as e:  # noqa: BLE001 - this rank votes an error; every peer learns it
             self._current.error = describe(e)
 
