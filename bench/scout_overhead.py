@@ -76,6 +76,36 @@ def sign_live_tensors(model, device) -> tuple[float, float, float, float]:
     return nbytes / 2**30, rate(signature, False), rate(read, True), rate(read, False)
 
 
+def block_pass_seconds(model, tokens, device, repeats=10) -> float:
+    """Median time of one transformer block's forward and backward on the input it had in
+    a training forward pass (what a hidden-layer replay computes)."""
+    inner = model.module if hasattr(model, "module") else model
+    block, captured = inner.layers[0], []
+    handle = block.register_forward_pre_hook(lambda m, a: captured.append(tuple(t.detach().clone() for t in a)))
+    with torch.no_grad():
+        inner(tokens)
+    handle.remove()
+    x, *rest = captured[0]
+
+    def once():
+        xi = x.clone().requires_grad_(True)
+        out = block(xi, *rest)
+        out.backward(torch.randn_like(out))
+
+    times = []
+    for i in range(repeats + 2):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        once()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    block.zero_grad(set_to_none=True)
+    return statistics.median(times)
+
+
 def body(args):
     device = torch.device(args["device"])
     if device.type == "cuda" and dist.is_initialized():
@@ -95,6 +125,7 @@ def body(args):
     step += 5
     samples: dict[int, list[float]] = {c: [] for c in args["cadences"]}
     checks: dict[int, int] = {c: 0 for c in args["cadences"]}
+    hidden: dict[int, int] = {c: 0 for c in args["cadences"]}  # hidden-layer replays
     for _ in range(args["rounds"]):
         for cadence in args["cadences"]:
             harness = None
@@ -106,15 +137,20 @@ def body(args):
             samples[cadence].append(timed(model, opt, data, args["steps"], step, device))
             step += args["steps"]
             if harness is not None:
+                harness.close()  # concludes the last pipelined check
                 checks[cadence] += sum(r.checked_recipe_ids != ["integrity"] for r in harness.results)
+                hidden[cadence] += sum(rid.startswith("hidden.") for r in harness.results for rid in r.checked_recipe_ids)
                 assert all(r.status == "Agree" for r in harness.results), [r.to_json() for r in harness.results]
-                harness.close()
     # The live tensors after the last block (gradients of the last step were zeroed: take one more).
     x, y = data.batch(step, shard=dist.get_rank() if dist.is_initialized() else 0)
     logits = model(x.to(device))
     F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.to(device).reshape(-1)).backward()
     signing = sign_live_tensors(model, device)
-    return {c: statistics.median(v) for c, v in samples.items()}, checks, signing
+    # What the hidden-layer replays must cost at least: one block's forward and backward
+    # on the captured input, per step.
+    block = block_pass_seconds(model, x.to(device), device)
+    work = {c: block * hidden[c] / (args["rounds"] * args["steps"]) for c in args["cadences"]}
+    return {c: statistics.median(v) for c, v in samples.items()}, (checks, work), signing
 
 
 def main() -> None:
@@ -144,13 +180,18 @@ def main() -> None:
     else:
         medians, checks, signing = spawn(body, ns.ranks, args=(args,))[0]
         where = f"{ns.ranks} CPU ranks (gloo, 1 thread each)"
+    checks, work = checks
     base = medians[0]
     print(f"reference decoder dim={ns.dim} layers={ns.layers} seq={ns.seq} batch={ns.batch} {ns.dtype}, {where}; "
           f"median of {ns.rounds} interleaved blocks of {ns.steps} steps; timing_repeats={ns.timing_repeats or 'default'}")
-    print(f"{'cadence':>8} {'ms/step':>9} {'overhead':>9} {'checks':>7}")
+    # hidden replays: one block's forward and backward times the hidden-layer replays a step,
+    # as a share of the step without a harness (the least those replays cost); the rest of
+    # the overhead is the embedding, output and optimizer replays, copies, fingerprints, votes.
+    print(f"{'cadence':>8} {'ms/step':>9} {'overhead':>9} {'hidden replays':>15} {'checks':>7}")
     for c in args["cadences"]:
         label = "off" if c == 0 else str(c)
-        print(f"{label:>8} {medians[c] * 1e3:9.3f} {100 * (medians[c] - base) / base:+8.2f}% {checks[c]:7d}")
+        print(f"{label:>8} {medians[c] * 1e3:9.3f} {100 * (medians[c] - base) / base:+8.2f}% "
+              f"{100 * work[c] / base:14.2f}% {checks[c]:7d}")
     gib, ours, read_each, read_all = signing
     print(f"every live parameter and gradient (rank 0, {gib:.2f} GiB): signature() {ours:.1f} GB/s; torch sum with a "
           f"wait per tensor {read_each:.1f} GB/s ({ours / read_each:.2f}x); torch sums, one wait {read_all:.1f} GB/s "

@@ -146,25 +146,29 @@ __global__ void __launch_bounds__(kThreads) laneSumsChunks(const Chunk* __restri
 // Restores the caller's current device on every exit path.
 class DeviceGuard {
  public:
-  explicit DeviceGuard(int device) {
+  explicit DeviceGuard(int device) : device_(device) {
     check(cudaGetDevice(&previous_), "cudaGetDevice");
     if (previous_ != device) check(cudaSetDevice(device), "cudaSetDevice");
   }
-  ~DeviceGuard() { cudaSetDevice(previous_); }
+  ~DeviceGuard() {
+    if (previous_ != device_) cudaSetDevice(previous_);
+  }
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
 
  private:
   int previous_ = 0;
+  int device_ = 0;
 };
 
-// Per host thread and device: the 16-byte device accumulator, its pinned host mirror and the
-// launch shape. A call waits for its stream before returning, so one thread never has two
-// uses in flight; keeping them avoids an allocation per call (stream-ordered allocations
-// are returned to the driver at every synchronisation, which cost about 0.1 ms a call).
+// Per host thread and device: the 16-byte device accumulator, its pinned host mirror (mapped:
+// a one-CTA call stores its sums straight into it, with no copy back) and the launch shape. A call waits for its stream
+// before returning, so one thread never has two uses in flight; keeping them avoids an allocation per call
+// (stream-ordered allocations are returned to the driver at every synchronisation, which cost about 0.1 ms a call).
 struct Scratch {
   std::uint32_t* device_sums = nullptr;
   Quad* host_sums = nullptr;
+  std::uint32_t* mapped_sums = nullptr;  // host_sums as the device addresses it
   int aligned_grid = 0;  // one full wave of laneSumsAligned
   int bytes_grid = 0;
 
@@ -192,7 +196,9 @@ Scratch& scratchFor(int device) {
           "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
     s.aligned_grid = std::max(1, sm_count * aligned_per_sm);
     s.bytes_grid = std::max(1, sm_count * bytes_per_sm);
-    check(cudaMallocHost(reinterpret_cast<void**>(&s.host_sums), sizeof(Quad)), "cudaMallocHost");
+    check(cudaHostAlloc(reinterpret_cast<void**>(&s.host_sums), sizeof(Quad), cudaHostAllocMapped), "cudaHostAlloc");
+    check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&s.mapped_sums), s.host_sums, 0),
+          "cudaHostGetDevicePointer");
     check(cudaMalloc(reinterpret_cast<void**>(&s.device_sums), sizeof(Quad)), "cudaMalloc");
   }
   return s;
@@ -252,21 +258,26 @@ Quad laneSumsCuda(const void* data, std::size_t nbytes, int device, void* stream
   const int aligned_grid = run_aligned ? gridFor(full / kUnroll + 1, scratch.aligned_grid) : 0;
   const int bytes_grid = count > 0 ? gridFor(count, scratch.bytes_grid) : 0;
   // The first kernel stores instead of adding when it is one CTA: a small tensor then costs
-  // one launch and the copy back, no zeroing launch.
+  // one launch and no zeroing launch. When it is also the only kernel, it stores into the
+  // mapped host mirror and nothing is copied back.
   const bool first_overwrites = run_aligned ? aligned_grid == 1 : bytes_grid == 1;
-  if (!first_overwrites) check(cudaMemsetAsync(scratch.device_sums, 0, sizeof(Quad), stream), "cudaMemsetAsync");
+  const bool direct = first_overwrites && (run_aligned ? count == 0 : true);
+  std::uint32_t* sums = direct ? scratch.mapped_sums : scratch.device_sums;
+  if (!first_overwrites) check(cudaMemsetAsync(sums, 0, sizeof(Quad), stream), "cudaMemsetAsync");
   if (run_aligned) {
-    laneSumsAligned<<<aligned_grid, kThreads, 0, stream>>>(static_cast<const uint4*>(data), full, scratch.device_sums,
+    laneSumsAligned<<<aligned_grid, kThreads, 0, stream>>>(static_cast<const uint4*>(data), full, sums,
                                                            first_overwrites);
     check(cudaGetLastError(), "laneSumsAligned launch");
   }
   if (count > 0) {
     laneSumsBytes<<<bytes_grid, kThreads, 0, stream>>>(static_cast<const unsigned char*>(data), nbytes, first, count,
-                                                       scratch.device_sums, first_overwrites && !run_aligned);
+                                                       sums, first_overwrites && !run_aligned);
     check(cudaGetLastError(), "laneSumsBytes launch");
   }
-  check(cudaMemcpyAsync(scratch.host_sums, scratch.device_sums, sizeof(Quad), cudaMemcpyDeviceToHost, stream),
-        "cudaMemcpyAsync");
+  if (!direct) {
+    check(cudaMemcpyAsync(scratch.host_sums, scratch.device_sums, sizeof(Quad), cudaMemcpyDeviceToHost, stream),
+          "cudaMemcpyAsync");
+  }
   check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   return *scratch.host_sums;
 }
