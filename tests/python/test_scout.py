@@ -117,3 +117,30 @@ def test_compute_delay_needs_confirmation_rounds():
     assert 3 not in confirmed and 5 not in confirmed
     assert confirmed.get(7) == [2]
     assert all(1 not in ranks for ranks in confirmed.values())
+
+
+@pytest.mark.parametrize("layers", [2, 4])
+def test_every_hidden_layer_is_checked_when_it_is_due_alone(layers):
+    """Layer 0's check is due on its own (hidden rotation only): it runs like any other
+    (an index of 0 once read as "nothing due" skipped it, so it was never replayed at the
+    default cadence, which never brings it together with the other recipes)."""
+    import torch
+    import torch.nn.functional as F
+
+    from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
+    from lm_resiliency.workloads import Decoder, DecoderConfig, SyntheticTokens
+
+    torch.manual_seed(0)
+    model = Decoder(DecoderConfig(n_layers=layers))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = SyntheticTokens(model.cfg.vocab_size, 16, 2)
+    harness = ReplayHarness(model, opt, ReplayHarnessConfig(check_interval=1, embedding_interval=0, output_interval=0,
+                                                            optimizer_interval=0, hidden_interval=1))
+    for step in range(2 * layers):
+        x, y = data.batch(step)
+        F.cross_entropy(model(x).reshape(-1, model.cfg.vocab_size), y.reshape(-1)).backward()
+        opt.step()
+        opt.zero_grad()
+    harness.close()
+    assert [r.checked_recipe_ids for r in harness.results] == [[f"hidden.{i % layers}"] for i in range(2 * layers)]
+    assert all(r.status == "Agree" for r in harness.results)

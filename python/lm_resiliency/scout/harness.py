@@ -170,7 +170,7 @@ class ReplayHarness:
         try:
             integrity = self._integrity_verdict(self._integrity.after_step(step) if self._integrity else None)
             integrity = self._finish_pending(integrity)
-            if self.config.check_interval != 0 and any(x not in (False, None) for x in plan):
+            if self.config.check_interval != 0 and any(x is not None and x is not False for x in plan):
                 self.checked_at = step
                 started = self._contained(step, lambda: self._start(step, plan, captures, self._snapshot))
                 if started is not None and self._pipelined:
