@@ -18,5 +18,6 @@ void registerFiles(nanobind::module_& m);
 void registerOobReport(nanobind::module_& m);
 void registerCkpt(nanobind::module_& m);
 void registerIntegrity(nanobind::module_& m);
+void registerMesh(nanobind::module_& m);
 
 }  // namespace lmr::python

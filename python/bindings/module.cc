@@ -14,6 +14,7 @@ NB_MODULE(_core, m) {
   lmr::python::registerInject(m);
   lmr::python::registerScout(m);
   lmr::python::registerIntegrity(m);
+  lmr::python::registerMesh(m);
   lmr::python::registerOob(m);
   lmr::python::registerOobReport(m);
   lmr::python::registerHealth(m);

@@ -176,7 +176,7 @@ std::string_view expectedKind(FailureType type, Surface surface) noexcept {
     case FailureType::kDuplicate:
     case FailureType::kReorder: return surface == Surface::kCollective ? "hang" : "sdc";
     case FailureType::kConfigDrift: return "config_drift";
-    case FailureType::kDelay: return "straggler";
+    case FailureType::kDelay: return surface == Surface::kCollective ? "comm_straggler" : "straggler";
     case FailureType::kHang:
     case FailureType::kTimeout:
     case FailureType::kCollectiveDesync:

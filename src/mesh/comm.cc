@@ -42,6 +42,20 @@ std::string describeRanks(const std::set<std::int64_t>& ranks) {
   return "{" + out + "}";
 }
 
+// Two groups of one class: the slower is an outlier when it exceeds the faster by the
+// absolute threshold and by pair_relative_threshold of the faster.
+consensus::TimingResult comparePair(double a, double b, const std::vector<std::int64_t>& ids, const CommOptions& o) {
+  consensus::TimingResult t;
+  t.evidence = {a, b};
+  t.peer_ranks = ids;
+  t.median = std::min(a, b);  // the reference: the faster group
+  const double excess = std::max(a, b) - t.median;
+  const bool outlier = excess > o.timing.absolute_threshold && excess > o.pair_relative_threshold * t.median;
+  t.status = outlier ? consensus::Status::kAttributed : consensus::Status::kAgree;
+  t.bitmap = {outlier && a > b, outlier && b > a};
+  return t;
+}
+
 }  // namespace
 
 ResourceMap ResourceMap::fromJson(std::string_view text, std::int64_t world_size) {
@@ -143,19 +157,25 @@ CommVerdict CommTracker::observe(std::int64_t step, const std::vector<Collective
   }
   std::set<std::string> slow, candidates, healthy;
   for (auto& [name, groups] : classes) {
-    // One observation per group per class and round: the first.
-    std::map<std::string, const CollectiveObservation*> unique;
-    for (const CollectiveObservation* o : groups) unique.emplace(o->group, o);
+    // One value per group per class and round: the median of its observations' transfers.
+    std::map<std::string, std::vector<double>> transfers;
+    for (const CollectiveObservation* o : groups) transfers[o->group].push_back(median(o->transfer));
     std::vector<std::vector<double>> evidence;
     std::vector<std::int64_t> ids;
     std::vector<std::string> names;
-    for (const auto& [group, o] : unique) {
-      evidence.push_back({median(o->transfer)});
+    for (const auto& [group, times] : transfers) {
+      evidence.push_back({median(times)});
       ids.push_back(group_ids_.at(group));
       names.push_back(group);
     }
-    if (evidence.size() < 3) continue;  // nothing to compare with: no evidence either way
-    const replay::StragglerTracker::Verdict t = tracker_.observe(name, step, evidence, ids);
+    replay::StragglerTracker::Verdict t;
+    if (evidence.size() >= 3) {
+      t = tracker_.observe(name, step, evidence, ids);
+    } else if (evidence.size() == 2 && options_.pair_relative_threshold > 0) {
+      t = tracker_.confirm(name, step, comparePair(evidence[0][0], evidence[1][0], ids, options_));
+    } else {
+      continue;  // nothing to compare with: no evidence either way
+    }
     const bool conclusive = t.check.status != consensus::Status::kInconclusive;
     for (std::size_t i = 0; i < names.size(); ++i) {
       if (t.confirmed[i]) slow.insert(names[i]);

@@ -104,12 +104,20 @@ StragglerTracker::Verdict StragglerTracker::observe(const std::string& recipe, s
   std::vector<double> seconds;
   seconds.reserve(repetitions.size());
   for (const auto& reps : repetitions) seconds.push_back(fastestRepetition(reps));
+  return confirm(recipe, step, consensus::timing(seconds, options_.timing, peer_ranks));
+}
+
+StragglerTracker::Verdict StragglerTracker::confirm(const std::string& recipe, std::int64_t step,
+                                                    consensus::TimingResult check) {
+  const std::size_t n = check.peer_ranks.size();
+  if (check.status == consensus::Status::kAttributed && check.bitmap.size() != n)
+    throw InvalidArgument("a decided timing check needs a bitmap entry per peer");
   Verdict v;
-  v.check = consensus::timing(seconds, options_.timing, peer_ranks);
-  v.confirmed.assign(seconds.size(), false);
-  v.outlier_checks.assign(seconds.size(), 0);
+  v.check = std::move(check);
+  v.confirmed.assign(n, false);
+  v.outlier_checks.assign(n, 0);
   const bool conclusive = v.check.status != consensus::Status::kInconclusive;
-  for (std::size_t i = 0; i < seconds.size(); ++i) {
+  for (std::size_t i = 0; i < n; ++i) {
     History& h = history_[{recipe, v.check.peer_ranks[i]}];
     const bool outlier = v.check.status == consensus::Status::kAttributed && v.check.bitmap[i];
     if (conclusive) {

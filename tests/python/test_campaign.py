@@ -192,7 +192,7 @@ def test_localization_results_are_validated():
 def test_evaluate_and_report(tmp_path):
     c = lmr.FaultCampaign.from_json(SPEC_EXAMPLE)
     records = records_for(c, 1000)
-    results = [LocalizationResult(r.occurrence_id, True, failed_ranks=(r.expected_rank,), kind="sdc" if "sdc" in r.occurrence_id else "straggler",
+    results = [LocalizationResult(r.occurrence_id, True, failed_ranks=(r.expected_rank,), kind="sdc" if "sdc" in r.occurrence_id else "comm_straggler",
                                   latency_ms=5.0)
                for r in records if r.status != RecordStatus.SKIPPED_PROBABILITY]
     report = evaluate(c, records, results)

@@ -96,7 +96,8 @@ bool isBuiltInEffect(FailureType type, Surface surface) noexcept;
 SafetyClass requiredSafety(FailureType type, Surface surface) noexcept;
 
 // The failure kind a localization system is expected to report for (type, surface):
-// "sdc", "straggler", "hang", "process_failure", "checkpoint_failure" or "config_drift".
+// "sdc", "straggler" ("comm_straggler" for a delay on the collective surface), "hang",
+// "process_failure", "checkpoint_failure" or "config_drift".
 std::string_view expectedKind(FailureType type, Surface surface) noexcept;
 
 }  // namespace lmr::campaign

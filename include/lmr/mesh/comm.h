@@ -6,8 +6,11 @@
 // transfer once all have. A slow computing rank arrives late: its peers wait, the transfer is
 // normal. A slow link or NIC makes the transfer of every group using it slow. So groups are
 // compared on their transfer time (the members' median), against the other groups that ran
-// the same collective in the same size class, with robust timing consensus; a group is slow
-// once confirmed over rounds as compute stragglers are (lmr::replay::StragglerTracker). Slow
+// the same collective in the same size class, with robust timing consensus (a class of
+// exactly two groups, as one dimension of an 8-rank 4 x 2 mesh has, compares the pair
+// directly: the slower is an outlier when it is slower by the absolute threshold and by
+// `pair_relative_threshold` of the faster); a group is slow once confirmed over rounds as
+// compute stragglers are (lmr::replay::StragglerTracker). Slow
 // groups that intersect at exactly one rank, with no healthy group containing that rank,
 // name it; the resource map gives its host, the manager's replacement scope.
 //
@@ -72,6 +75,9 @@ struct CommOptions {
   // scales, 1 ms and a quarter of the median.
   consensus::TimingOptions timing{
       .kappa = 3.0, .scale_floor = 1e-4, .absolute_threshold = 1e-3, .relative_threshold = 0.25, .min_peers = 3};
+  // A class of exactly two groups: the slower is an outlier when slower than the other by
+  // timing.absolute_threshold and by this fraction of it (0: such pairs give no evidence).
+  double pair_relative_threshold = 0.5;
   std::int64_t confirmation_rounds = 3;  // outlier rounds needed ...
   std::int64_t confirmation_checks = 5;  // ... among this many most recent rounds of the class
   std::int64_t temporal_window = 1000;   // steps
@@ -91,7 +97,8 @@ struct CommVerdict {
 class CommTracker {
  public:
   explicit CommTracker(CommOptions options = {});
-  // One round: every observation complete (a timing per member). InvalidArgument for a
+  // One round: every observation complete (a timing per member); a group observed several
+  // times in one class counts with the median of its observations. InvalidArgument for a
   // malformed observation, a group id seen with other members, or a member outside `map`.
   CommVerdict observe(std::int64_t step, const std::vector<CollectiveObservation>& round,
                       const ResourceMap* map = nullptr);

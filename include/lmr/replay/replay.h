@@ -106,6 +106,9 @@ class StragglerTracker {
   // Throws InvalidArgument for an empty repetition list, or timings consensus rejects.
   Verdict observe(const std::string& recipe, std::int64_t step, const std::vector<std::vector<double>>& repetitions,
                   const std::vector<std::int64_t>& peer_ranks);
+  // The same confirmation for a check decided elsewhere (its status, bitmap and peer_ranks
+  // are used): a rule other than timing consensus, e.g. a pair of groups compared directly.
+  Verdict confirm(const std::string& recipe, std::int64_t step, consensus::TimingResult check);
   const StragglerOptions& options() const { return options_; }
 
  private:

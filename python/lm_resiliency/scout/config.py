@@ -53,16 +53,37 @@ class ReplayHarnessConfig:
     # host noise (preemption) does not make a healthy peer look slow. None: 3 for CPU
     # models, 1 for CUDA ones (GPU event time is not disturbed by host scheduling).
     timing_repeats: Optional[int] = None
+    # Communication stragglers (scout/comm.py): every Nth collective of each process group
+    # at the torch.distributed boundary is timed, split into the wait for the last member
+    # and the transfer; the groups are compared at each check (ReplayResult.cross_pg_result).
+    # 0: off (the default; a timed call adds a barrier, and on CUDA a device synchronisation).
+    comm_sample_every: int = 0
+    # A slow group's transfer exceeds its class's by at least this many seconds (and a
+    # quarter of it; half for a pair of groups). None: 1 ms on CUDA; 20 ms on CPU, where
+    # ranks sharing cores see scheduling delays of several milliseconds in every transfer.
+    comm_absolute_s: Optional[float] = None
+    # Where each rank runs, for the replacement scope: a resource map file (JSON, version 1:
+    # docs/scout.md) or None for the host names the ranks report.
+    resource_map: Optional[str] = None
     on_result: Optional[Callable] = None  # called with each ReplayResult
     # Out-of-band hang and stall detection (an lmr-oobd daemon per process); None: off.
     hang_detection: Optional[HangDetectionConfig] = None
 
     def __post_init__(self) -> None:
         for name in ("check_interval", "embedding_interval", "hidden_interval", "output_interval", "optimizer_interval",
-                     "optimizer_slice_size", "confirmation_rounds", "confirmation_checks", "temporal_window"):
+                     "optimizer_slice_size", "confirmation_rounds", "confirmation_checks", "temporal_window",
+                     "comm_sample_every"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
                 raise InvalidArgumentError(f"ReplayHarnessConfig.{name} must be an integer, got {v!r}")
+        if self.comm_sample_every < 0:
+            raise InvalidArgumentError("ReplayHarnessConfig.comm_sample_every must be >= 0 (0: off)")
+        if self.comm_absolute_s is not None and (isinstance(self.comm_absolute_s, bool)
+                                                 or not isinstance(self.comm_absolute_s, (int, float))
+                                                 or not self.comm_absolute_s >= 0):
+            raise InvalidArgumentError("ReplayHarnessConfig.comm_absolute_s must be None or a number >= 0")
+        if self.resource_map is not None and (not isinstance(self.resource_map, str) or not self.resource_map):
+            raise InvalidArgumentError("ReplayHarnessConfig.resource_map must be a file path or None")
         if self.optimizer_slice_size < 1 or self.confirmation_rounds < 1 or self.temporal_window < 1:
             raise InvalidArgumentError("optimizer_slice_size, confirmation_rounds and temporal_window must be >= 1")
         if self.confirmation_checks < self.confirmation_rounds:

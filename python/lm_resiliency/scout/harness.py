@@ -28,6 +28,7 @@ from lm_resiliency.scout.integrity import StateIntegrity
 from lm_resiliency.scout.module_replay import ModuleReplay
 from lm_resiliency.scout.oob.monitor import HangMonitor
 from lm_resiliency.scout.optimizer_replay import OptimizerReplay
+from lm_resiliency.scout.comm import CommRounds
 from lm_resiliency.scout.result import ReplayResult, SurfaceResult, merge_results
 from lm_resiliency.scout.started_check import StartedCheck
 
@@ -92,6 +93,12 @@ class ReplayHarness:
             self._integrity = StateIntegrity(self._adapter, self._peers, self._device, self._pipelined,
                                              self.config.integrity_at_rest)
             self._load_handle = self._attachment.on_load(lambda _kind: self._integrity.replaced())
+        # Communication stragglers (scout/comm.py): sampled collective timing, compared at
+        # each check. Collective construction (the resource map is agreed on by every rank).
+        self._comm: Optional[CommRounds] = None
+        if self.config.comm_sample_every > 0 and self._peers.world_votes is not None:
+            self._comm = CommRounds(self.config, self._peers.world_votes,
+                                    [self._peers.votes, self._peers.data, self._peers.world_votes], self._device)
         self._handle = self._attachment.add_listener(self, REPLAY)
         self._arm(self._completed + 1)
         # The out-of-band path, when configured: a collective construction on every rank.
@@ -214,7 +221,13 @@ class ReplayHarness:
         """Records what `finish()` decides, or the Inconclusive result of its failure, with
         `integrity` (the state-integrity verdict) merged in when it is of the same step.
         Returns `integrity` when it was not merged."""
+        comm = self._comm.conclude(step) if self._comm is not None else None
         result = self._contained(step, finish)
+        if comm is not None:
+            if result is not None:
+                result.cross_pg_result = comm
+            elif self.results and self.results[-1].step == step:  # the check's failure, recorded
+                self.results[-1].cross_pg_result = comm
         if result is not None and integrity is not None and integrity.step == result.step:
             merge_results(result, integrity)
             integrity = None
@@ -291,6 +304,8 @@ class ReplayHarness:
             self._detach()
 
     def _detach(self) -> None:
+        if getattr(self, "_comm", None) is not None:
+            self._comm.close()
         if getattr(self, "hang_monitor", None) is not None:
             self.hang_monitor.close()
         for c in list(self._captures.values()) + list(self._last_captures.values()):

@@ -51,6 +51,10 @@ class ReplayResult:
     # (component, layer)} when they are all in one place.
     integrity_tensors: dict[str, dict[int, list[str]]] = dataclasses.field(default_factory=dict)
     rank_places: dict[str, dict[int, tuple]] = dataclasses.field(default_factory=dict)
+    # Communication stragglers at this check (scout/comm.py; None when collective timing is
+    # off): slow_groups, candidate_groups, late_ranks (compute evidence), rank (the one rank
+    # every slow group shares), resources and replacement_scope (its host), reason, status.
+    cross_pg_result: Optional[dict[str, Any]] = None
     wall_time: float = 0.0
 
     @property
@@ -104,7 +108,19 @@ class ReplayResult:
             out.append(entry)
         if any(self.straggler_bitmap):
             out.append({"kind": "straggler", "ranks": self.straggler_ranks, "sources": list(self.compute_seconds)})
+        comm = self.comm_straggler
+        if comm is not None:
+            out.append({"kind": "comm_straggler", "ranks": [comm[0]], "resources": [comm[1]] if comm[1] else [],
+                        "sources": list(self.cross_pg_result["slow_groups"])})
         return out
+
+    @property
+    def comm_straggler(self) -> Optional[tuple[int, str]]:
+        """(rank, host) of the communication straggler this check named, if any."""
+        c = self.cross_pg_result
+        if not c or c.get("rank") is None:
+            return None
+        return int(c["rank"]), c.get("replacement_scope") or ""
 
 
 _SEVERITY = {"Agree": 0, "Inconclusive": 1, "Attributed": 2}

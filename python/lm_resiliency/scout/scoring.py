@@ -31,10 +31,11 @@ class Attribution:
     step: int
     rank: int
     source: str  # e.g. "hidden.1.output"; "timing" for a confirmed straggler
-    kind: str  # "sdc" or "straggler"
+    kind: str  # "sdc", "straggler" or "comm_straggler"
     explanation: str = "unexplained"  # "occurrence", "residual" or "unexplained"
     occurrence_id: str = ""  # the occurrence it belongs to, or whose residual it is
     check: int = dataclasses.field(default=-1, repr=False, compare=False)  # index of the ReplayResult
+    resource: str = ""  # a communication straggler's host (its replacement scope)
 
     def describe(self) -> str:
         what = {"occurrence": f"explained by {self.occurrence_id}", "residual": f"residual of {self.occurrence_id}",
@@ -50,6 +51,9 @@ def attributions_of(results: Sequence[ReplayResult]) -> list[Attribution]:
             bitmap = r.c3_results[source].bitmap if source in r.c3_results else r.sdc_bitmap
             out.extend(Attribution(r.step, rank, source, "sdc", check=i) for rank, bad in zip(r.peer_ranks, bitmap) if bad)
         out.extend(Attribution(r.step, rank, "timing", "straggler", check=i) for rank in r.straggler_ranks)
+        if r.comm_straggler is not None:
+            rank, host = r.comm_straggler
+            out.append(Attribution(r.step, rank, "comm", "comm_straggler", check=i, resource=host))
     return out
 
 
@@ -80,13 +84,22 @@ def _results_for(occurrence_id: str, check: ReplayResult, mine: list[Attribution
     for a in mine:
         if a.kind == "straggler":
             key: tuple = ("straggler", None, None)
+        elif a.kind == "comm_straggler":
+            key = ("comm_straggler", a.resource, None)  # the host, not a component
         else:
             component, layer = check.place_of(a.source, a.rank)
             key = ("sdc", component, layer)
         groups.setdefault(key, set()).add(a.rank)
-    return [LocalizationResult(occurrence_id, True, failed_ranks=tuple(sorted(ranks)), kind=kind,
-                               components=(component,) if component else None, layer_id=layer, latency_ms=latency_ms)
-            for (kind, component, layer), ranks in sorted(groups.items(), key=lambda kv: str(kv[0]))]
+    out = []
+    for (kind, place, layer), ranks in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        if kind == "comm_straggler":
+            out.append(LocalizationResult(occurrence_id, True, failed_ranks=tuple(sorted(ranks)), kind=kind,
+                                          failed_resources=(place,) if place else (), latency_ms=latency_ms))
+        else:
+            out.append(LocalizationResult(occurrence_id, True, failed_ranks=tuple(sorted(ranks)), kind=kind,
+                                          components=(place,) if place else None, layer_id=layer,
+                                          latency_ms=latency_ms))
+    return out
 
 
 def localization_results(campaign: FaultCampaign, records: Iterable[FaultInjectionRecord],

@@ -29,6 +29,9 @@ TEST(Manifest, SpecExampleParsesWithDefaults) {
   EXPECT_EQ(straggler.trigger.candidateCount(), 11u);
   EXPECT_EQ(straggler.trigger.lastCandidate(), 500);
   EXPECT_FALSE(isBuiltInEffect(straggler.faults[0].type, straggler.faults[0].target.surface));
+  // A delay in the collective is a slow link: a communication straggler, not a computing one.
+  EXPECT_EQ(expectedKind(straggler.faults[0].type, straggler.faults[0].target.surface), "comm_straggler");
+  EXPECT_EQ(expectedKind(FailureType::kDelay, Surface::kCompute), "straggler");
   EXPECT_EQ(c.metadata()["topology"], "dp=8,tp=2");
   EXPECT_EQ(c.identity().rfind("sha256:", 0), 0u);
   EXPECT_EQ(c.identity().size(), 7u + 64u);

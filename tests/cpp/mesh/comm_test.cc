@@ -193,6 +193,83 @@ TEST(CommStragglers, MalformedRoundsAreRejectedAndChangeNothing) {
   EXPECT_THROW(t.observe(2, round(quiet(0)), &small), InvalidArgument);
 }
 
+// HSDP on 8 ranks, 4 replicas x 2 shards: four shard groups all-gather, two replicate
+// groups all-reduce. The replicate class has two groups: they are compared as a pair.
+std::vector<CollectiveObservation> hsdp(std::int64_t slow_rank, int jitter, double slow_s = 0.02) {
+  std::vector<CollectiveObservation> out;
+  int k = 0;
+  const auto add = [&](const std::string& id, std::vector<std::int64_t> members, const std::string& what,
+                       std::uint64_t bytes) {
+    double transfer = 0.010 + 0.0002 * ((k++ * 7 + jitter) % 5);
+    for (std::int64_t m : members)
+      if (m == slow_rank) transfer += slow_s;
+    CollectiveObservation o{id,
+                            members,
+                            what,
+                            bytes,
+                            std::vector<double>(members.size(), 0.0001),
+                            std::vector<double>(members.size(), transfer)};
+    out.push_back(o);
+  };
+  for (std::int64_t i = 0; i < 4; ++i) add("shard" + std::to_string(i), {2 * i, 2 * i + 1}, "all_gather", 1 << 18);
+  for (std::int64_t j = 0; j < 2; ++j)
+    add("replicate" + std::to_string(j), {j, j + 2, j + 4, j + 6}, "all_reduce", 1 << 19);
+  return out;
+}
+
+TEST(CommStragglers, APairOfGroupsNarrowsAFourByTwoMeshToOneRank) {
+  CommTracker t;
+  const ResourceMap map = hosts();
+  CommVerdict v;
+  for (int step = 1; step <= 3; ++step) v = t.observe(step, hsdp(5, step), &map);
+  EXPECT_EQ(v.slow_groups, (std::vector<std::string>{"replicate1", "shard2"}));
+  ASSERT_TRUE(v.rank);
+  EXPECT_EQ(*v.rank, 5);
+  EXPECT_EQ(v.resources->host, "h2");
+}
+
+TEST(CommStragglers, APairWithinTheThresholdsOrWithThePairRuleOffGivesNoEvidence) {
+  CommTracker quiet_pair;
+  for (int step = 1; step <= 5; ++step) {
+    const CommVerdict v = quiet_pair.observe(step, hsdp(-1, step));
+    EXPECT_TRUE(v.candidate_groups.empty()) << step;
+  }
+  CommTracker small;  // 4 ms slower: over 1 ms but under half of the pair's 10 ms
+  CommVerdict v;
+  for (int step = 1; step <= 3; ++step) v = small.observe(step, hsdp(5, step, 0.004));
+  EXPECT_EQ(v.slow_groups, std::vector<std::string>{"shard2"});  // four shard groups: consensus
+  CommOptions off;
+  off.pair_relative_threshold = 0;
+  CommTracker without(off);
+  for (int step = 1; step <= 3; ++step) v = without.observe(step, hsdp(5, step));
+  EXPECT_EQ(v.slow_groups, std::vector<std::string>{"shard2"});
+  EXPECT_FALSE(v.rank);  // shard2 holds ranks 4 and 5: one slow group does not say which
+}
+
+TEST(CommStragglers, AGroupObservedSeveralTimesInARoundCountsWithItsMedian) {
+  CommTracker t;
+  CommVerdict v;
+  for (int step = 1; step <= 4; ++step) {
+    auto r = round(quiet(step));
+    auto once_slow = r[2];  // col0 again, once very slow: one of three observations
+    for (double& x : once_slow.transfer) x += 0.5;
+    const auto again = r[2];
+    r.insert(r.begin(), once_slow);  // first in the round
+    r.push_back(again);
+    v = t.observe(step, r);
+    EXPECT_TRUE(v.candidate_groups.empty()) << step;
+  }
+}
+
+TEST(CommStragglers, ADecidedCheckNeedsABitmapEntryPerPeer) {
+  replay::StragglerTracker t(replay::StragglerOptions{});
+  consensus::TimingResult check;
+  check.status = consensus::Status::kAttributed;
+  check.peer_ranks = {0, 1};
+  check.bitmap = {true};
+  EXPECT_THROW(t.confirm("pair", 1, check), InvalidArgument);
+}
+
 TEST(ResourceMaps, ParseStrictlyWithThePathOfWhatIsWrong) {
   const ResourceMap m = ResourceMap::fromJson(
       R"({"version": 1, "ranks": {"0": {"host": "a", "nic": "mlx5_0", "switch": "leaf-1"}, "1": {"host": "b"}}})", 2);

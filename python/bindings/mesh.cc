@@ -1,0 +1,75 @@
+// Bindings of lmr::mesh's communication-straggler decisions (include/lmr/mesh/comm.h).
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include "bindings.h"
+#include "lmr/mesh/comm.h"
+
+namespace nb = nanobind;
+
+namespace lmr::python {
+
+// One observation as Python sends it: (group id, members, collective, bytes per member,
+// waits by member, transfers by member).
+using ObservationSpec = std::tuple<std::string, std::vector<std::int64_t>, std::string, std::uint64_t,
+                                   std::vector<double>, std::vector<double>>;
+
+void registerMesh(nb::module_& m) {
+  using mesh::CommTracker;
+  using mesh::CommVerdict;
+  using mesh::ResourceMap;
+  using mesh::Resources;
+
+  nb::class_<Resources>(m, "Resources")
+      .def_ro("host", &Resources::host)
+      .def_ro("nic", &Resources::nic)
+      .def_ro("switch", &Resources::switch_name);
+
+  nb::class_<ResourceMap>(m, "ResourceMap")
+      .def_static("from_json", &ResourceMap::fromJson, nb::arg("text"), nb::arg("world_size"),
+                  "A resource map file's text (strict JSON, version 1); InvalidArgumentError names the JSON path.")
+      .def_static("from_hosts", &ResourceMap::fromHosts, nb::arg("hosts"), "Host names gathered from every rank.")
+      .def("of", &ResourceMap::of, nb::arg("rank"), nb::rv_policy::copy)
+      .def_prop_ro("world_size", &ResourceMap::worldSize);
+
+  nb::class_<CommVerdict>(m, "CommVerdict")
+      .def_ro("slow_groups", &CommVerdict::slow_groups)
+      .def_ro("candidate_groups", &CommVerdict::candidate_groups)
+      .def_ro("late_ranks", &CommVerdict::late_ranks)
+      .def_ro("rank", &CommVerdict::rank)
+      .def_ro("resources", &CommVerdict::resources)
+      .def_ro("reason", &CommVerdict::reason);
+
+  nb::class_<CommTracker>(m, "CommTracker")
+      .def(
+          "__init__",
+          [](CommTracker* t, std::int64_t confirmation_rounds, std::int64_t confirmation_checks,
+             double pair_relative_threshold, double absolute_threshold) {
+            mesh::CommOptions o;
+            o.timing.absolute_threshold = absolute_threshold;
+            o.confirmation_rounds = confirmation_rounds;
+            o.confirmation_checks = confirmation_checks;
+            o.pair_relative_threshold = pair_relative_threshold;
+            new (t) CommTracker(o);
+          },
+          nb::arg("confirmation_rounds") = 3, nb::arg("confirmation_checks") = 5,
+          nb::arg("pair_relative_threshold") = 0.5, nb::arg("absolute_threshold") = 1e-3)
+      .def(
+          "observe",
+          [](CommTracker& t, std::int64_t step, const std::vector<ObservationSpec>& round, const ResourceMap* map) {
+            std::vector<mesh::CollectiveObservation> obs;
+            obs.reserve(round.size());
+            for (const auto& [group, members, collective, bytes, wait, transfer] : round)
+              obs.push_back(mesh::CollectiveObservation{group, members, collective, bytes, wait, transfer});
+            nb::gil_scoped_release release;
+            return t.observe(step, obs, map);
+          },
+          nb::arg("step"), nb::arg("round"), nb::arg("resource_map").none() = nb::none(),
+          "One round of complete observations (group, members, collective, bytes, waits, transfers) "
+          "(lmr::mesh::CommTracker::observe): slow groups, late ranks, and the one rank they share.");
+}
+
+}  // namespace lmr::python

@@ -1,0 +1,247 @@
+"""Communication stragglers: sampled timing of collectives at the torch.distributed boundary,
+and the round at each check that compares process groups (the decisions: lmr::mesh,
+include/lmr/mesh/comm.h).
+
+Every Nth collective of each process group is timed on every member alike (the count is
+per group, and members call a group's collectives in the same order, so they all pick the
+same call): a barrier over the group first, then the collective, waited for. The barrier's
+time is the wait for the last member to arrive (a slow computing rank makes its peers wait);
+the collective's time after it is the transfer (a slow link makes the whole group slow). On
+CUDA tensors the device is synchronised around both. At each check every rank gathers the
+records since the last one, and lmr::mesh::CommTracker compares the groups: which are slow
+(confirmed over rounds), which ranks arrived late, and the one rank every slow group shares,
+with its host (the replacement scope).
+
+Calls made through the ``torch.distributed`` module by the thread that built the harness
+are timed: FSDP2's parameter all-gathers and gradient reduce-scatters, HSDP's replicate
+all-reduce, the user's own collectives. DDP's bucketed all-reduce runs inside its C++
+reducer and is not seen; neither are the harness's own groups.
+"""
+
+from __future__ import annotations
+
+import collections
+import inspect
+import socket
+import threading
+import time
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+from lm_resiliency import _core
+from lm_resiliency.errors import InvalidArgumentError
+from lm_resiliency.scout.guard import describe, log
+
+# torch.distributed function -> the collective it is compared as, and the argument whose
+# bytes are the payload per member.
+COLLECTIVES = {
+    "all_reduce": ("all_reduce", "tensor"),
+    "broadcast": ("broadcast", "tensor"),
+    "all_gather_into_tensor": ("all_gather", "input_tensor"),
+    "all_gather_single": ("all_gather", "input_tensor"),
+    "reduce_scatter_tensor": ("reduce_scatter", "input"),
+    "reduce_scatter_single": ("reduce_scatter", "input"),
+    "all_to_all_single": ("all_to_all", "input"),
+}
+
+
+class _Call:
+    """Where a wrapped function takes its group and payload (found once from its signature)."""
+
+    def __init__(self, name: str, fn: Any) -> None:
+        self.collective, payload = COLLECTIVES[name]
+        params = list(inspect.signature(fn).parameters)
+        self.group_at = params.index("group")
+        self.payload_at = params.index(payload)
+        self.payload = payload
+
+    def group(self, args: tuple, kwargs: dict) -> Any:
+        return kwargs["group"] if "group" in kwargs else (args[self.group_at] if len(args) > self.group_at else None)
+
+    def tensor(self, args: tuple, kwargs: dict) -> Any:
+        return kwargs[self.payload] if self.payload in kwargs else args[self.payload_at]
+
+
+_inside = threading.local()  # a timed call is running on this thread: nested calls pass through
+
+
+class CollectiveTiming:
+    """Times every `every`-th collective of each process group (see the module docstring).
+    `excluded`: process groups never timed (the harness's own)."""
+
+    def __init__(self, every: int, excluded: list, capacity: int = 4096) -> None:
+        self.every = every
+        self._excluded = {id(g) for g in excluded if g is not None}
+        self._thread = threading.get_ident()
+        self._counts: dict[str, int] = {}
+        self._groups: dict[int, tuple[str, tuple[int, ...]]] = {}  # id(group) -> (group id, members)
+        self._records: collections.deque = collections.deque(maxlen=capacity)
+        self._originals: dict[str, Any] = {}
+        self._wrappers: dict[str, Any] = {}
+        self.active = True
+        for name in COLLECTIVES:
+            fn = getattr(dist, name, None)
+            if fn is None:
+                continue
+            try:
+                call = _Call(name, fn)
+            except (ValueError, TypeError) as e:  # wrapped by someone without its signature
+                log.warning("SCOUT collective timing leaves torch.distributed.%s alone: %s", name, describe(e))
+                continue
+            wrapper = self._wrap(name, fn, call)
+            self._originals[name], self._wrappers[name] = fn, wrapper
+            setattr(dist, name, wrapper)
+
+    def close(self) -> None:
+        """Restores the torch.distributed functions this wrapped (those still ours)."""
+        self.active = False
+        for name, fn in self._originals.items():
+            if getattr(dist, name, None) is self._wrappers[name]:
+                setattr(dist, name, fn)
+
+    def take(self) -> list[tuple]:
+        """The records since the last take: (group id, members, call index, collective,
+        bytes, wait seconds, transfer seconds)."""
+        out = list(self._records)
+        self._records.clear()
+        return out
+
+    def _group(self, group: Any) -> tuple[str, tuple[int, ...]]:
+        pg = group if group is not None else dist.group.WORLD
+        known = self._groups.get(id(pg))
+        if known is None:
+            members = tuple(dist.get_process_group_ranks(pg))
+            known = self._groups[id(pg)] = ("ranks:" + ",".join(map(str, members)), members)
+        return known
+
+    def _wrap(self, name: str, fn: Any, call: _Call) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if not self.active or getattr(_inside, "on", False) or threading.get_ident() != self._thread:
+                return fn(*args, **kwargs)
+            group = call.group(args, kwargs)
+            if id(group) in self._excluded:
+                return fn(*args, **kwargs)
+            gid, members = self._group(group)
+            n = self._counts[gid] = self._counts.get(gid, 0) + 1
+            if n % self.every != 0:
+                return fn(*args, **kwargs)
+            _inside.on = True
+            try:
+                return self._timed_call(fn, args, kwargs, call, group, gid, members, n)
+            finally:
+                _inside.on = False
+
+        timed.__wrapped__ = fn  # type: ignore[attr-defined]  # inspect.signature follows it
+        timed._lmr_collective_timing = True  # type: ignore[attr-defined]
+        timed.__name__ = getattr(fn, "__name__", name)
+        timed.__doc__ = getattr(fn, "__doc__", None)
+        return timed
+
+    def _timed_call(self, fn: Any, args: tuple, kwargs: dict, call: _Call, group: Any, gid: str,
+                    members: tuple[int, ...], n: int) -> Any:
+        tensor = call.tensor(args, kwargs)
+        cuda = isinstance(tensor, torch.Tensor) and tensor.is_cuda
+        if cuda:
+            torch.cuda.synchronize(tensor.device)
+        start = time.perf_counter()
+        dist.barrier(group=group)
+        if cuda:
+            torch.cuda.synchronize(tensor.device)
+        arrived = time.perf_counter()
+        out = fn(*args, **kwargs)
+        if out is not None and hasattr(out, "wait"):
+            out.wait()  # the caller's later wait() returns at once
+        if cuda:
+            torch.cuda.synchronize(tensor.device)
+        done = time.perf_counter()
+        nbytes = tensor.numel() * tensor.element_size() if isinstance(tensor, torch.Tensor) else 0
+        self._records.append((gid, members, n, call.collective, nbytes, arrived - start, done - arrived))
+        return out
+
+
+def resource_map(path: Optional[str], votes: Any, world: int) -> Any:
+    """The resource map (a file, or the host names every rank reports), agreed on by every
+    rank: a file one rank cannot read or parse fails on every rank alike (collective)."""
+    text = error = None
+    if path is not None:
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+            _core.ResourceMap.from_json(text, world)
+        except Exception as e:  # noqa: BLE001 - every rank must reach the gather below
+            error = f"resource map {path}: {e}"
+    reports: list[Any] = [None] * world
+    dist.all_gather_object(reports, (socket.gethostname(), error), group=votes)
+    failed = [(r, e) for r, (_, e) in enumerate(reports) if e is not None]
+    if failed:
+        raise InvalidArgumentError("; ".join(f"rank {r}: {e}" for r, e in failed))
+    if text is not None:
+        return _core.ResourceMap.from_json(text, world)
+    return _core.ResourceMap.from_hosts([host for host, _ in reports])
+
+
+def assemble(gathered: list[list[tuple]], world: int) -> list[tuple]:
+    """Complete observations (every member's timing of one call) from every rank's records,
+    in a fixed order: (group id, members, collective, bytes, waits, transfers)."""
+    calls: dict[tuple[str, int], dict] = {}
+    for rank, records in enumerate(gathered):
+        for gid, members, n, collective, nbytes, wait, transfer in records:
+            c = calls.setdefault((gid, n), {"members": tuple(members), "collective": collective, "bytes": 0, "by": {}})
+            c["bytes"] = max(c["bytes"], int(nbytes))
+            c["by"][rank] = (float(wait), float(transfer))
+    out = []
+    for (gid, _), c in sorted(calls.items()):
+        if set(c["by"]) != set(c["members"]) or any(not 0 <= m < world for m in c["members"]):
+            continue  # a member's record is missing (timed in another round): not complete
+        out.append((gid, list(c["members"]), c["collective"], c["bytes"], [c["by"][m][0] for m in c["members"]],
+                    [c["by"][m][1] for m in c["members"]]))
+    return out
+
+
+class CommRounds:
+    """The per-check comparison of process groups (one per harness, when timing is on)."""
+
+    def __init__(self, config: Any, world_votes: Any, excluded: list, device: torch.device) -> None:
+        self._votes = world_votes
+        self._world = dist.get_world_size()
+        self.map = resource_map(config.resource_map, world_votes, self._world)
+        absolute = config.comm_absolute_s
+        if absolute is None:
+            absolute = 1e-3 if device.type == "cuda" else 0.02
+        self._tracker = _core.CommTracker(config.confirmation_rounds, config.confirmation_checks,
+                                          absolute_threshold=float(absolute))
+        self.timing = CollectiveTiming(config.comm_sample_every, excluded)
+
+    def close(self) -> None:
+        self.timing.close()
+
+    def conclude(self, step: int) -> dict[str, Any]:
+        """This round's verdict (collective over the world: every rank calls it at the same
+        check). A failure is an Inconclusive verdict on every rank, with a warning."""
+        try:
+            mine = self.timing.take()
+        except Exception as e:  # noqa: BLE001 - the gather below must still happen
+            mine, error = [], describe(e)
+        else:
+            error = None
+        gathered: list[Any] = [None] * self._world
+        dist.all_gather_object(gathered, (mine, error), group=self._votes)
+        try:
+            errors = [f"rank {r}: {e}" for r, (_, e) in enumerate(gathered) if e is not None]
+            if errors:
+                raise RuntimeError("; ".join(errors))
+            round_ = assemble([records for records, _ in gathered], self._world)
+            v = self._tracker.observe(step, round_, self.map)
+        except Exception as e:  # noqa: BLE001 - the same input on every rank: the same outcome
+            log.warning("SCOUT communication round at step %d failed: %s", step, describe(e))
+            return {"step": step, "status": "Inconclusive", "reason": describe(e), "observations": 0,
+                    "slow_groups": [], "candidate_groups": [], "late_ranks": [], "rank": None, "resources": None,
+                    "replacement_scope": None}
+        resources = None if v.resources is None else {"host": v.resources.host, "nic": v.resources.nic,
+                                                      "switch": v.resources.switch}
+        return {"step": step, "status": "Attributed" if v.rank is not None else "Agree", "reason": v.reason,
+                "observations": len(round_), "slow_groups": list(v.slow_groups),
+                "candidate_groups": list(v.candidate_groups), "late_ranks": list(v.late_ranks), "rank": v.rank,
+                "resources": resources, "replacement_scope": None if resources is None else resources["host"]}

@@ -1,0 +1,124 @@
+"""Per-rank bodies of the communication-straggler tests (importable by spawned ranks).
+
+The slow link is a callback executor (``delay`` on the ``collective`` surface): while its
+occurrence is active, the target rank's collectives on the model's process groups sleep
+before they run. It is installed under the harness's timing, so the sleep lands inside the
+transfer every member of the group sees, as a slow link or NIC would; the harness's own
+groups (over the whole world) are left alone. Network namespaces with a netem delay were
+not used: the test worlds are processes of one host joined by a file store and gloo over
+loopback.
+"""
+
+import functools
+import json
+import os
+import time
+
+import torch.distributed as dist
+
+import lm_resiliency as lmr
+from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
+from lm_resiliency.workloads import TrainConfig, build, train_step
+from injection_util import campaign
+
+WRAPPED = ("all_reduce", "all_gather_single", "reduce_scatter_single", "all_gather_into_tensor",
+           "reduce_scatter_tensor")
+_active: dict[str, dict] = {}  # injection id -> parameters, on the rank it targets
+
+
+def _install_link_delay() -> None:
+    """Wraps the collectives (before the harness wraps them in turn)."""
+    for name in WRAPPED:
+        fn = getattr(dist, name, None)
+        if fn is None:
+            continue
+
+        @functools.wraps(fn)
+        def slow(*args, _fn=fn, **kwargs):
+            group = kwargs.get("group")
+            size = dist.get_world_size(group) if group is not None else dist.get_world_size()
+            for p in list(_active.values()):
+                if size < dist.get_world_size() and p.get("group_size", size) == size:
+                    time.sleep(p["delay_ms"] / 1000.0)
+            return _fn(*args, **kwargs)
+
+        setattr(dist, name, slow)
+
+
+def link_executor():
+    def activate(request):
+        _active[request.injection_id] = dict(request.parameters)
+        return lmr.FaultExecutionResult(verified=True, active=True, evidence={"delay_ms": request.parameters["delay_ms"]})
+
+    def deactivate(request, result):
+        _active.pop(request.injection_id, None)
+        return {"ended": True}
+
+    return lmr.CallbackFaultExecutor("link-delay", ["delay"], "isolated_destructive", activate, deactivate)
+
+
+def fault(fault_id, fault_type, target, parameters):
+    return {"fault_id": fault_id, "type": fault_type, "target": target, "parameters": parameters}
+
+
+def comm_campaign(delay_ms):
+    """A slow link on rank 5 (host h2); later ranks 6 and 7 slow in their shard group only
+    (a slow group, no one rank)."""
+    window = {"iterations": 8}
+    return campaign(
+        {"incident_id": "link", "trigger": {"at": [9]}, "lifetime": window, "faults": [
+            fault("f", "delay", {"rank": 5, "surface": "collective", "resource": "h2"}, {"delay_ms": delay_ms})]},
+        {"incident_id": "group", "trigger": {"at": [23]}, "lifetime": window, "faults": [
+            fault(f"r{r}", "delay", {"rank": r, "surface": "collective", "resource": "h3"},
+                  {"delay_ms": delay_ms, "group_size": 2}) for r in (6, 7)]},
+    )
+
+
+COMPUTE = (37, 44)  # iterations during which rank 3 computes slowly (see mesh_run)
+
+
+def _slow_compute(model, harness, delay_ms):
+    """Rank 3's first block sleeps in its forward during COMPUTE. (Not a campaign fault:
+    the campaign's executor for `delay` above would take it, and the session hands every
+    `delay` to it; this is the built-in compute delay's effect, placed by hand.)"""
+    def pre(_module, _args):
+        if dist.get_rank() == 3 and COMPUTE[0] <= harness.completed_iterations + 1 <= COMPUTE[1]:
+            time.sleep(delay_ms / 1000.0)
+
+    return model.layers[0].register_forward_pre_hook(pre)
+
+
+def write_map(path, world):
+    with open(path, "w") as f:
+        json.dump({"version": 1, "ranks": {str(r): {"host": f"h{r // 2}", "nic": f"mlx5_{r % 2}"}
+                                           for r in range(world)}}, f)
+
+
+def mesh_run(out_dir, steps, delay_ms, sample_every=1, faults=True):
+    """HSDP on 8 ranks (4 replicas x 2 shards), collectives timed, with the campaign above."""
+    _install_link_delay()
+    cfg = TrainConfig(parallel="hsdp", steps=steps, dp_replicate=4)
+    model, opt, data, device = build(cfg)
+    path = os.path.join(out_dir, "resources.json")
+    if dist.get_rank() == 0:
+        write_map(path, dist.get_world_size())
+    dist.barrier()
+    harness = ReplayHarness(model, opt, ReplayHarnessConfig(
+        check_interval=1, embedding_interval=0, output_interval=0, optimizer_interval=0, hidden_interval=1,
+        state_integrity=False, comm_sample_every=sample_every, resource_map=path, comm_absolute_s=0.02))
+    slow = _slow_compute(model, harness, delay_ms)
+    session = None
+    if faults:
+        session = lmr.enable_fault_injection(model, opt, campaign=comm_campaign(delay_ms), executors=[link_executor()])
+    started = time.perf_counter()
+    for step in range(steps):
+        train_step(model, opt, data, device, step)
+    seconds = time.perf_counter() - started
+    slow.remove()
+    if session is not None:
+        session.close()
+    harness.close()
+    return {"results": [r.to_dict() for r in harness.results], "boundary_times": harness.boundary_times,
+            "records": [r.to_dict() for r in session.records()] if session is not None else [],
+            "seconds": seconds,
+            "restored": not any(hasattr(getattr(dist, n), "_lmr_collective_timing") for n in WRAPPED if hasattr(dist, n))}
