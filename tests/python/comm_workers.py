@@ -122,3 +122,47 @@ def mesh_run(out_dir, steps, delay_ms, sample_every=1, faults=True):
             "records": [r.to_dict() for r in session.records()] if session is not None else [],
             "seconds": seconds,
             "restored": not any(hasattr(getattr(dist, n), "_lmr_collective_timing") for n in WRAPPED if hasattr(dist, n))}
+
+
+def failing_round(out_dir, steps=6):
+    """HSDP 2 x 2: rank 1's timings cannot be read at step 3 (an error in our code);
+    every rank must conclude that round Inconclusive alike and train on."""
+    import lm_resiliency.scout.comm as comm
+
+    cfg = TrainConfig(parallel="hsdp", steps=steps)
+    model, opt, data, device = build(cfg)
+    harness = ReplayHarness(model, opt, ReplayHarnessConfig(
+        check_interval=1, embedding_interval=0, output_interval=0, optimizer_interval=0, hidden_interval=1,
+        state_integrity=False, comm_sample_every=2))
+    take = comm.CollectiveTiming.take
+
+    def broken(self):
+        if dist.get_rank() == 1 and harness.completed_iterations == 3:
+            raise RuntimeError("injected failure")
+        return take(self)
+
+    comm.CollectiveTiming.take = broken
+    try:
+        for step in range(steps):
+            train_step(model, opt, data, device, step)
+    finally:
+        comm.CollectiveTiming.take = take
+    harness.close()
+    return {r.step: r.cross_pg_result for r in harness.results}
+
+
+def bad_map(out_dir):
+    """Rank 2 reads a different, broken resource map: every rank refuses alike."""
+    cfg = TrainConfig(parallel="hsdp", steps=0)
+    model, opt, _, _ = build(cfg)
+    path = os.path.join(out_dir, f"map-{dist.get_rank()}.json")
+    with open(path, "w") as f:
+        ranks = {str(r): {"host": f"h{r}"} for r in range(dist.get_world_size())}
+        if dist.get_rank() == 2:
+            ranks["1"]["rack"] = "r7"
+        json.dump({"version": 1, "ranks": ranks}, f)
+    try:
+        ReplayHarness(model, opt, ReplayHarnessConfig(comm_sample_every=10, resource_map=path))
+    except lmr.InvalidArgumentError as e:
+        return str(e)
+    return "built"

@@ -103,3 +103,28 @@ def test_lmr_campaign_compare_scores_the_slow_link_as_a_comm_straggler_on_its_ho
     run = subprocess.run([lmr_cli, "campaign", "compare", "--injections", *artifacts, "--localization",
                           str(tmp_path / "localization.json")], capture_output=True, text=True)
     assert "2 occurrences" in run.stdout and "1 localized" in run.stdout, run.stdout + run.stderr
+
+
+def test_a_failure_in_a_round_is_inconclusive_on_every_rank_and_training_goes_on(tmp_path):
+    per_rank = spawn(comm_workers.failing_round, 4, args=(str(tmp_path),))
+    assert all(v == per_rank[0] for v in per_rank)
+    assert sorted(per_rank[0]) == [1, 2, 3, 4, 5, 6]
+    failed = per_rank[0][3]
+    assert failed["status"] == "Inconclusive" and "rank 1: RuntimeError: injected failure" in failed["reason"]
+    assert all(v["status"] == "Agree" and v["observations"] > 0 for s, v in per_rank[0].items() if s != 3)
+
+
+def test_a_resource_map_one_rank_cannot_parse_is_refused_on_every_rank(tmp_path):
+    errors = spawn(comm_workers.bad_map, 4, args=(str(tmp_path),))
+    assert all(e == errors[0] for e in errors)
+    assert "rank 2: resource map" in errors[0] and "ranks.1" in errors[0] and "rack" in errors[0]
+
+
+def test_the_configuration_is_checked():
+    from lm_resiliency import InvalidArgumentError
+    from lm_resiliency.scout import ReplayHarnessConfig
+
+    for bad in (dict(comm_sample_every=-1), dict(comm_sample_every=1.5), dict(comm_absolute_s=-1.0),
+                dict(comm_absolute_s=True), dict(resource_map=""), dict(resource_map=3)):
+        with pytest.raises(InvalidArgumentError):
+            ReplayHarnessConfig(**bad)

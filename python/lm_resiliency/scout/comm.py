@@ -75,6 +75,7 @@ class CollectiveTiming:
         self.every = every
         self._excluded = {id(g) for g in excluded if g is not None}
         self._thread = threading.get_ident()
+        self._rank = dist.get_rank()
         self._counts: dict[str, int] = {}
         self._groups: dict[int, tuple[str, tuple[int, ...]]] = {}  # id(group) -> (group id, members)
         self._records: collections.deque = collections.deque(maxlen=capacity)
@@ -120,11 +121,18 @@ class CollectiveTiming:
         def timed(*args: Any, **kwargs: Any) -> Any:
             if not self.active or getattr(_inside, "on", False) or threading.get_ident() != self._thread:
                 return fn(*args, **kwargs)
-            group = call.group(args, kwargs)
-            if id(group) in self._excluded:
+            try:  # deterministic on every member: all of them sample the same call, or none
+                group = call.group(args, kwargs)
+                if id(group) in self._excluded:
+                    return fn(*args, **kwargs)
+                gid, members = self._group(group)
+                if self._rank not in members:  # torch makes the call a no-op here
+                    return fn(*args, **kwargs)
+                n = self._counts[gid] = self._counts.get(gid, 0) + 1
+            except Exception as e:  # noqa: BLE001 - the user's collective must run regardless
+                self.active = False
+                log.warning("SCOUT collective timing stopped: %s", describe(e))
                 return fn(*args, **kwargs)
-            gid, members = self._group(group)
-            n = self._counts[gid] = self._counts.get(gid, 0) + 1
             if n % self.every != 0:
                 return fn(*args, **kwargs)
             _inside.on = True
@@ -227,7 +235,10 @@ class CommRounds:
         else:
             error = None
         gathered: list[Any] = [None] * self._world
-        dist.all_gather_object(gathered, (mine, error), group=self._votes)
+        try:
+            dist.all_gather_object(gathered, (mine, error), group=self._votes)
+        except Exception as e:  # noqa: BLE001 - never out of the user's step
+            return self._inconclusive(step, f"the gather of collective timings failed: {describe(e)}")
         try:
             errors = [f"rank {r}: {e}" for r, (_, e) in enumerate(gathered) if e is not None]
             if errors:
@@ -235,13 +246,16 @@ class CommRounds:
             round_ = assemble([records for records, _ in gathered], self._world)
             v = self._tracker.observe(step, round_, self.map)
         except Exception as e:  # noqa: BLE001 - the same input on every rank: the same outcome
-            log.warning("SCOUT communication round at step %d failed: %s", step, describe(e))
-            return {"step": step, "status": "Inconclusive", "reason": describe(e), "observations": 0,
-                    "slow_groups": [], "candidate_groups": [], "late_ranks": [], "rank": None, "resources": None,
-                    "replacement_scope": None}
+            return self._inconclusive(step, describe(e))
         resources = None if v.resources is None else {"host": v.resources.host, "nic": v.resources.nic,
                                                       "switch": v.resources.switch}
         return {"step": step, "status": "Attributed" if v.rank is not None else "Agree", "reason": v.reason,
                 "observations": len(round_), "slow_groups": list(v.slow_groups),
                 "candidate_groups": list(v.candidate_groups), "late_ranks": list(v.late_ranks), "rank": v.rank,
                 "resources": resources, "replacement_scope": None if resources is None else resources["host"]}
+
+    @staticmethod
+    def _inconclusive(step: int, reason: str) -> dict[str, Any]:
+        log.warning("SCOUT communication round at step %d failed: %s", step, reason)
+        return {"step": step, "status": "Inconclusive", "reason": reason, "observations": 0, "slow_groups": [],
+                "candidate_groups": [], "late_ranks": [], "rank": None, "resources": None, "replacement_scope": None}
