@@ -166,3 +166,59 @@ def bad_map(out_dir):
     except lmr.InvalidArgumentError as e:
         return str(e)
     return "built"
+
+
+# --- a real slow link: ranks in network namespaces (tests/python/netns_util.py) ----------
+
+NET_TAG = "LMR_TEST_NET_TAG"
+
+
+def join_namespace(rank):
+    import netns_util
+
+    tag = os.environ[NET_TAG]
+    netns_util.join(f"lm{tag}ns{rank}", f"lm{tag}{rank}i")
+
+
+def rate_executor():
+    """`delay` on the collective surface as a rate limit on the target rank's own link."""
+    import netns_util
+
+    def interface():
+        return os.environ["GLOO_SOCKET_IFNAME"]
+
+    def activate(request):
+        netns_util.limit(interface(), request.parameters["rate"])
+        return lmr.FaultExecutionResult(verified=True, active=True, evidence={"tbf": request.parameters["rate"]})
+
+    def deactivate(request, result):
+        netns_util.unlimit(interface())
+        return {"removed": True}
+
+    return lmr.CallbackFaultExecutor("link-rate", ["delay"], "isolated_destructive", activate, deactivate)
+
+
+def rate_campaign(rate):
+    return campaign({"incident_id": "link", "trigger": {"at": [6]}, "lifetime": {"iterations": 6}, "faults": [
+        fault("f", "delay", {"rank": 5, "surface": "collective", "resource": "h2"}, {"rate": rate})]})
+
+
+def netns_run(out_dir, steps, rate):
+    """HSDP 4 x 2 over a real network; rank 5's link is rate-limited during the campaign's
+    window by the executor above."""
+    cfg = TrainConfig(parallel="hsdp", steps=steps, dp_replicate=4)
+    model, opt, data, device = build(cfg)
+    path = os.path.join(out_dir, "resources.json")
+    if dist.get_rank() == 0:
+        write_map(path, dist.get_world_size())
+    dist.barrier()
+    harness = ReplayHarness(model, opt, ReplayHarnessConfig(
+        check_interval=1, embedding_interval=0, output_interval=0, optimizer_interval=0, hidden_interval=1,
+        state_integrity=False, comm_sample_every=1, resource_map=path, comm_absolute_s=0.02))
+    session = lmr.enable_fault_injection(model, opt, campaign=rate_campaign(rate), executors=[rate_executor()])
+    for step in range(steps):
+        train_step(model, opt, data, device, step)
+    session.close()
+    harness.close()
+    return {"results": [r.to_dict() for r in harness.results], "boundary_times": harness.boundary_times,
+            "records": [r.to_dict() for r in session.records()]}

@@ -11,7 +11,7 @@ import sysconfig
 import pytest
 
 import comm_workers
-from lm_resiliency.fault_injection import (FaultCampaign, FaultInjectionRecord, compare_artifacts,
+from lm_resiliency.fault_injection import (FaultCampaign, FaultInjectionRecord, compare_artifacts, evaluate,
                                            write_injection_artifact, write_localization_artifact)
 from lm_resiliency.scout import localization_results
 from lm_resiliency.workloads import spawn
@@ -128,3 +128,30 @@ def test_the_configuration_is_checked():
                 dict(comm_absolute_s=True), dict(resource_map=""), dict(resource_map=3)):
         with pytest.raises(InvalidArgumentError):
             ReplayHarnessConfig(**bad)
+
+
+def test_a_rate_limited_link_in_a_real_network_names_its_rank_and_host(tmp_path):
+    """The same HSDP 4 x 2 world, each rank in its own network namespace on a bridge; rank
+    5's link is rate-limited (tc tbf, 20 Mbit/s) from iteration 6 for 6 iterations."""
+    import os
+
+    import netns_util
+
+    why = netns_util.available()
+    if why:
+        pytest.skip(f"a real network for the ranks is not available here: {why}")
+    tag = f"{os.getpid() % 0xFFF:03x}"
+    net = netns_util.Network(8, tag)
+    try:
+        per_rank = spawn(comm_workers.netns_run, 8, args=(str(tmp_path), 16, "20mbit"),
+                         env={comm_workers.NET_TAG: tag}, setup=comm_workers.join_namespace, timeout=600)
+    finally:
+        net.close()
+    named = {r["step"]: r["cross_pg_result"] for r in per_rank[0]["results"] if r["cross_pg_result"]["rank"] is not None}
+    assert named and all(6 <= s <= 12 for s in named), named
+    assert all(v["rank"] == 5 and v["replacement_scope"] == "h2" for v in named.values()), named
+    c = FaultCampaign.from_json(comm_workers.rate_campaign("20mbit"))
+    records = [FaultInjectionRecord.from_dict(r) for out in per_rank for r in out["records"]]
+    located = localization_results(c, records, replay_results(per_rank[0]["results"]), per_rank[0]["boundary_times"])
+    report = evaluate(c, records, located).to_dict()
+    assert report["occurrences"][0]["localized"], report["occurrences"]

@@ -51,7 +51,8 @@ def _context() -> Any:
 
 
 def _worker(rank: int, world_size: int, store_path: str, backend: str, fn: Callable[..., Any],
-            args: Sequence[Any], env: dict[str, str], results: Any, timeout_s: float) -> None:
+            args: Sequence[Any], env: dict[str, str], results: Any, timeout_s: float,
+            setup: Optional[Callable[[int], None]] = None) -> None:
     # The environment the caller has now (the fork server keeps the one it started with).
     os.environ.clear()
     os.environ.update(env)
@@ -63,6 +64,8 @@ def _worker(rank: int, world_size: int, store_path: str, backend: str, fn: Calla
         # One intra-op thread per rank unless told otherwise, as torchrun does: N ranks on a
         # few cores otherwise oversubscribe them many times over.
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        if setup is not None:  # before any communicator exists (e.g. joining a network namespace)
+            setup(rank)
         dist.init_process_group(backend, init_method=f"file://{store_path}", rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout_s))
         try:
@@ -99,8 +102,11 @@ def _first_failure(results: Any, rank: int, trace: str, when: float, grace_s: fl
 
 
 def spawn(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (), backend: str = "gloo",
-          timeout: float = 300.0, env: Optional[dict[str, str]] = None) -> list[Any]:
-    """Run ``fn(*args)`` on ``world_size`` ranks; return the values in rank order."""
+          timeout: float = 300.0, env: Optional[dict[str, str]] = None,
+          setup: Optional[Callable[[int], None]] = None) -> list[Any]:
+    """Run ``fn(*args)`` on ``world_size`` ranks; return the values in rank order.
+    ``setup(rank)``, when given (a module-level function), runs in each rank before its
+    process group is created."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     ctx = _context()
@@ -109,7 +115,7 @@ def spawn(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (), 
     store_path = os.path.join(workdir, "store")
     environment = {**os.environ, **(env or {})}
     procs = [ctx.Process(target=_worker, args=(rank, world_size, store_path, backend, fn, tuple(args),
-                                               environment, results, timeout), daemon=True)
+                                               environment, results, timeout, setup), daemon=True)
              for rank in range(world_size)]
     try:
         for p in procs:

@@ -261,6 +261,23 @@ TEST(CommStragglers, AGroupObservedSeveralTimesInARoundCountsWithItsMedian) {
   }
 }
 
+TEST(CommStragglers, AGroupSlowInOneSizeClassAndNotInAnotherIsSlow) {
+  // A rate-limited link slows large transfers; small ones fit its burst and are not slow.
+  CommTracker t;
+  CommVerdict v;
+  for (int step = 1; step <= 3; ++step) {
+    auto r = hsdp(5, step);
+    for (auto small : hsdp(-1, step)) {
+      small.bytes = 64;
+      r.push_back(small);
+    }
+    v = t.observe(step, r);
+  }
+  EXPECT_EQ(v.slow_groups, (std::vector<std::string>{"replicate1", "shard2"}));
+  ASSERT_TRUE(v.rank) << v.reason;
+  EXPECT_EQ(*v.rank, 5);
+}
+
 TEST(CommStragglers, ADecidedCheckNeedsABitmapEntryPerPeer) {
   replay::StragglerTracker t(replay::StragglerOptions{});
   consensus::TimingResult check;
