@@ -4,9 +4,8 @@ The slow link is a callback executor (``delay`` on the ``collective`` surface): 
 occurrence is active, the target rank's collectives on the model's process groups sleep
 before they run. It is installed under the harness's timing, so the sleep lands inside the
 transfer every member of the group sees, as a slow link or NIC would; the harness's own
-groups (over the whole world) are left alone. Network namespaces with a netem delay were
-not used: the test worlds are processes of one host joined by a file store and gloo over
-loopback.
+groups (over the whole world) are left alone. A slow link in a real network (network
+namespaces, a rate limit on one rank's link) is at the end of this file.
 """
 
 import functools
