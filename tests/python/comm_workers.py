@@ -93,9 +93,9 @@ def write_map(path, world):
                                            for r in range(world)}}, f)
 
 
-def mesh_run(out_dir, steps, delay_ms, sample_every=1, faults=True):
-    """HSDP on 8 ranks (4 replicas x 2 shards), collectives timed, with the campaign above."""
-    _install_link_delay()
+def _mesh(out_dir, steps, sample_every):
+    """The reference workload in HSDP 4 x 2, the resource map (two ranks a host), and a
+    harness that checks every step (one hidden layer) and times collectives."""
     cfg = TrainConfig(parallel="hsdp", steps=steps, dp_replicate=4)
     model, opt, data, device = build(cfg)
     path = os.path.join(out_dir, "resources.json")
@@ -105,6 +105,13 @@ def mesh_run(out_dir, steps, delay_ms, sample_every=1, faults=True):
     harness = ReplayHarness(model, opt, ReplayHarnessConfig(
         check_interval=1, embedding_interval=0, output_interval=0, optimizer_interval=0, hidden_interval=1,
         state_integrity=False, comm_sample_every=sample_every, resource_map=path, comm_absolute_s=0.02))
+    return model, opt, data, device, harness
+
+
+def mesh_run(out_dir, steps, delay_ms, sample_every=1, faults=True):
+    """HSDP on 8 ranks (4 replicas x 2 shards), collectives timed, with the campaign above."""
+    _install_link_delay()
+    model, opt, data, device, harness = _mesh(out_dir, steps, sample_every)
     slow = _slow_compute(model, harness, delay_ms)
     session = None
     if faults:
@@ -205,15 +212,7 @@ def rate_campaign(rate):
 def netns_run(out_dir, steps, rate):
     """HSDP 4 x 2 over a real network; rank 5's link is rate-limited during the campaign's
     window by the executor above."""
-    cfg = TrainConfig(parallel="hsdp", steps=steps, dp_replicate=4)
-    model, opt, data, device = build(cfg)
-    path = os.path.join(out_dir, "resources.json")
-    if dist.get_rank() == 0:
-        write_map(path, dist.get_world_size())
-    dist.barrier()
-    harness = ReplayHarness(model, opt, ReplayHarnessConfig(
-        check_interval=1, embedding_interval=0, output_interval=0, optimizer_interval=0, hidden_interval=1,
-        state_integrity=False, comm_sample_every=1, resource_map=path, comm_absolute_s=0.02))
+    model, opt, data, device, harness = _mesh(out_dir, steps, 1)
     session = lmr.enable_fault_injection(model, opt, campaign=rate_campaign(rate), executors=[rate_executor()])
     for step in range(steps):
         train_step(model, opt, data, device, step)
