@@ -16,6 +16,8 @@ namespace lmr::python {
 // waits by member, transfers by member).
 using ObservationSpec = std::tuple<std::string, std::vector<std::int64_t>, std::string, std::uint64_t,
                                    std::vector<double>, std::vector<double>>;
+// A fabric finding: (reporting rank, "nic" or "switch", name, detail).
+using FindingSpec = std::tuple<std::int64_t, std::string, std::string, std::string>;
 
 void registerMesh(nb::module_& m) {
   using mesh::CommTracker;
@@ -35,12 +37,19 @@ void registerMesh(nb::module_& m) {
       .def("of", &ResourceMap::of, nb::arg("rank"), nb::rv_policy::copy)
       .def_prop_ro("world_size", &ResourceMap::worldSize);
 
+  nb::class_<mesh::FabricFinding>(m, "FabricFinding")
+      .def_ro("reported_by", &mesh::FabricFinding::reported_by)
+      .def_ro("kind", &mesh::FabricFinding::kind)
+      .def_ro("name", &mesh::FabricFinding::name)
+      .def_ro("detail", &mesh::FabricFinding::detail);
+
   nb::class_<CommVerdict>(m, "CommVerdict")
       .def_ro("slow_groups", &CommVerdict::slow_groups)
       .def_ro("candidate_groups", &CommVerdict::candidate_groups)
       .def_ro("late_ranks", &CommVerdict::late_ranks)
       .def_ro("rank", &CommVerdict::rank)
       .def_ro("resources", &CommVerdict::resources)
+      .def_ro("fabric", &CommVerdict::fabric)
       .def_ro("reason", &CommVerdict::reason);
 
   nb::class_<CommTracker>(m, "CommTracker")
@@ -59,17 +68,23 @@ void registerMesh(nb::module_& m) {
           nb::arg("pair_relative_threshold") = 0.5, nb::arg("absolute_threshold") = 1e-3)
       .def(
           "observe",
-          [](CommTracker& t, std::int64_t step, const std::vector<ObservationSpec>& round, const ResourceMap* map) {
+          [](CommTracker& t, std::int64_t step, const std::vector<ObservationSpec>& round, const ResourceMap* map,
+             const std::vector<FindingSpec>& fabric) {
             std::vector<mesh::CollectiveObservation> obs;
             obs.reserve(round.size());
             for (const auto& [group, members, collective, bytes, wait, transfer] : round)
               obs.push_back(mesh::CollectiveObservation{group, members, collective, bytes, wait, transfer});
+            std::vector<mesh::FabricFinding> findings;
+            for (const auto& [rank, kind, name, detail] : fabric)
+              findings.push_back(mesh::FabricFinding{rank, kind, name, detail});
             nb::gil_scoped_release release;
-            return t.observe(step, obs, map);
+            return t.observe(step, obs, map, findings);
           },
           nb::arg("step"), nb::arg("round"), nb::arg("resource_map").none() = nb::none(),
-          "One round of complete observations (group, members, collective, bytes, waits, transfers) "
-          "(lmr::mesh::CommTracker::observe): slow groups, late ranks, and the one rank they share.");
+          nb::arg("fabric") = std::vector<FindingSpec>{},
+          "One round of complete observations (group, members, collective, bytes, waits, transfers) and "
+          "fabric findings (reporting rank, kind, name, detail) (lmr::mesh::CommTracker::observe): slow "
+          "groups, late ranks, the one rank they share, and the fabric finding that narrows it.");
 }
 
 }  // namespace lmr::python

@@ -117,8 +117,15 @@ std::int64_t sizeClass(std::uint64_t bytes) { return bytes <= 1 ? 0 : std::bit_w
 CommTracker::CommTracker(CommOptions options) : options_(options), tracker_(trackerOptions(options)) {}
 
 CommVerdict CommTracker::observe(std::int64_t step, const std::vector<CollectiveObservation>& round,
-                                 const ResourceMap* map) {
+                                 const ResourceMap* map, const std::vector<FabricFinding>& fabric) {
   // Validate everything first: a malformed round changes no history.
+  for (const FabricFinding& f : fabric) {
+    if (f.kind != "nic" && f.kind != "switch")
+      throw InvalidArgument("a fabric finding's kind is \"nic\" or \"switch\", got \"" + f.kind + "\"");
+    if (f.name.empty()) throw InvalidArgument("a fabric finding has an empty name");
+    if (map == nullptr) throw InvalidArgument("fabric findings need a resource map to relate them to ranks");
+    map->of(f.reported_by);
+  }
   for (const CollectiveObservation& o : round) {
     if (o.group.empty()) throw InvalidArgument("a collective observation has an empty group id");
     if (o.members.empty()) throw InvalidArgument("collective observation of group " + o.group + " has no members");
@@ -218,7 +225,19 @@ CommVerdict CommTracker::observe(std::int64_t step, const std::vector<Collective
     }
   }
   v.rank = rank;
-  if (map != nullptr) v.resources = map->of(rank);
+  if (map == nullptr) return v;
+  const Resources& where = map->of(rank);
+  v.resources = where;
+  for (const FabricFinding& f : fabric)
+    if (f.kind == "nic" && !where.nic.empty() && f.name == where.nic && map->of(f.reported_by).host == where.host) {
+      v.fabric = f;
+      return v;
+    }
+  for (const FabricFinding& f : fabric)
+    if (f.kind == "switch" && !where.switch_name.empty() && f.name == where.switch_name) {
+      v.fabric = f;
+      return v;
+    }
   return v;
 }
 

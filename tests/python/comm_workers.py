@@ -16,6 +16,7 @@ import time
 import torch.distributed as dist
 
 import lm_resiliency as lmr
+from lm_resiliency.fabric import InfinibandPortCounters
 from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
 from lm_resiliency.workloads import TrainConfig, build, train_step
 from injection_util import campaign
@@ -23,6 +24,7 @@ from injection_util import campaign
 WRAPPED = ("all_reduce", "all_gather_single", "reduce_scatter_single", "all_gather_into_tensor",
            "reduce_scatter_tensor")
 _active: dict[str, dict] = {}  # injection id -> parameters, on the rank it targets
+_my_counter: list = []  # this rank's NIC symbol_error counter in the fake sysfs (fabric source)
 
 
 def _install_link_delay() -> None:
@@ -39,6 +41,8 @@ def _install_link_delay() -> None:
             for p in list(_active.values()):
                 if size < dist.get_world_size() and p.get("group_size", size) == size:
                     time.sleep(p["delay_ms"] / 1000.0)
+                    if "group_size" not in p and _my_counter:  # a failing link logs symbol errors
+                        _bump(_my_counter[0])
             return _fn(*args, **kwargs)
 
         setattr(dist, name, slow)
@@ -93,25 +97,53 @@ def write_map(path, world):
                                            for r in range(world)}}, f)
 
 
-def _mesh(out_dir, steps, sample_every):
+def _bump(path):
+    with open(path) as f:
+        value = int(f.read())
+    with open(path, "w") as f:
+        f.write(str(value + 3))
+
+
+def fake_sysfs(out_dir, hosts):
+    """/sys/class/infiniband of each pretend host: two NICs (one per rank), one port each."""
+    for host in hosts:
+        for nic in ("mlx5_0", "mlx5_1"):
+            port = os.path.join(out_dir, f"sys-{host}", nic, "ports", "1")
+            os.makedirs(os.path.join(port, "counters"), exist_ok=True)
+            with open(os.path.join(port, "state"), "w") as f:
+                f.write("4: ACTIVE\n")
+            for name in ("symbol_error", "link_downed", "port_rcv_errors"):
+                with open(os.path.join(port, "counters", name), "w") as f:
+                    f.write("0\n")
+
+
+def _mesh(out_dir, steps, sample_every, fabric=False):
     """The reference workload in HSDP 4 x 2, the resource map (two ranks a host), and a
     harness that checks every step (one hidden layer) and times collectives."""
     cfg = TrainConfig(parallel="hsdp", steps=steps, dp_replicate=4)
     model, opt, data, device = build(cfg)
     path = os.path.join(out_dir, "resources.json")
-    if dist.get_rank() == 0:
-        write_map(path, dist.get_world_size())
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        write_map(path, world)
+        fake_sysfs(out_dir, sorted({f"h{r // 2}" for r in range(world)}))
     dist.barrier()
+    source = None
+    if fabric:
+        root = os.path.join(out_dir, f"sys-h{rank // 2}")
+        source = InfinibandPortCounters(root=root)
+        _my_counter[:] = [os.path.join(root, f"mlx5_{rank % 2}", "ports", "1", "counters", "symbol_error")]
     harness = ReplayHarness(model, opt, ReplayHarnessConfig(
         check_interval=1, embedding_interval=0, output_interval=0, optimizer_interval=0, hidden_interval=1,
-        state_integrity=False, comm_sample_every=sample_every, resource_map=path, comm_absolute_s=0.02))
+        state_integrity=False, comm_sample_every=sample_every, resource_map=path, comm_absolute_s=0.02,
+        fabric_source=source))
     return model, opt, data, device, harness
 
 
 def mesh_run(out_dir, steps, delay_ms, sample_every=1, faults=True):
     """HSDP on 8 ranks (4 replicas x 2 shards), collectives timed, with the campaign above."""
     _install_link_delay()
-    model, opt, data, device, harness = _mesh(out_dir, steps, sample_every)
+    model, opt, data, device, harness = _mesh(out_dir, steps, sample_every, fabric=True)
     slow = _slow_compute(model, harness, delay_ms)
     session = None
     if faults:

@@ -53,6 +53,9 @@ def test_a_slow_link_names_its_rank_and_host_after_confirmation(mesh):
         "host": "h2", "nic": "mlx5_1", "switch": ""}
     # Both groups holding rank 5 are slow: its shard group and its replicate group.
     assert v["slow_groups"] == ["ranks:1,3,5,7", "ranks:4,5"]
+    # Its host's port counters (the fabric source) show its NIC logging symbol errors.
+    assert v["fabric"]["kind"] == "nic" and v["fabric"]["name"] == "mlx5_1" and v["fabric"]["reported_by"] in (4, 5)
+    assert "symbol_error +" in v["fabric"]["detail"]
     assert min(in_link) > LINK[0] + 1  # confirmed over rounds, not at the first slow one
 
 
@@ -155,3 +158,21 @@ def test_a_rate_limited_link_in_a_real_network_names_its_rank_and_host(tmp_path)
     located = localization_results(c, records, replay_results(per_rank[0]["results"]), per_rank[0]["boundary_times"])
     report = evaluate(c, records, located).to_dict()
     assert report["occurrences"][0]["localized"], report["occurrences"]
+
+
+def test_infiniband_port_counters_report_a_nic_whose_errors_grow_or_whose_port_is_down(tmp_path):
+    from lm_resiliency import UnsupportedError
+    from lm_resiliency.fabric import FabricReading, InfinibandPortCounters
+
+    comm_workers.fake_sysfs(str(tmp_path), ["h0"])
+    root = tmp_path / "sys-h0"
+    source = InfinibandPortCounters(root=str(root))
+    assert source.poll() == [FabricReading("nic", "mlx5_0", False), FabricReading("nic", "mlx5_1", False)]
+    (root / "mlx5_1/ports/1/counters/symbol_error").write_text("12\n")
+    assert source.poll()[1] == FabricReading("nic", "mlx5_1", True, "port 1 symbol_error +12")
+    assert not source.poll()[1].degraded  # no new errors since
+    (root / "mlx5_0/ports/1/state").write_text("1: DOWN\n")
+    assert source.poll()[0] == FabricReading("nic", "mlx5_0", True, "port 1 1: DOWN")
+    assert [r.name for r in InfinibandPortCounters(root=str(root), nics=["mlx5_1"]).poll()] == ["mlx5_1"]
+    with pytest.raises(UnsupportedError):
+        InfinibandPortCounters(root=str(tmp_path / "nothing"))

@@ -83,6 +83,17 @@ struct CommOptions {
   std::int64_t temporal_window = 1000;   // steps
 };
 
+// What an external fabric source (NIC port counters, a switch manager) reports degraded,
+// as seen from one rank: a NIC of that rank's host (named as the resource map names NICs),
+// or a switch.
+struct FabricFinding {
+  std::int64_t reported_by = 0;  // the rank whose source reported it
+  std::string kind;              // "nic" or "switch"
+  std::string name;
+  std::string detail;  // what was seen, e.g. "symbol_error +12"
+  bool operator==(const FabricFinding&) const = default;
+};
+
 struct CommVerdict {
   std::vector<std::string> slow_groups;       // confirmed slow at this round, sorted
   std::vector<std::string> candidate_groups;  // this round's outliers, sorted
@@ -91,6 +102,9 @@ struct CommVerdict {
   std::vector<std::int64_t> late_ranks;
   std::optional<std::int64_t> rank;      // the one rank every slow group shares
   std::optional<Resources> resources;    // its resources (with a map): the replacement scope
+  // The fabric finding that narrows the named rank to a resource below its host: its NIC
+  // reported degraded by a rank of the same host, else its switch reported degraded.
+  std::optional<FabricFinding> fabric;
   std::string reason;                    // why no rank was named while groups are slow
 };
 
@@ -100,8 +114,11 @@ class CommTracker {
   // One round: every observation complete (a timing per member); a group observed several
   // times in one class counts with the median of its observations. InvalidArgument for a
   // malformed observation, a group id seen with other members, or a member outside `map`.
+  // `fabric`: what the ranks' fabric sources report degraded this round (needs `map` to
+  // relate NICs and switches to ranks; InvalidArgument for a kind other than "nic" or
+  // "switch", an empty name, or a reporting rank outside the map).
   CommVerdict observe(std::int64_t step, const std::vector<CollectiveObservation>& round,
-                      const ResourceMap* map = nullptr);
+                      const ResourceMap* map = nullptr, const std::vector<FabricFinding>& fabric = {});
 
  private:
   CommOptions options_;

@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from lm_resiliency import _core
 from lm_resiliency.errors import InvalidArgumentError
+from lm_resiliency.fabric import FabricReading
 from lm_resiliency.scout.guard import describe, log
 
 # torch.distributed function -> the collective it is compared as, and the argument whose
@@ -221,6 +222,24 @@ class CommRounds:
         self._tracker = _core.CommTracker(config.confirmation_rounds, config.confirmation_checks,
                                           absolute_threshold=float(absolute))
         self.timing = CollectiveTiming(config.comm_sample_every, excluded)
+        self._fabric = config.fabric_source
+        self._fabric_failed = False
+
+    def _findings(self) -> list[tuple[str, str, str]]:
+        """What this rank's fabric source reports degraded now; a failing source is logged
+        (once) and reports nothing."""
+        if self._fabric is None:
+            return []
+        try:
+            readings = list(self._fabric.poll())
+            if not all(isinstance(r, FabricReading) for r in readings):
+                raise InvalidArgumentError(f"{self._fabric.name}.poll() must return FabricReadings")
+            return [(r.kind, r.name, r.detail) for r in readings if r.degraded]
+        except Exception as e:  # noqa: BLE001 - the round goes on without the fabric's view
+            if not self._fabric_failed:
+                log.warning("SCOUT fabric source %s failed: %s", getattr(self._fabric, "name", "?"), describe(e))
+            self._fabric_failed = True
+            return []
 
     def close(self) -> None:
         self.timing.close()
@@ -236,15 +255,16 @@ class CommRounds:
             error = None
         gathered: list[Any] = [None] * self._world
         try:
-            dist.all_gather_object(gathered, (mine, error), group=self._votes)
+            dist.all_gather_object(gathered, (mine, error, self._findings()), group=self._votes)
         except Exception as e:  # noqa: BLE001 - never out of the user's step
             return self._inconclusive(step, f"the gather of collective timings failed: {describe(e)}")
         try:
-            errors = [f"rank {r}: {e}" for r, (_, e) in enumerate(gathered) if e is not None]
+            errors = [f"rank {r}: {e}" for r, (_, e, _) in enumerate(gathered) if e is not None]
             if errors:
                 raise RuntimeError("; ".join(errors))
-            round_ = assemble([records for records, _ in gathered], self._world)
-            v = self._tracker.observe(step, round_, self.map)
+            round_ = assemble([records for records, _, _ in gathered], self._world)
+            fabric = [(r, kind, name, detail) for r, (_, _, found) in enumerate(gathered) for kind, name, detail in found]
+            v = self._tracker.observe(step, round_, self.map, fabric)
         except Exception as e:  # noqa: BLE001 - the same input on every rank: the same outcome
             return self._inconclusive(step, describe(e))
         resources = None if v.resources is None else {"host": v.resources.host, "nic": v.resources.nic,
@@ -252,10 +272,15 @@ class CommRounds:
         return {"step": step, "status": "Attributed" if v.rank is not None else "Agree", "reason": v.reason,
                 "observations": len(round_), "slow_groups": list(v.slow_groups),
                 "candidate_groups": list(v.candidate_groups), "late_ranks": list(v.late_ranks), "rank": v.rank,
-                "resources": resources, "replacement_scope": None if resources is None else resources["host"]}
+                "resources": resources, "replacement_scope": None if resources is None else resources["host"],
+                "fabric": None if v.fabric is None else {"kind": v.fabric.kind, "name": v.fabric.name,
+                                                         "detail": v.fabric.detail,
+                                                         "reported_by": v.fabric.reported_by},
+                "fabric_findings": [{"reported_by": r, "kind": k, "name": n, "detail": d} for r, k, n, d in fabric]}
 
     @staticmethod
     def _inconclusive(step: int, reason: str) -> dict[str, Any]:
         log.warning("SCOUT communication round at step %d failed: %s", step, reason)
         return {"step": step, "status": "Inconclusive", "reason": reason, "observations": 0, "slow_groups": [],
-                "candidate_groups": [], "late_ranks": [], "rank": None, "resources": None, "replacement_scope": None}
+                "candidate_groups": [], "late_ranks": [], "rank": None, "resources": None, "replacement_scope": None,
+                "fabric": None, "fabric_findings": []}

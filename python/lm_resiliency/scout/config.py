@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from lm_resiliency import _core
 from lm_resiliency.errors import InvalidArgumentError
@@ -65,6 +65,9 @@ class ReplayHarnessConfig:
     # Where each rank runs, for the replacement scope: a resource map file (JSON, version 1:
     # docs/scout.md) or None for the host names the ranks report.
     resource_map: Optional[str] = None
+    # What the fabric says about this rank's links (lm_resiliency.fabric.FabricSource):
+    # narrows a named communication straggler to its NIC or switch. None: timing alone.
+    fabric_source: Optional[Any] = None
     on_result: Optional[Callable] = None  # called with each ReplayResult
     # Out-of-band hang and stall detection (an lmr-oobd daemon per process); None: off.
     hang_detection: Optional[HangDetectionConfig] = None
@@ -82,6 +85,11 @@ class ReplayHarnessConfig:
                                                  or not isinstance(self.comm_absolute_s, (int, float))
                                                  or not self.comm_absolute_s >= 0):
             raise InvalidArgumentError("ReplayHarnessConfig.comm_absolute_s must be None or a number >= 0")
+        if self.fabric_source is not None:
+            from lm_resiliency.fabric import FabricSource
+
+            if not isinstance(self.fabric_source, FabricSource):
+                raise InvalidArgumentError("ReplayHarnessConfig.fabric_source must be a lm_resiliency.fabric.FabricSource")
         if self.resource_map is not None and (not isinstance(self.resource_map, str) or not self.resource_map):
             raise InvalidArgumentError("ReplayHarnessConfig.resource_map must be a file path or None")
         if self.optimizer_slice_size < 1 or self.confirmation_rounds < 1 or self.temporal_window < 1:

@@ -278,6 +278,39 @@ TEST(CommStragglers, AGroupSlowInOneSizeClassAndNotInAnotherIsSlow) {
   EXPECT_EQ(*v.rank, 5);
 }
 
+TEST(CommStragglers, AFabricFindingNarrowsTheNamedRankToItsNicOrSwitch) {
+  const ResourceMap map = ResourceMap::fromJson(
+      R"({"version": 1, "ranks": {"0": {"host": "h0", "nic": "mlx5_0", "switch": "leaf-a"},
+          "1": {"host": "h0", "nic": "mlx5_1", "switch": "leaf-a"}, "2": {"host": "h1", "nic": "mlx5_0", "switch": "leaf-a"},
+          "3": {"host": "h1", "nic": "mlx5_1", "switch": "leaf-a"}, "4": {"host": "h2", "nic": "mlx5_0", "switch": "leaf-b"},
+          "5": {"host": "h2", "nic": "mlx5_1", "switch": "leaf-b"}, "6": {"host": "h3", "nic": "mlx5_0", "switch": "leaf-b"},
+          "7": {"host": "h3", "nic": "mlx5_1", "switch": "leaf-b"}}})",
+      8);
+  const auto named = [&](const std::vector<FabricFinding>& fabric) {
+    CommTracker t;
+    CommVerdict v;
+    for (int step = 1; step <= 3; ++step) v = t.observe(step, hsdp(5, step), &map, fabric);
+    EXPECT_EQ(v.rank, std::optional<std::int64_t>(5));
+    return v.fabric;
+  };
+  // Its NIC, reported by the other rank of its host: the NIC.
+  const FabricFinding nic{4, "nic", "mlx5_1", "symbol_error +12"};
+  EXPECT_EQ(named({nic}), std::optional<FabricFinding>(nic));
+  // The same NIC name on another host is another NIC.
+  EXPECT_FALSE(named({FabricFinding{6, "nic", "mlx5_1", "x"}}));
+  // Its switch: the switch (a NIC finding wins over it).
+  const FabricFinding leaf{0, "switch", "leaf-b", "port 17 flapping"};
+  EXPECT_EQ(named({leaf}), std::optional<FabricFinding>(leaf));
+  EXPECT_EQ(named({leaf, nic}), std::optional<FabricFinding>(nic));
+  EXPECT_FALSE(named({FabricFinding{0, "switch", "leaf-a", "x"}}));
+  // Malformed findings change nothing and are refused.
+  CommTracker t;
+  EXPECT_THROW(t.observe(1, hsdp(5, 1), &map, {FabricFinding{0, "cable", "c1", ""}}), InvalidArgument);
+  EXPECT_THROW(t.observe(1, hsdp(5, 1), &map, {FabricFinding{9, "nic", "mlx5_0", ""}}), InvalidArgument);
+  EXPECT_THROW(t.observe(1, hsdp(5, 1), &map, {FabricFinding{0, "nic", "", ""}}), InvalidArgument);
+  EXPECT_THROW(t.observe(1, hsdp(5, 1), nullptr, {nic}), InvalidArgument);
+}
+
 TEST(CommStragglers, ADecidedCheckNeedsABitmapEntryPerPeer) {
   replay::StragglerTracker t(replay::StragglerOptions{});
   consensus::TimingResult check;
