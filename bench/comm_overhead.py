@@ -6,6 +6,8 @@ timing (barriers before sampled calls, the gather of the timings at each check).
 
     python bench/comm_overhead.py                         # 4 CPU ranks (gloo), HSDP 2 x 2
     python bench/comm_overhead.py --ranks 8 --replicate 4 --every 0,100,10
+    python3 bench/comm_overhead.py --device cuda --ranks 1 --parallel fsdp2 --dim 2048 --layers 16 \\
+        --heads 16 --seq 1024 --batch 8 --vocab 32000          # one GPU, NCCL (FSDP2's collectives still run)
 """
 
 from __future__ import annotations
@@ -14,14 +16,19 @@ import argparse
 import statistics
 import time
 
+import torch
 import torch.distributed as dist
 
 from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
 from lm_resiliency.workloads import TrainConfig, build, spawn, train_step
+from model_args import add_model_args, decoder_config
 
 
 def body(args):
-    cfg = TrainConfig(parallel=args["parallel"], steps=0, dp_replicate=args["replicate"])
+    extra = {}
+    if args["device"] == "cuda":
+        extra = dict(device="cuda", model=decoder_config(args), seq_len=args["seq"], batch_size=args["batch"])
+    cfg = TrainConfig(parallel=args["parallel"], steps=0, dp_replicate=args["replicate"], **extra)
     model, opt, data, device = build(cfg)
     step = 0
     for _ in range(3):  # warm-up
@@ -34,10 +41,14 @@ def body(args):
             harness = ReplayHarness(model, opt, ReplayHarnessConfig(comm_sample_every=n, check_interval=args["check"]),
                                     completed_iterations=step)
             dist.barrier()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
             start = time.perf_counter()
             for _ in range(args["steps"]):
                 train_step(model, opt, data, device, step)
                 step += 1
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
             samples[n].append((time.perf_counter() - start) / args["steps"])
             harness.close()
             timed[n] += sum(r.cross_pg_result["observations"] for r in harness.results if r.cross_pg_result)
@@ -53,11 +64,15 @@ def main() -> None:
     p.add_argument("--check", type=int, default=10, help="check_interval (a round of comparison per check)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    add_model_args(p)  # the model's size on CUDA (on CPU: the reference workload's default)
     ns = p.parse_args()
     args = dict(vars(ns), every=[int(x) for x in ns.every.split(",")])
-    medians, timed = spawn(body, ns.ranks, args=(args,), timeout=3600)[0]
+    backend = "nccl" if ns.device == "cuda" else "gloo"
+    medians, timed = spawn(body, ns.ranks, args=(args,), timeout=3600, backend=backend)[0]
     base = medians[0] if 0 in medians else min(medians.values())
-    print(f"{ns.parallel} on {ns.ranks} CPU ranks (gloo), replicate {ns.replicate}, check_interval {ns.check}; "
+    where = f"{ns.ranks} CPU ranks (gloo)" if ns.device == "cpu" else f"{ns.ranks} GPU rank(s) (NCCL)"
+    print(f"{ns.parallel} on {where}, replicate {ns.replicate}, check_interval {ns.check}; "
           f"median of {ns.rounds} interleaved blocks of {ns.steps} steps")
     print(f"{'comm_sample_every':>18} {'ms/step':>9} {'vs off':>8} {'timed calls':>12}")
     for n in args["every"]:
