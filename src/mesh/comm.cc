@@ -197,10 +197,32 @@ CommVerdict CommTracker::observe(std::int64_t step, const std::vector<Collective
   v.candidate_groups.assign(candidates.begin(), candidates.end());
   v.late_ranks.assign(late.begin(), late.end());
   if (slow.empty()) return v;
-  if (slow.size() == 1) {
-    v.reason = "one slow group (" + *slow.begin() + "): no other slow group narrows it to one rank";
+  // No single rank: a switch that a fabric source reports degraded, and that every slow
+  // group reaches through one of its members, is what they have in common.
+  const auto noCulprit = [&](std::string reason) {
+    v.reason = std::move(reason);
+    if (map == nullptr) return v;
+    std::vector<const FabricFinding*> common;
+    for (const FabricFinding& f : fabric) {
+      if (f.kind != "switch") continue;
+      bool every = true;
+      for (const std::string& g : slow) {
+        const auto& m = members_.at(g);
+        every =
+            every && std::any_of(m.begin(), m.end(), [&](std::int64_t r) { return map->of(r).switch_name == f.name; });
+      }
+      const bool seen =
+          std::any_of(common.begin(), common.end(), [&](const FabricFinding* c) { return c->name == f.name; });
+      if (every && !seen) common.push_back(&f);
+    }
+    if (common.size() == 1) {
+      v.fabric = *common.front();
+      v.reason += "; every slow group reaches switch " + common.front()->name + ", reported degraded";
+    }
     return v;
-  }
+  };
+  if (slow.size() == 1)
+    return noCulprit("one slow group (" + *slow.begin() + "): no other slow group narrows it to one rank");
   std::set<std::int64_t> shared(members_.at(*slow.begin()).begin(), members_.at(*slow.begin()).end());
   for (const std::string& g : slow) {
     std::set<std::int64_t> both;
@@ -208,21 +230,18 @@ CommVerdict CommTracker::observe(std::int64_t step, const std::vector<Collective
       if (shared.count(r)) both.insert(r);
     shared = std::move(both);
   }
-  if (shared.size() != 1) {
-    v.reason = shared.empty() ? "the slow groups share no rank"
-                              : "the slow groups share more than one rank " + describeRanks(shared);
-    return v;
-  }
+  if (shared.size() != 1)
+    return noCulprit(shared.empty() ? "the slow groups share no rank"
+                                    : "the slow groups share more than one rank " + describeRanks(shared));
   const std::int64_t rank = *shared.begin();
   for (const std::string& g : healthy) {
     // A group slow in one class and not in another (a slow link barely slows messages
     // small enough to fit its burst) is slow: it does not contradict.
     if (slow.count(g)) continue;
     const auto& m = members_.at(g);
-    if (std::find(m.begin(), m.end(), rank) != m.end()) {
-      v.reason = "the slow groups share rank " + std::to_string(rank) + ", but group " + g + " holding it is not slow";
-      return v;
-    }
+    if (std::find(m.begin(), m.end(), rank) != m.end())
+      return noCulprit("the slow groups share rank " + std::to_string(rank) + ", but group " + g +
+                       " holding it is not slow");
   }
   v.rank = rank;
   if (map == nullptr) return v;

@@ -103,7 +103,9 @@ struct CommVerdict {
   std::optional<std::int64_t> rank;      // the one rank every slow group shares
   std::optional<Resources> resources;    // its resources (with a map): the replacement scope
   // The fabric finding that narrows the named rank to a resource below its host: its NIC
-  // reported degraded by a rank of the same host, else its switch reported degraded.
+  // reported degraded by a rank of the same host, else its switch reported degraded. With
+  // no rank named: the one switch reported degraded that every slow group reaches through
+  // a member (the map's switch of that member).
   std::optional<FabricFinding> fabric;
   std::string reason;                    // why no rank was named while groups are slow
 };

@@ -311,6 +311,30 @@ TEST(CommStragglers, AFabricFindingNarrowsTheNamedRankToItsNicOrSwitch) {
   EXPECT_THROW(t.observe(1, hsdp(5, 1), nullptr, {nic}), InvalidArgument);
 }
 
+TEST(CommStragglers, WithNoRankNamedTheOneDegradedSwitchEverySlowGroupReachesIsReported) {
+  // Rows of four behind two leaf switches; row1 (ranks 4-7, behind leaf-b) is slow as a whole.
+  std::string text = R"({"version": 1, "ranks": {)";
+  for (int r = 0; r < 8; ++r)
+    text += (r ? ", " : "") + std::string("\"") + std::to_string(r) + R"(": {"host": "h)" + std::to_string(r / 2) +
+            R"(", "switch": "leaf-)" + (r < 4 ? "a" : "b") + "\"}";
+  const ResourceMap map = ResourceMap::fromJson(text + "}}", 8);
+  const auto run = [&](const std::vector<FabricFinding>& fabric) {
+    CommTracker t;
+    CommVerdict v;
+    for (int step = 1; step <= 3; ++step) v = t.observe(step, round(slowGroup("row1", step)), &map, fabric);
+    EXPECT_FALSE(v.rank);
+    EXPECT_EQ(v.slow_groups, std::vector<std::string>{"row1"});
+    return v;
+  };
+  const FabricFinding leaf{1, "switch", "leaf-b", "port 3 errors"};
+  CommVerdict v = run({leaf});
+  EXPECT_EQ(v.fabric, std::optional<FabricFinding>(leaf));
+  EXPECT_NE(v.reason.find("switch leaf-b"), std::string::npos);
+  EXPECT_FALSE(run({FabricFinding{1, "switch", "leaf-a", ""}}).fabric);  // row1 does not reach it
+  EXPECT_FALSE(run({}).fabric);
+  EXPECT_FALSE(run({FabricFinding{4, "nic", "mlx5_0", ""}}).fabric);  // a NIC names no switch
+}
+
 TEST(CommStragglers, ADecidedCheckNeedsABitmapEntryPerPeer) {
   replay::StragglerTracker t(replay::StragglerOptions{});
   consensus::TimingResult check;
