@@ -12,10 +12,10 @@ namespace nb = nanobind;
 
 namespace lmr::python {
 
-// One observation as Python sends it: (group id, members, collective, bytes per member,
-// waits by member, transfers by member).
-using ObservationSpec = std::tuple<std::string, std::vector<std::int64_t>, std::string, std::uint64_t,
-                                   std::vector<double>, std::vector<double>>;
+// One record as Python sends it: (group id, members, call index, collective, bytes, wait
+// seconds, transfer seconds).
+using RecordSpec =
+    std::tuple<std::string, std::vector<std::int64_t>, std::int64_t, std::string, std::uint64_t, double, double>;
 // A fabric finding: (reporting rank, "nic" or "switch", name, detail).
 using FindingSpec = std::tuple<std::int64_t, std::string, std::string, std::string>;
 
@@ -50,7 +50,8 @@ void registerMesh(nb::module_& m) {
       .def_ro("rank", &CommVerdict::rank)
       .def_ro("resources", &CommVerdict::resources)
       .def_ro("fabric", &CommVerdict::fabric)
-      .def_ro("reason", &CommVerdict::reason);
+      .def_ro("reason", &CommVerdict::reason)
+      .def_ro("observations", &CommVerdict::observations);
 
   nb::class_<CommTracker>(m, "CommTracker")
       .def(
@@ -68,23 +69,24 @@ void registerMesh(nb::module_& m) {
           nb::arg("pair_relative_threshold") = 0.5, nb::arg("absolute_threshold") = 1e-3)
       .def(
           "observe",
-          [](CommTracker& t, std::int64_t step, const std::vector<ObservationSpec>& round, const ResourceMap* map,
-             const std::vector<FindingSpec>& fabric) {
-            std::vector<mesh::CollectiveObservation> obs;
-            obs.reserve(round.size());
-            for (const auto& [group, members, collective, bytes, wait, transfer] : round)
-              obs.push_back(mesh::CollectiveObservation{group, members, collective, bytes, wait, transfer});
+          [](CommTracker& t, std::int64_t step, const std::vector<std::vector<RecordSpec>>& records_by_rank,
+             const ResourceMap* map, const std::vector<FindingSpec>& fabric) {
+            std::vector<std::vector<mesh::CollectiveRecord>> by_rank(records_by_rank.size());
+            for (std::size_t r = 0; r < records_by_rank.size(); ++r)
+              for (const auto& [group, members, call, collective, bytes, wait, transfer] : records_by_rank[r])
+                by_rank[r].push_back(mesh::CollectiveRecord{group, members, call, collective, bytes, wait, transfer});
             std::vector<mesh::FabricFinding> findings;
             for (const auto& [rank, kind, name, detail] : fabric)
               findings.push_back(mesh::FabricFinding{rank, kind, name, detail});
             nb::gil_scoped_release release;
-            return t.observe(step, obs, map, findings);
+            return t.observe(step, mesh::completeObservations(by_rank), map, findings);
           },
-          nb::arg("step"), nb::arg("round"), nb::arg("resource_map").none() = nb::none(),
+          nb::arg("step"), nb::arg("records_by_rank"), nb::arg("resource_map").none() = nb::none(),
           nb::arg("fabric") = std::vector<FindingSpec>{},
-          "One round of complete observations (group, members, collective, bytes, waits, transfers) and "
-          "fabric findings (reporting rank, kind, name, detail) (lmr::mesh::CommTracker::observe): slow "
-          "groups, late ranks, the one rank they share, and the fabric finding that narrows it.");
+          "One round: every rank's collective records (group, members, call, collective, bytes, wait, "
+          "transfer), made into complete observations (lmr::mesh::completeObservations), and fabric findings "
+          "(reporting rank, kind, name, detail) (lmr::mesh::CommTracker::observe): slow groups, late ranks, "
+          "the one rank they share, and the fabric finding that narrows it.");
 }
 
 }  // namespace lmr::python

@@ -112,6 +112,39 @@ const Resources& ResourceMap::of(std::int64_t rank) const {
   return ranks_[static_cast<std::size_t>(rank)];
 }
 
+std::vector<CollectiveObservation> completeObservations(const std::vector<std::vector<CollectiveRecord>>& by_rank) {
+  struct Call {
+    const CollectiveRecord* first = nullptr;
+    std::map<std::int64_t, const CollectiveRecord*> by_member;
+    std::uint64_t bytes = 0;
+    bool consistent = true;
+  };
+  std::map<std::pair<std::string, std::int64_t>, Call> calls;
+  for (std::size_t rank = 0; rank < by_rank.size(); ++rank) {
+    for (const CollectiveRecord& r : by_rank[rank]) {
+      Call& c = calls[{r.group, r.call}];
+      if (c.first == nullptr) c.first = &r;
+      c.consistent = c.consistent && r.members == c.first->members && r.collective == c.first->collective;
+      c.by_member.emplace(static_cast<std::int64_t>(rank), &r);
+      c.bytes = std::max(c.bytes, r.bytes);
+    }
+  }
+  std::vector<CollectiveObservation> out;
+  for (const auto& [key, c] : calls) {
+    const auto& members = c.first->members;
+    if (!c.consistent || c.by_member.size() != members.size()) continue;
+    CollectiveObservation o{key.first, members, c.first->collective, c.bytes, {}, {}};
+    for (std::int64_t m : members) {
+      const auto it = c.by_member.find(m);
+      if (it == c.by_member.end()) break;
+      o.wait.push_back(it->second->wait);
+      o.transfer.push_back(it->second->transfer);
+    }
+    if (o.wait.size() == members.size()) out.push_back(std::move(o));
+  }
+  return out;
+}
+
 std::int64_t sizeClass(std::uint64_t bytes) { return bytes <= 1 ? 0 : std::bit_width(bytes) - 1; }
 
 CommTracker::CommTracker(CommOptions options) : options_(options), tracker_(trackerOptions(options)) {}
@@ -142,6 +175,7 @@ CommVerdict CommTracker::observe(std::int64_t step, const std::vector<Collective
       for (std::int64_t r : o.members) map->of(r);
   }
   CommVerdict v;
+  v.observations = round.size();
   std::set<std::int64_t> late;
   // Comparable groups: same collective, same size class; each group's evidence is the
   // median transfer of its members, one value per group per round.

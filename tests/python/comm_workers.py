@@ -252,3 +252,33 @@ def netns_run(out_dir, steps, rate):
     harness.close()
     return {"results": [r.to_dict() for r in harness.results], "boundary_times": harness.boundary_times,
             "records": [r.to_dict() for r in session.records()]}
+
+
+def failing_collective():
+    """A user's collective that raises, under timing (not sampled, sampled, on a group the
+    timing leaves alone): it runs once each time and its own exception reaches the caller;
+    timing stays on."""
+    import torch
+
+    from lm_resiliency.scout.comm import CollectiveTiming
+
+    calls = []
+
+    def broken(tensor, op=None, group=None, async_op=False):
+        calls.append(1)
+        raise RuntimeError("the user's collective failed")
+
+    original, dist.all_reduce = dist.all_reduce, broken
+    timing = CollectiveTiming(2, [dist.group.WORLD])  # the world passed by name is "excluded"
+    seen = []
+    try:
+        # Not sampled, sampled, on an excluded group.
+        for group in (None, None, dist.group.WORLD):
+            try:
+                dist.all_reduce(torch.zeros(4), group=group)
+            except RuntimeError as e:
+                seen.append(str(e))
+    finally:
+        timing.close()
+        dist.all_reduce = original
+    return {"calls": len(calls), "seen": seen, "active_after": timing._counts}

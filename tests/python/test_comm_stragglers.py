@@ -176,3 +176,10 @@ def test_infiniband_port_counters_report_a_nic_whose_errors_grow_or_whose_port_i
     assert [r.name for r in InfinibandPortCounters(root=str(root), nics=["mlx5_1"]).poll()] == ["mlx5_1"]
     with pytest.raises(UnsupportedError):
         InfinibandPortCounters(root=str(tmp_path / "nothing"))
+
+
+def test_a_failing_user_collective_runs_once_and_raises_its_own_error():
+    out = spawn(comm_workers.failing_collective, 1)[0]
+    assert out["calls"] == 3  # once per call, never again after its failure
+    assert out["seen"] == ["the user's collective failed"] * 3
+    assert out["active_after"] == {"ranks:0": 2}  # both counted: timing did not stop

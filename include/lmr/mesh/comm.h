@@ -67,6 +67,25 @@ struct CollectiveObservation {
   std::vector<double> transfer;       // by member: seconds from the last arrival to the end
 };
 
+// One member's timing of one call, as that member recorded it (calls of a group are
+// numbered in the order every member makes them).
+struct CollectiveRecord {
+  std::string group;
+  std::vector<std::int64_t> members;
+  std::int64_t call = 0;
+  std::string collective;
+  std::uint64_t bytes = 0;
+  double wait = 0;
+  double transfer = 0;
+};
+
+// The complete observations in every rank's records (`by_rank[r]`: what rank r recorded):
+// one per (group, call) that every member recorded alike (same members and collective),
+// timings in the members' order, bytes the most any member saw. A call some member did not
+// record (timed in another round), or recorded differently, is left out. Sorted by
+// (group, call).
+std::vector<CollectiveObservation> completeObservations(const std::vector<std::vector<CollectiveRecord>>& by_rank);
+
 // floor(log2(bytes)), 0 for 0 or 1 byte: groups of one class are compared.
 std::int64_t sizeClass(std::uint64_t bytes);
 
@@ -108,6 +127,7 @@ struct CommVerdict {
   // a member (the map's switch of that member).
   std::optional<FabricFinding> fabric;
   std::string reason;                    // why no rank was named while groups are slow
+  std::size_t observations = 0;          // in the round
 };
 
 class CommTracker {

@@ -118,27 +118,36 @@ class CollectiveTiming:
             known = self._groups[id(pg)] = ("ranks:" + ",".join(map(str, members)), members)
         return known
 
+    def _sample(self, call: _Call, args: tuple, kwargs: dict) -> Optional[tuple]:
+        """(payload tensor, group, group id, members, call index) when this call is timed,
+        else None. Counts the call for its group."""
+        group = call.group(args, kwargs)
+        if id(group) in self._excluded:
+            return None
+        gid, members = self._group(group)
+        if self._rank not in members:  # torch makes the call a no-op here
+            return None
+        n = self._counts[gid] = self._counts.get(gid, 0) + 1
+        if n % self.every != 0:
+            return None
+        return call.tensor(args, kwargs), group, gid, members, n
+
     def _wrap(self, name: str, fn: Any, call: _Call) -> Any:
         def timed(*args: Any, **kwargs: Any) -> Any:
             if not self.active or getattr(_inside, "on", False) or threading.get_ident() != self._thread:
                 return fn(*args, **kwargs)
             try:  # deterministic on every member: all of them sample the same call, or none
-                group = call.group(args, kwargs)
-                if id(group) in self._excluded:
-                    return fn(*args, **kwargs)
-                gid, members = self._group(group)
-                if self._rank not in members:  # torch makes the call a no-op here
-                    return fn(*args, **kwargs)
-                n = self._counts[gid] = self._counts.get(gid, 0) + 1
+                sampled = self._sample(call, args, kwargs)
             except Exception as e:  # noqa: BLE001 - the user's collective must run regardless
                 self.active = False
                 log.warning("SCOUT collective timing stopped: %s", describe(e))
+                sampled = None
+            if sampled is None:
                 return fn(*args, **kwargs)
-            if n % self.every != 0:
-                return fn(*args, **kwargs)
+            tensor, group, gid, members, n = sampled
             _inside.on = True
             try:
-                return self._timed_call(fn, args, kwargs, call, group, gid, members, n)
+                return self._timed_call(fn, args, kwargs, call, tensor, group, gid, members, n)
             finally:
                 _inside.on = False
 
@@ -148,9 +157,8 @@ class CollectiveTiming:
         timed.__doc__ = getattr(fn, "__doc__", None)
         return timed
 
-    def _timed_call(self, fn: Any, args: tuple, kwargs: dict, call: _Call, group: Any, gid: str,
+    def _timed_call(self, fn: Any, args: tuple, kwargs: dict, call: _Call, tensor: Any, group: Any, gid: str,
                     members: tuple[int, ...], n: int) -> Any:
-        tensor = call.tensor(args, kwargs)
         cuda = isinstance(tensor, torch.Tensor) and tensor.is_cuda
         if cuda:
             torch.cuda.synchronize(tensor.device)
@@ -173,12 +181,11 @@ class CollectiveTiming:
 def resource_map(path: Optional[str], votes: Any, world: int) -> Any:
     """The resource map (a file, or the host names every rank reports), agreed on by every
     rank: a file one rank cannot read or parse fails on every rank alike (collective)."""
-    text = error = None
+    parsed = error = None
     if path is not None:
         try:
             with open(path, encoding="utf-8") as f:
-                text = f.read()
-            _core.ResourceMap.from_json(text, world)
+                parsed = _core.ResourceMap.from_json(f.read(), world)
         except Exception as e:  # noqa: BLE001 - every rank must reach the gather below
             error = f"resource map {path}: {e}"
     reports: list[Any] = [None] * world
@@ -186,27 +193,7 @@ def resource_map(path: Optional[str], votes: Any, world: int) -> Any:
     failed = [(r, e) for r, (_, e) in enumerate(reports) if e is not None]
     if failed:
         raise InvalidArgumentError("; ".join(f"rank {r}: {e}" for r, e in failed))
-    if text is not None:
-        return _core.ResourceMap.from_json(text, world)
-    return _core.ResourceMap.from_hosts([host for host, _ in reports])
-
-
-def assemble(gathered: list[list[tuple]], world: int) -> list[tuple]:
-    """Complete observations (every member's timing of one call) from every rank's records,
-    in a fixed order: (group id, members, collective, bytes, waits, transfers)."""
-    calls: dict[tuple[str, int], dict] = {}
-    for rank, records in enumerate(gathered):
-        for gid, members, n, collective, nbytes, wait, transfer in records:
-            c = calls.setdefault((gid, n), {"members": tuple(members), "collective": collective, "bytes": 0, "by": {}})
-            c["bytes"] = max(c["bytes"], int(nbytes))
-            c["by"][rank] = (float(wait), float(transfer))
-    out = []
-    for (gid, _), c in sorted(calls.items()):
-        if set(c["by"]) != set(c["members"]) or any(not 0 <= m < world for m in c["members"]):
-            continue  # a member's record is missing (timed in another round): not complete
-        out.append((gid, list(c["members"]), c["collective"], c["bytes"], [c["by"][m][0] for m in c["members"]],
-                    [c["by"][m][1] for m in c["members"]]))
-    return out
+    return parsed if parsed is not None else _core.ResourceMap.from_hosts([host for host, _ in reports])
 
 
 class CommRounds:
@@ -262,15 +249,14 @@ class CommRounds:
             errors = [f"rank {r}: {e}" for r, (_, e, _) in enumerate(gathered) if e is not None]
             if errors:
                 raise RuntimeError("; ".join(errors))
-            round_ = assemble([records for records, _, _ in gathered], self._world)
             fabric = [(r, kind, name, detail) for r, (_, _, found) in enumerate(gathered) for kind, name, detail in found]
-            v = self._tracker.observe(step, round_, self.map, fabric)
+            v = self._tracker.observe(step, [records for records, _, _ in gathered], self.map, fabric)
         except Exception as e:  # noqa: BLE001 - the same input on every rank: the same outcome
             return self._inconclusive(step, describe(e))
         resources = None if v.resources is None else {"host": v.resources.host, "nic": v.resources.nic,
                                                       "switch": v.resources.switch}
         return {"step": step, "status": "Attributed" if v.rank is not None else "Agree", "reason": v.reason,
-                "observations": len(round_), "slow_groups": list(v.slow_groups),
+                "observations": v.observations, "slow_groups": list(v.slow_groups),
                 "candidate_groups": list(v.candidate_groups), "late_ranks": list(v.late_ranks), "rank": v.rank,
                 "resources": resources, "replacement_scope": None if resources is None else resources["host"],
                 "fabric": None if v.fabric is None else {"kind": v.fabric.kind, "name": v.fabric.name,

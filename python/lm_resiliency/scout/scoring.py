@@ -92,13 +92,11 @@ def _results_for(occurrence_id: str, check: ReplayResult, mine: list[Attribution
         groups.setdefault(key, set()).add(a.rank)
     out = []
     for (kind, place, layer), ranks in sorted(groups.items(), key=lambda kv: str(kv[0])):
-        if kind == "comm_straggler":
-            out.append(LocalizationResult(occurrence_id, True, failed_ranks=tuple(sorted(ranks)), kind=kind,
-                                          failed_resources=(place,) if place else (), latency_ms=latency_ms))
-        else:
-            out.append(LocalizationResult(occurrence_id, True, failed_ranks=tuple(sorted(ranks)), kind=kind,
-                                          components=(place,) if place else None, layer_id=layer,
-                                          latency_ms=latency_ms))
+        # A communication straggler's place is its host (a resource), the others' a component.
+        where = {"failed_resources": (place,) if place else ()} if kind == "comm_straggler" else \
+            {"components": (place,) if place else None, "layer_id": layer}
+        out.append(LocalizationResult(occurrence_id, True, failed_ranks=tuple(sorted(ranks)), kind=kind,
+                                      latency_ms=latency_ms, **where))
     return out
 
 

@@ -335,6 +335,33 @@ TEST(CommStragglers, WithNoRankNamedTheOneDegradedSwitchEverySlowGroupReachesIsR
   EXPECT_FALSE(run({FabricFinding{4, "nic", "mlx5_0", ""}}).fabric);  // a NIC names no switch
 }
 
+TEST(CommStragglers, CompleteObservationsComeFromCallsEveryMemberRecorded) {
+  const auto rec = [](std::string group, std::vector<std::int64_t> members, std::int64_t call, std::uint64_t bytes,
+                      double wait, double transfer) {
+    return CollectiveRecord{std::move(group), std::move(members), call, "all_gather", bytes, wait, transfer};
+  };
+  std::vector<std::vector<CollectiveRecord>> by_rank(3);
+  by_rank[0] = {rec("g01", {0, 1}, 1, 64, 0.1, 1.0), rec("g01", {0, 1}, 2, 64, 0.0, 2.0),
+                rec("g02", {0, 2}, 1, 8, 0.0, 3.0)};
+  by_rank[1] = {rec("g01", {0, 1}, 1, 128, 0.2, 1.5), rec("g01", {0, 1}, 3, 64, 0.0, 9.0)};
+  by_rank[2] = {rec("g02", {0, 2}, 1, 8, 0.3, 3.5), rec("g21", {2, 1}, 1, 8, 0.0, 4.0)};
+  const auto out = completeObservations(by_rank);
+  ASSERT_EQ(out.size(), 2u);  // g01 call 1 and g02 call 1; the rest miss a member
+  EXPECT_EQ(out[0].group, "g01");
+  EXPECT_EQ(out[0].bytes, 128u);  // the most any member saw
+  EXPECT_EQ(out[0].wait, (std::vector<double>{0.1, 0.2}));
+  EXPECT_EQ(out[0].transfer, (std::vector<double>{1.0, 1.5}));
+  EXPECT_EQ(out[1].group, "g02");
+  EXPECT_EQ(out[1].transfer, (std::vector<double>{3.0, 3.5}));
+  // A member that recorded the call with other members or another collective: left out.
+  by_rank[2][0].collective = "all_reduce";
+  EXPECT_EQ(completeObservations(by_rank).size(), 1u);
+  by_rank[2][0].collective = "all_gather";
+  by_rank[2][0].members = {2, 0};
+  EXPECT_EQ(completeObservations(by_rank).size(), 1u);
+  EXPECT_TRUE(completeObservations({}).empty());
+}
+
 TEST(CommStragglers, ADecidedCheckNeedsABitmapEntryPerPeer) {
   replay::StragglerTracker t(replay::StragglerOptions{});
   consensus::TimingResult check;
