@@ -7,6 +7,7 @@
 
 #include "bindings.h"
 #include "lmr/mesh/comm.h"
+#include "lmr/mesh/fabric.h"
 
 namespace nb = nanobind;
 
@@ -36,6 +37,19 @@ void registerMesh(nb::module_& m) {
       .def_static("from_hosts", &ResourceMap::fromHosts, nb::arg("hosts"), "Host names gathered from every rank.")
       .def("of", &ResourceMap::of, nb::arg("rank"), nb::rv_policy::copy)
       .def_prop_ro("world_size", &ResourceMap::worldSize);
+
+  nb::class_<mesh::FabricReading>(m, "FabricReadingCore")
+      .def_ro("kind", &mesh::FabricReading::kind)
+      .def_ro("name", &mesh::FabricReading::name)
+      .def_ro("degraded", &mesh::FabricReading::degraded)
+      .def_ro("detail", &mesh::FabricReading::detail);
+
+  nb::class_<mesh::InfinibandCounters>(m, "InfinibandCounters")
+      .def(nb::init<std::string, std::vector<std::string>>(), nb::arg("root"), nb::arg("nics"),
+           "RDMA NIC ports under `root` (sysfs); UnsupportedError when there are none (lmr::mesh::InfinibandCounters).")
+      .def("poll", &mesh::InfinibandCounters::poll, nb::call_guard<nb::gil_scoped_release>(),
+           "One reading per NIC: degraded while a port is not ACTIVE or an error counter grew since the last poll.")
+      .def_prop_ro("nics", &mesh::InfinibandCounters::nics);
 
   nb::class_<mesh::FabricFinding>(m, "FabricFinding")
       .def_ro("reported_by", &mesh::FabricFinding::reported_by)

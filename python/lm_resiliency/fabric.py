@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import os
 from typing import Optional, Sequence
 
-from lm_resiliency.errors import InvalidArgumentError, UnsupportedError
+from lm_resiliency import _core
+from lm_resiliency.errors import InvalidArgumentError
 
 __all__ = ["FabricReading", "FabricSource", "InfinibandPortCounters"]
 
@@ -55,52 +55,14 @@ class FabricSource(abc.ABC):
 
 
 class InfinibandPortCounters(FabricSource):
-    """The ports of this host's RDMA NICs under ``/sys/class/infiniband/<nic>/ports/<n>``:
-    a NIC is degraded when one of its ports is not ACTIVE, or when one of its error
-    counters grew since the previous poll (the first poll only records them).
-    ``nics``: the NICs to read (default: all). Raises UnsupportedError when there are
-    none."""
-
-    ERRORS = ("symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors",
-              "port_rcv_remote_physical_errors", "port_xmit_discards", "local_link_integrity_errors",
-              "excessive_buffer_overrun_errors")
+    """The ports of this host's RDMA NICs under ``/sys/class/infiniband/<nic>/ports/<n>``
+    (read and judged in C++, lmr::mesh::InfinibandCounters): a NIC is degraded when one of
+    its ports is not ACTIVE, or when one of its error counters grew since the previous poll
+    (the first poll only records them). ``nics``: the NICs to read (default: all). Raises
+    UnsupportedError when there are none."""
 
     def __init__(self, root: str = "/sys/class/infiniband", nics: Optional[Sequence[str]] = None) -> None:
-        self._root = root
-        try:
-            present = sorted(os.listdir(root))
-        except OSError:
-            present = []
-        self._nics = [n for n in present if nics is None or n in nics]
-        if not self._nics:
-            raise UnsupportedError(f"no RDMA NICs to read under {root}" + (f" among {list(nics)}" if nics else ""))
-        self._last: dict[tuple[str, str, str], int] = {}
-
-    def _port(self, nic: str, port: str) -> tuple[str, dict[str, int]]:
-        base = os.path.join(self._root, nic, "ports", port)
-        with open(os.path.join(base, "state"), encoding="ascii") as f:
-            state = f.read().strip()  # "4: ACTIVE"
-        counters = {}
-        for name in self.ERRORS:
-            try:
-                with open(os.path.join(base, "counters", name), encoding="ascii") as f:
-                    counters[name] = int(f.read().strip())
-            except (OSError, ValueError):
-                continue  # not every driver has every counter
-        return state, counters
+        self._native = _core.InfinibandCounters(root, list(nics or []))
 
     def poll(self) -> list[FabricReading]:
-        out = []
-        for nic in self._nics:
-            problems = []
-            for port in sorted(os.listdir(os.path.join(self._root, nic, "ports"))):
-                state, counters = self._port(nic, port)
-                if not state.endswith("ACTIVE"):
-                    problems.append(f"port {port} {state}")
-                for name, value in counters.items():
-                    before = self._last.get((nic, port, name))
-                    if before is not None and value > before:
-                        problems.append(f"port {port} {name} +{value - before}")
-                    self._last[(nic, port, name)] = value
-            out.append(FabricReading("nic", nic, bool(problems), "; ".join(problems)))
-        return out
+        return [FabricReading(r.kind, r.name, r.degraded, r.detail) for r in self._native.poll()]
