@@ -22,7 +22,8 @@ bool readLine(const fs::path& path, std::string& out) {
 std::vector<std::string> entries(const fs::path& dir) {
   std::vector<std::string> out;
   std::error_code ec;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) out.push_back(it->path().filename());
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    out.push_back(it->path().filename());
   std::sort(out.begin(), out.end());
   return out;
 }
@@ -54,8 +55,7 @@ std::vector<FabricReading> InfinibandCounters::poll() {
     const fs::path ports = fs::path(root_) / nic / "ports";
     for (const std::string& port : entries(ports)) {
       std::string state;
-      if (!readLine(ports / port / "state", state))
-        throw IoError("cannot read " + (ports / port / "state").string());
+      if (!readLine(ports / port / "state", state)) throw IoError("cannot read " + (ports / port / "state").string());
       if (state.size() < 6 || state.compare(state.size() - 6, 6, "ACTIVE") != 0)
         problems.push_back("port " + port + " " + state);
       for (const std::string& name : errorCounters()) {

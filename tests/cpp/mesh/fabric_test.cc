@@ -20,8 +20,9 @@ void write(const fs::path& path, const std::string& text) {
 class Sysfs : public ::testing::Test {
  protected:
   void SetUp() override {
-    root = fs::temp_directory_path() / ("lmr-fabric-" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
-                                        "-" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    root =
+        fs::temp_directory_path() / ("lmr-fabric-" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
+                                     "-" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(root);
     for (const char* nic : {"mlx5_0", "mlx5_1"}) {
       write(root / nic / "ports" / "1" / "state", "4: ACTIVE");
