@@ -8,6 +8,8 @@ timing (barriers before sampled calls, the gather of the timings at each check).
     python bench/comm_overhead.py --ranks 8 --replicate 4 --every 0,100,10
     python3 bench/comm_overhead.py --device cuda --ranks 1 --parallel fsdp2 --dim 2048 --layers 16 \\
         --heads 16 --seq 1024 --batch 8 --vocab 32000          # one GPU, NCCL (FSDP2's collectives still run)
+    python3 bench/comm_overhead.py --device cuda --backend gloo --ranks 4 ...   # 4 ranks sharing one GPU
+    python3 bench/comm_overhead.py --parallel ddp ...    # DDP: its bucket all-reduces, through the comm facet
 """
 
 from __future__ import annotations
@@ -65,13 +67,14 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--backend", default=None, choices=["gloo", "nccl"], help="default: gloo on cpu, nccl on cuda")
     add_model_args(p)  # the model's size on CUDA (on CPU: the reference workload's default)
     ns = p.parse_args()
     args = dict(vars(ns), every=[int(x) for x in ns.every.split(",")])
-    backend = "nccl" if ns.device == "cuda" else "gloo"
+    backend = ns.backend or ("nccl" if ns.device == "cuda" else "gloo")
     medians, timed = spawn(body, ns.ranks, args=(args,), timeout=3600, backend=backend)[0]
     base = medians[0] if 0 in medians else min(medians.values())
-    where = f"{ns.ranks} CPU ranks (gloo)" if ns.device == "cpu" else f"{ns.ranks} GPU rank(s) (NCCL)"
+    where = f"{ns.ranks} {'CPU' if ns.device == 'cpu' else 'CUDA'} rank(s) ({backend})"
     print(f"{ns.parallel} on {where}, replicate {ns.replicate}, check_interval {ns.check}; "
           f"median of {ns.rounds} interleaved blocks of {ns.steps} steps")
     print(f"{'comm_sample_every':>18} {'ms/step':>9} {'vs off':>8} {'timed calls':>12}")

@@ -24,7 +24,10 @@ session is outermost (its effects are armed around everything else), the replay 
 innermost (its snapshot is taken just before the update and its check runs right after).
 
 Loads of model or optimizer state (``load_state_dict``) are watched the same way:
-``on_load(callback)`` gets ``"model"`` or ``"optimizer"``.
+``on_load(callback)`` gets ``"model"`` or ``"optimizer"``. So are the framework's internal
+collectives (the adapter's communication facet, installed once however many consumers
+watch them): ``on_internal_collective(around, on_done)``, used by hang detection (which
+publishes them) and by collective timing (which times a sample of them).
 
 Not thread-safe: attach, step and close from the training thread (a listener may take its
 own lock).
@@ -64,6 +67,8 @@ class Attachment:
         self._current: tuple[list, list, list, list] = ([], [], [], [])
         self._unwrap: Optional[Handle] = None
         self._unwatch: Optional[Handle] = None
+        self._comm_subscribers: list[tuple[int, Callable[..., Any], Optional[Callable[[], None]]]] = []
+        self._comm_install: Optional[tuple[Optional[Handle], Optional[str]]] = None
 
     # --- listeners -----------------------------------------------------------------------
 
@@ -92,6 +97,44 @@ class Attachment:
             self._unwatch = self.adapter.watch_loads(lambda: self._loaded("model"), lambda: self._loaded("optimizer"))
         return Handle(lambda: self._drop_load(entry))
 
+    def on_internal_collective(self, around: Callable[..., Any],
+                               on_done: Optional[Callable[[], None]] = None) -> tuple[Handle, Optional[str]]:
+        """Watches the framework's internal collectives (see the adapter's
+        ``publish_internal_collectives``): ``around(name, group, tensor, collective)`` for
+        each; `collective` is a callable that runs it (``around`` must call it once and
+        return its result) or None for one the framework runs out of reach (``around`` is
+        then told before it starts). ``on_done()`` when the framework's communication of the
+        step is over. Subscribers nest in subscription order (the first is outermost); each
+        must contain its own failures. Returns (the handle, why the framework's collectives
+        cannot be watched, or None)."""
+        self._serial += 1
+        entry = (self._serial, around, on_done)
+        self._comm_subscribers.append(entry)
+        if self._comm_install is None:
+            self._comm_install = self.adapter.publish_internal_collectives(self._run_internal, self._internal_done)
+        return Handle(lambda: self._drop_comm(entry)), self._comm_install[1]
+
+    def _run_internal(self, name: str, group: Any, tensor: Any, collective: Optional[Callable[[], Any]]) -> Any:
+        subscribers = [around for _, around, _ in self._comm_subscribers]
+        if collective is None:
+            for around in subscribers:
+                around(name, group, tensor, None)
+            return None
+        run = collective
+        for around in reversed(subscribers):
+            run = functools.partial(around, name, group, tensor, run)
+        return run()
+
+    def _internal_done(self) -> None:
+        for _, _, on_done in list(self._comm_subscribers):
+            if on_done is not None:
+                on_done()
+
+    def _drop_comm(self, entry: tuple) -> None:
+        if entry in self._comm_subscribers:
+            self._comm_subscribers.remove(entry)
+        self._release_if_idle()
+
     @property
     def listeners(self) -> list[Any]:
         return [listener for _, _, listener in self._listeners]
@@ -114,7 +157,13 @@ class Attachment:
         if not self._load_callbacks and self._unwatch is not None:
             self._unwatch.remove()
             self._unwatch = None
-        if self._unwrap is None and self._unwatch is None and _attachments.get(id(self.optimizer)) is self:
+        if not self._comm_subscribers and self._comm_install is not None:
+            handle = self._comm_install[0]
+            self._comm_install = None
+            if handle is not None:
+                handle.remove()
+        if (self._unwrap is None and self._unwatch is None and self._comm_install is None
+                and _attachments.get(id(self.optimizer)) is self):
             del _attachments[id(self.optimizer)]
 
     def _loaded(self, kind: str) -> None:

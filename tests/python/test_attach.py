@@ -12,6 +12,7 @@ from lm_resiliency import attach
 from lm_resiliency.attach import FAULT_INJECTION, HANG_DETECTION, REPLAY
 from lm_resiliency.frameworks import FrameworkAdapter, PyTorchAdapter, adapters, register_adapter, select_adapter
 from lm_resiliency.frameworks import _registry as registry
+from lm_resiliency.handle import Handle
 from lm_resiliency.scout import HangDetectionConfig, HangMonitor, ReplayHarness, ReplayHarnessConfig
 from lm_resiliency.workloads import Decoder, DecoderConfig, SyntheticTokens
 from injection_util import campaign, incident
@@ -151,6 +152,54 @@ def test_registry_selects_and_names_what_it_tried():
     with pytest.raises(lmr.InvalidArgumentError, match="not a FrameworkAdapter"):
         register_adapter(dict)
     assert issubclass(PyTorchAdapter, FrameworkAdapter)
+
+
+def test_internal_collectives_are_installed_once_and_fan_out_to_every_watcher():
+    installed = []
+
+    class Published(PyTorchAdapter):
+        name = "published"
+
+        @classmethod
+        def matches(cls, model, optimizer):
+            return getattr(model, "published", False)
+
+        def publish_internal_collectives(self, run, on_done):
+            entry = [run, on_done, True]  # the last item: installed
+            installed.append(entry)
+            return Handle(lambda: entry.__setitem__(2, False)), "bucket 7 stays out of reach"
+
+    register_adapter(Published)
+    try:
+        model, opt = sgd()
+        model.published = True
+        a = attach(model, opt)
+        log = []
+
+        def watcher(tag):
+            def around(name, group, tensor, collective):
+                log.append((tag, name, collective is None))
+                return None if collective is None else collective() + tag
+            return around
+
+        h1, why = a.on_internal_collective(watcher("a"), lambda: log.append("done-a"))
+        h2, why2 = a.on_internal_collective(watcher("b"))
+        assert len(installed) == 1 and why == why2 == "bucket 7 stays out of reach"
+        run, on_done, _ = installed[0]
+        assert run("bucket", None, None, lambda: "x") == "xba"  # the first watcher is outermost
+        run("buffers", None, None, None)
+        on_done()
+        assert log == [("a", "bucket", False), ("b", "bucket", False), ("a", "buffers", True),
+                       ("b", "buffers", True), "done-a"]
+        h1.remove()
+        assert run("bucket", None, None, lambda: "x") == "xb" and installed[0][2]
+        h2.remove()
+        assert not installed[0][2]  # the last watcher gone: the adapter's install is removed
+        h3, _ = a.on_internal_collective(watcher("c"))
+        assert len(installed) == 2 and installed[1][0]("bucket", None, None, lambda: "x") == "xc"
+        h3.remove()
+    finally:
+        registry.remove(Published)
 
 
 def _job():

@@ -183,3 +183,21 @@ def test_a_failing_user_collective_runs_once_and_raises_its_own_error():
     assert out["calls"] == 3  # once per call, never again after its failure
     assert out["seen"] == ["the user's collective failed"] * 3
     assert out["active_after"] == {"ranks:0": 2}  # both counted: timing did not stop
+
+
+@pytest.mark.parametrize("hang_detection", [False, True], ids=["alone", "with-hang-detection"])
+def test_ddp_bucket_all_reduces_are_timed_and_show_the_late_rank(tmp_path, hang_detection):
+    """DDP's reducer runs its all-reduces in C++: they reach the timing through the
+    adapter's communication facet, shared with hang detection when it is on."""
+    per_rank = spawn(comm_workers.ddp_run, 4, args=(str(tmp_path), 11, 80.0, hang_detection), timeout=300)
+    rounds = per_rank[0]["rounds"]
+    assert all(p["rounds"] == rounds for p in per_rank[1:])  # the same verdicts, the same calls timed
+    assert sorted(rounds) == list(range(1, 12))
+    for step, v in rounds.items():
+        assert v["status"] == "Agree" and v["timed"].get("ddp_bucket", 0) >= 1, (step, v)
+        assert v["rank"] is None and v["slow_groups"] == []
+        slow = comm_workers.DDP_SLOW[0] <= step <= comm_workers.DDP_SLOW[1]
+        assert v["late_ranks"] == ([2] if slow else []), (step, v)
+    for p in per_rank:
+        assert p["reports"] == []
+        assert (p["published"].get("ddp_bucket", 0) >= 11) == hang_detection, p["published"]

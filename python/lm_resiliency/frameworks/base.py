@@ -157,15 +157,17 @@ class FrameworkAdapter:
         calls, with stable codes (>= 32) for progress records."""
         return {}
 
-    def publish_internal_collectives(self, on_collective: Callable[[str, Any, Optional[torch.Tensor]], None],
-                                     on_done: Callable[[], None],
-                                     passthrough: Callable[[], Any]) -> tuple[Optional[Handle], Optional[str]]:
-        """Makes the framework's internal collectives visible to hang detection:
-        ``on_collective(name, group, tensor)`` before each one starts, ``on_done()`` when
-        the framework's communication of the step is over. `passthrough()` is a context
-        manager for calls the adapter makes to torch.distributed itself (they are not
-        published again). Returns (a handle, None), or (None, why not) when the framework
-        has internal collectives it cannot publish, or (None, None) when it has none."""
+    def publish_internal_collectives(self, run: Callable[[str, Any, Optional[torch.Tensor], Optional[Callable[[], Any]]], Any],
+                                     on_done: Callable[[], None]) -> tuple[Optional[Handle], Optional[str]]:
+        """Makes the framework's internal collectives visible (to hang detection and to
+        collective timing, through the attachment). Where the framework would run one, the
+        adapter calls ``run(name, group, tensor, collective)`` instead: `collective()` runs
+        it and returns what the framework expects (a Work or Future), and `run` returns
+        that. For one the adapter cannot wrap (it runs inside the framework), it calls
+        ``run(name, group, tensor_or_None, None)`` just before it starts. ``on_done()`` when
+        the framework's communication of the step is over. Returns (a handle, None), or
+        (None, why not) when the framework has internal collectives it cannot publish, or
+        (None, None) when it has none. Only the attachment calls it."""
         return None, None
 
     # --- helpers -----------------------------------------------------------------------

@@ -250,48 +250,72 @@ class PyTorchAdapter(FrameworkAdapter):
         first = _core.FIRST_INTERNAL_COLLECTIVE_OP
         return {"ddp_bucket": first, "ddp_buffers": first + 1}
 
-    def publish_internal_collectives(self, on_collective: Callable[[str, Any, Optional[torch.Tensor]], None],
-                                     on_done: Callable[[], None],
-                                     passthrough: Callable[[], Any]) -> tuple[Optional[Handle], Optional[str]]:
-        """DDP's own collectives: ``"ddp_buffers"`` (tensor None) before the buffer
-        broadcast at the start of forward, ``"ddp_bucket"`` before the averaging all-reduce
-        of each gradient bucket (a communication hook); ``on_done()`` on the autograd
-        thread once backward, DDP's wait for its buckets included, is over. DDP takes one
-        communication hook and cannot drop it: after the handle is removed the hook stays
-        and keeps all-reducing (the callbacks should then do nothing)."""
+    def publish_internal_collectives(self, run: Callable[[str, Any, Optional[torch.Tensor], Optional[Callable[[], Any]]], Any],
+                                     on_done: Callable[[], None]) -> tuple[Optional[Handle], Optional[str]]:
+        """DDP's own collectives: ``"ddp_buffers"`` (announced, tensor None) before the
+        buffer broadcast at the start of forward; ``"ddp_bucket"``, the averaging
+        all-reduce of each gradient bucket, run through `run` (a communication hook, called
+        by DDP's reducer in bucket order on every rank: on the thread running backward);
+        ``on_done()`` on the autograd thread once backward, DDP's wait for its buckets
+        included, is over. DDP takes one communication hook and cannot drop it: ours stays
+        after the handle is removed and all-reduces plainly, and a later publish reuses it."""
         ddp = self.model
         if not isinstance(ddp, nn.parallel.DistributedDataParallel):
             return None, None
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
+        cell = getattr(ddp, "_lmr_comm_hook", None)
+        if cell is None:
+            cell = _HookCell(ddp.process_group)
+            try:
+                ddp.register_comm_hook(None, cell.hook)
+            except RuntimeError:
+                return None, ("DDP already has a communication hook: its bucket all-reduces stay invisible to hang "
+                              "detection and collective timing")
+            ddp._lmr_comm_hook = cell
+        if cell.run is not None:
+            raise InvalidArgumentError("DDP's internal collectives are already published")
+        cell.run, cell.on_done = run, on_done
         group = ddp.process_group
-        pending = [False]
-
-        def done() -> None:
-            pending[0] = False
-            on_done()
-
-        def after_ddp() -> None:
-            # Queued at the first bucket, so ahead of DDP's own end-of-backward callback
-            # (queued once every bucket is ready); queueing `done` from here puts it after
-            # that callback, which waits for the buckets' all-reduces.
-            torch.autograd.Variable._execution_engine.queue_callback(done)
-
-        def hook(state, bucket):  # unannotated: DDP checks hook annotations against its own types
-            if not pending[0]:
-                pending[0] = True
-                torch.autograd.Variable._execution_engine.queue_callback(after_ddp)
-            on_collective("ddp_bucket", group, bucket.buffer())
-            with passthrough():
-                return allreduce_hook(group, bucket)
-
-        try:
-            ddp.register_comm_hook(None, hook)
-        except RuntimeError:
-            return None, "DDP already has a communication hook: its bucket all-reduces stay invisible to hang detection"
 
         def before_forward(module: nn.Module, args: Any) -> None:
-            if ddp.will_sync_module_buffers():
-                on_collective("ddp_buffers", group, None)
+            if ddp.will_sync_module_buffers() and cell.run is not None:
+                cell.run("ddp_buffers", group, None, None)
 
-        return ddp.register_forward_pre_hook(before_forward), None
+        pre = ddp.register_forward_pre_hook(before_forward)
+
+        def remove() -> None:
+            pre.remove()
+            cell.run = cell.on_done = None
+
+        return Handle(remove), None
+
+
+class _HookCell:
+    """Our DDP communication hook and where it reports (None: plain all-reduce)."""
+
+    def __init__(self, group: Any) -> None:
+        self.group = group
+        self.run: Optional[Callable[..., Any]] = None
+        self.on_done: Optional[Callable[[], None]] = None
+        self._pending = False
+
+    def _done(self) -> None:
+        self._pending = False
+        if self.on_done is not None:
+            self.on_done()
+
+    def _after_ddp(self) -> None:
+        # Queued at the first bucket, so ahead of DDP's own end-of-backward callback (queued
+        # once every bucket is ready); queueing `_done` from here puts it after that
+        # callback, which waits for the buckets' all-reduces.
+        torch.autograd.Variable._execution_engine.queue_callback(self._done)
+
+    def hook(self, state, bucket):  # unannotated: DDP checks hook annotations against its own types
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        run = self.run
+        if run is None:
+            return allreduce_hook(self.group, bucket)
+        if not self._pending:
+            self._pending = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._after_ddp)
+        return run("ddp_bucket", self.group, bucket.buffer(), lambda: allreduce_hook(self.group, bucket))

@@ -14,8 +14,10 @@ with its host (the replacement scope).
 
 Calls made through the ``torch.distributed`` module by the thread that built the harness
 are timed: FSDP2's parameter all-gathers and gradient reduce-scatters, HSDP's replicate
-all-reduce, the user's own collectives. DDP's bucketed all-reduce runs inside its C++
-reducer and is not seen; neither are the harness's own groups.
+all-reduce, the user's own collectives. A framework's internal collectives (DDP's bucketed
+all-reduce, which its C++ reducer runs) come through the adapter's communication facet
+(the attachment's ``on_internal_collective``), compared under their own names
+(``ddp_bucket``). The harness's own groups are never timed.
 """
 
 from __future__ import annotations
@@ -118,38 +120,52 @@ class CollectiveTiming:
             known = self._groups[id(pg)] = ("ranks:" + ",".join(map(str, members)), members)
         return known
 
-    def _sample(self, call: _Call, args: tuple, kwargs: dict) -> Optional[tuple]:
-        """(payload tensor, group, group id, members, call index) when this call is timed,
-        else None. Counts the call for its group."""
-        group = call.group(args, kwargs)
+    def _sample(self, group: Any) -> Optional[tuple]:
+        """(group id, members, call index) when this call of `group` is timed, else None.
+        Counts the call for its group."""
         if id(group) in self._excluded:
             return None
         gid, members = self._group(group)
         if self._rank not in members:  # torch makes the call a no-op here
             return None
         n = self._counts[gid] = self._counts.get(gid, 0) + 1
-        if n % self.every != 0:
+        return (gid, members, n) if n % self.every == 0 else None
+
+    def _run(self, collective: str, group: Any, tensor: Any, fn: Any, on_thread: bool) -> Any:
+        """Runs `fn()`, the collective, timed when it is sampled. `on_thread`: only on the
+        thread that built the timing."""
+        if not self.active or getattr(_inside, "on", False) or (on_thread and threading.get_ident() != self._thread):
+            return fn()
+        try:  # deterministic on every member: all of them sample the same call, or none
+            sampled = self._sample(group)
+        except Exception as e:  # noqa: BLE001 - the user's collective must run regardless
+            self.active = False
+            log.warning("SCOUT collective timing stopped: %s", describe(e))
+            sampled = None
+        _inside.on = True  # nested calls (the framework's own torch.distributed calls) pass through
+        try:
+            return fn() if sampled is None else self._timed(fn, collective, tensor, group, *sampled)
+        finally:
+            _inside.on = False
+
+    def around(self, name: str, group: Any, tensor: Any, collective: Any) -> Any:
+        """The attachment's hook for the framework's internal collectives (DDP's bucket
+        all-reduce): timed like public ones, compared as `name`. They run where the
+        framework runs them (DDP: on the autograd thread, while the training thread waits in
+        backward), so any thread is timed."""
+        if collective is None:
             return None
-        return call.tensor(args, kwargs), group, gid, members, n
+        return self._run(name, group, tensor, collective, on_thread=False)
 
     def _wrap(self, name: str, fn: Any, call: _Call) -> Any:
         def timed(*args: Any, **kwargs: Any) -> Any:
-            if not self.active or getattr(_inside, "on", False) or threading.get_ident() != self._thread:
+            if not self.active or getattr(_inside, "on", False):
                 return fn(*args, **kwargs)
-            try:  # deterministic on every member: all of them sample the same call, or none
-                sampled = self._sample(call, args, kwargs)
-            except Exception as e:  # noqa: BLE001 - the user's collective must run regardless
-                self.active = False
-                log.warning("SCOUT collective timing stopped: %s", describe(e))
-                sampled = None
-            if sampled is None:
-                return fn(*args, **kwargs)
-            tensor, group, gid, members, n = sampled
-            _inside.on = True
             try:
-                return self._timed_call(fn, args, kwargs, call, tensor, group, gid, members, n)
-            finally:
-                _inside.on = False
+                group, tensor = call.group(args, kwargs), call.tensor(args, kwargs)
+            except Exception:  # noqa: BLE001 - torch reports the bad call itself
+                return fn(*args, **kwargs)
+            return self._run(call.collective, group, tensor, lambda: fn(*args, **kwargs), on_thread=True)
 
         timed.__wrapped__ = fn  # type: ignore[attr-defined]  # inspect.signature follows it
         timed._lmr_collective_timing = True  # type: ignore[attr-defined]
@@ -157,8 +173,8 @@ class CollectiveTiming:
         timed.__doc__ = getattr(fn, "__doc__", None)
         return timed
 
-    def _timed_call(self, fn: Any, args: tuple, kwargs: dict, call: _Call, tensor: Any, group: Any, gid: str,
-                    members: tuple[int, ...], n: int) -> Any:
+    def _timed(self, fn: Any, collective: str, tensor: Any, group: Any, gid: str, members: tuple[int, ...],
+               n: int) -> Any:
         cuda = isinstance(tensor, torch.Tensor) and tensor.is_cuda
         if cuda:
             torch.cuda.synchronize(tensor.device)
@@ -167,14 +183,14 @@ class CollectiveTiming:
         if cuda:
             torch.cuda.synchronize(tensor.device)
         arrived = time.perf_counter()
-        out = fn(*args, **kwargs)
+        out = fn()
         if out is not None and hasattr(out, "wait"):
             out.wait()  # the caller's later wait() returns at once
         if cuda:
             torch.cuda.synchronize(tensor.device)
         done = time.perf_counter()
         nbytes = tensor.numel() * tensor.element_size() if isinstance(tensor, torch.Tensor) else 0
-        self._records.append((gid, members, n, call.collective, nbytes, arrived - start, done - arrived))
+        self._records.append((gid, members, n, collective, nbytes, arrived - start, done - arrived))
         return out
 
 
@@ -199,7 +215,8 @@ def resource_map(path: Optional[str], votes: Any, world: int) -> Any:
 class CommRounds:
     """The per-check comparison of process groups (one per harness, when timing is on)."""
 
-    def __init__(self, config: Any, world_votes: Any, excluded: list, device: torch.device) -> None:
+    def __init__(self, config: Any, world_votes: Any, excluded: list, device: torch.device,
+                 attachment: Any) -> None:
         self._votes = world_votes
         self._world = dist.get_world_size()
         self.map = resource_map(config.resource_map, world_votes, self._world)
@@ -209,6 +226,9 @@ class CommRounds:
         self._tracker = _core.CommTracker(config.confirmation_rounds, config.confirmation_checks,
                                           absolute_threshold=float(absolute))
         self.timing = CollectiveTiming(config.comm_sample_every, excluded)
+        self._internal, why_not = attachment.on_internal_collective(self.timing.around)
+        if why_not:
+            log.warning("SCOUT collective timing: %s", why_not)
         self._fabric = config.fabric_source
         self._fabric_failed = False
 
@@ -230,6 +250,7 @@ class CommRounds:
 
     def close(self) -> None:
         self.timing.close()
+        self._internal.remove()
 
     def conclude(self, step: int) -> dict[str, Any]:
         """This round's verdict (collective over the world: every rank calls it at the same
@@ -253,10 +274,11 @@ class CommRounds:
             v = self._tracker.observe(step, [records for records, _, _ in gathered], self.map, fabric)
         except Exception as e:  # noqa: BLE001 - the same input on every rank: the same outcome
             return self._inconclusive(step, describe(e))
+        timed = dict(collections.Counter(r[3] for records, _, _ in gathered for r in records))
         resources = None if v.resources is None else {"host": v.resources.host, "nic": v.resources.nic,
                                                       "switch": v.resources.switch}
         return {"step": step, "status": "Attributed" if v.rank is not None else "Agree", "reason": v.reason,
-                "observations": v.observations, "slow_groups": list(v.slow_groups),
+                "observations": v.observations, "timed": timed, "slow_groups": list(v.slow_groups),
                 "candidate_groups": list(v.candidate_groups), "late_ranks": list(v.late_ranks), "rank": v.rank,
                 "resources": resources, "replacement_scope": None if resources is None else resources["host"],
                 "fabric": None if v.fabric is None else {"kind": v.fabric.kind, "name": v.fabric.name,
@@ -267,6 +289,7 @@ class CommRounds:
     @staticmethod
     def _inconclusive(step: int, reason: str) -> dict[str, Any]:
         log.warning("SCOUT communication round at step %d failed: %s", step, reason)
-        return {"step": step, "status": "Inconclusive", "reason": reason, "observations": 0, "slow_groups": [],
+        return {"step": step, "status": "Inconclusive", "reason": reason, "observations": 0, "timed": {},
+                "slow_groups": [],
                 "candidate_groups": [], "late_ranks": [], "rank": None, "resources": None, "replacement_scope": None,
                 "fabric": None, "fabric_findings": []}

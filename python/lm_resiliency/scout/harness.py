@@ -98,7 +98,8 @@ class ReplayHarness:
         self._comm: Optional[CommRounds] = None
         if self.config.comm_sample_every > 0 and self._peers.world_votes is not None:
             self._comm = CommRounds(self.config, self._peers.world_votes,
-                                    [self._peers.votes, self._peers.data, self._peers.world_votes], self._device)
+                                    [self._peers.votes, self._peers.data, self._peers.world_votes], self._device,
+                                    self._attachment)
         self._handle = self._attachment.add_listener(self, REPLAY)
         self._arm(self._completed + 1)
         # The out-of-band path, when configured: a collective construction on every rank.

@@ -150,18 +150,24 @@ class HangMonitor:
         if self.config.publish_framework_collectives:
             publisher = self._publisher
 
-            def on_collective(name: str, group: Any, tensor: Any) -> None:
+            def around(name: str, group: Any, tensor: Any, collective: Any) -> Any:
                 if not self._closed:
-                    publisher.internal(name, group, tensor)
+                    try:
+                        publisher.internal(name, group, tensor)
+                    except Exception as e:  # noqa: BLE001 - the framework's collective runs regardless
+                        _log.warning("hang detection cannot publish %s: %s", name, e)
+                if collective is None:
+                    return None
+                with pub_mod.passthrough():  # published above: not again by the public wrappers
+                    return collective()
 
             def on_done() -> None:
                 if not self._closed:
                     publisher.writer.collective_exited()
 
-            handle, why_not = self._adapter.publish_internal_collectives(on_collective, on_done, pub_mod.passthrough)
-            if handle is not None:
-                self._handles.append(handle)
-            elif why_not:
+            handle, why_not = self._attachment.on_internal_collective(around, on_done)
+            self._handles.append(handle)
+            if why_not:
                 _log.warning("%s", why_not)
 
     # --- the optimizer boundary (attachment listener) ---------------------------------
