@@ -107,16 +107,23 @@ lint-threads: apt lint-apt
 	  -Wthread-safety -Wthread-safety-beta -Werror -Iinclude -Isrc -Itools/lmr-oobd -DLMR_VERSION='"lint"'
 	@echo "thread-safety analysis: clean"
 
-# Fuzz the manifest, journal and artifact parsers with libFuzzer + ASan/UBSan (leaks
-# included) for FUZZ_SECONDS; new inputs land in build-fuzz/corpus.
+# Fuzz with libFuzzer + ASan/UBSan (leaks included): the manifest, journal and artifact
+# parsers, and the out-of-band daemons' wire protocol and peer messages; each target for
+# FUZZ_SECONDS, or for FUZZ_RUNS inputs when given (make fuzz FUZZ_RUNS=10000000). New
+# inputs land in build-fuzz/corpus/<target>.
+FUZZ_TARGETS := manifest_fuzz oob_store_fuzz oob_message_fuzz
+FUZZ_LIMIT = $(if $(FUZZ_RUNS),-runs=$(FUZZ_RUNS),-max_total_time=$(FUZZ_SECONDS))
 fuzz: apt
 	@$(MAKE) --no-print-directory apt-install PACKAGES="$(FUZZ_APT_PACKAGES)"
 	CC=clang CXX=clang++ cmake -S . -B build-fuzz -DLMR_CUDA=OFF -DLMR_BUILD_FUZZERS=ON \
 	  -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined,fuzzer-no-link -fno-sanitize-recover=undefined"
-	cmake --build build-fuzz --target manifest_fuzz -j $(JOBS)
-	mkdir -p build-fuzz/corpus
-	build-fuzz/fuzz/manifest_fuzz build-fuzz/corpus fuzz/corpus -max_total_time=$(FUZZ_SECONDS) -max_len=4096 \
+	cmake --build build-fuzz --target $(FUZZ_TARGETS) -j $(JOBS)
+	mkdir -p $(addprefix build-fuzz/corpus/,$(FUZZ_TARGETS))
+	build-fuzz/fuzz/manifest_fuzz build-fuzz/corpus/manifest_fuzz fuzz/corpus $(FUZZ_LIMIT) -max_len=4096 \
+	  -dict=fuzz/json.dict
+	build-fuzz/fuzz/oob_store_fuzz build-fuzz/corpus/oob_store_fuzz $(FUZZ_LIMIT) -max_len=2048
+	build-fuzz/fuzz/oob_message_fuzz build-fuzz/corpus/oob_message_fuzz $(FUZZ_LIMIT) -max_len=2048 \
 	  -dict=fuzz/json.dict
 
 clean:

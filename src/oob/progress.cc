@@ -301,7 +301,9 @@ bool ProgressReader::unlinkIfOwnerDead(const std::string& name, std::int32_t own
     ProgressReader reader(name);
     if (reader.shared_->owner_pid.load() != owner_pid) return false;
   } catch (...) {
-    return false;
+    // Absent (nothing to do: the unlink fails), or not initialised: the owner died while
+    // creating it. The name is derived from the owner's pid (segmentName), so no other
+    // process holds a segment of this name.
   }
   return ::shm_unlink(name.c_str()) == 0;
 }

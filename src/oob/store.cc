@@ -7,6 +7,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -15,13 +16,13 @@
 #include "lmr/common/error.h"
 #include "lmr/common/files.h"
 #include "lmr/common/hex.h"
+#include "lmr/common/log.h"
+#include "lmr/oob/wire.h"
 
 namespace lmr::oob {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr std::uint8_t kSet = 1, kGet = 2, kClaim = 3;
-constexpr std::uint32_t kMaxKey = 4096, kMaxValue = 1 << 20;
 constexpr auto kPollPeriod = std::chrono::milliseconds(5);
 
 std::string sysError(const std::string& what) { return what + ": " + std::strerror(errno); }
@@ -51,18 +52,17 @@ bool writeExact(int fd, const void* data, std::size_t n) {
   return true;
 }
 
-bool writeString(int fd, const std::string& s) {
-  const std::uint32_t n = htonl(static_cast<std::uint32_t>(s.size()));
-  return writeExact(fd, &n, 4) && writeExact(fd, s.data(), s.size());
-}
-
-bool readString(int fd, std::uint32_t limit, std::string* out) {
-  std::uint32_t n = 0;
-  if (!readExact(fd, &n, 4)) return false;
-  n = ntohl(n);
-  if (n > limit) return false;
-  out->resize(n);
-  return readExact(fd, out->data(), n);
+// Reads a big-endian u32 length (at most `limit`) and appends it and `extra` more bytes
+// than it says to `frame`; false on EOF, timeout, error or a length over the limit.
+bool readPart(int fd, std::size_t limit, std::size_t extra, std::string* frame) {
+  unsigned char n[4];
+  if (!readExact(fd, n, 4)) return false;
+  const std::size_t len = (std::size_t{n[0]} << 24) | (std::size_t{n[1]} << 16) | (std::size_t{n[2]} << 8) | n[3];
+  if (len > limit) return false;
+  const std::size_t at = frame->size();
+  frame->append(reinterpret_cast<const char*>(n), 4);
+  frame->resize(at + 4 + len + extra);
+  return readExact(fd, frame->data() + at + 4, len + extra);
 }
 
 void setTimeouts(int fd, std::chrono::milliseconds timeout) {
@@ -98,7 +98,10 @@ std::vector<bool> Store::waitAll(const std::vector<std::string>& keys, Clock::ti
 
 // ---- FileStore ----------------------------------------------------------------------------
 
-FileStore::FileStore(std::string directory) : directory_(std::move(directory)) { files::makeDirectories(directory_); }
+FileStore::FileStore(std::string directory) : directory_(std::move(directory)) {
+  files::makeDirectories(directory_);
+  ::chmod(directory_.c_str(), 0700);  // the job's user only: the files are not authenticated
+}
 
 std::string FileStore::path(const std::string& key) const {
   // Keys may hold '/' and other characters a file name cannot: name files by the key's hex.
@@ -113,7 +116,9 @@ bool FileStore::claim(const std::string& key, const std::string& value) { return
 
 // ---- TcpStoreServer -----------------------------------------------------------------------
 
-TcpStoreServer::TcpStoreServer(int port, const std::string& bind_address) {
+TcpStoreServer::TcpStoreServer(int port, const std::string& bind_address, std::string token)
+    : token_(std::move(token)) {
+  if (token_.empty()) throw InvalidArgument("the rendezvous store needs the job's token");
   if (port < 0 || port > 65535) throw InvalidArgument("a TCP port is 0..65535, got " + std::to_string(port));
   listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (listen_fd_ < 0) throw IoError(sysError("cannot create the rendezvous socket"));
@@ -168,27 +173,31 @@ void TcpStoreServer::serve() {
 }
 
 void TcpStoreServer::answer(int fd) {
-  // One request per connection; a malformed or slow client just loses its connection.
-  std::uint8_t op = 0;
-  std::string key, value;
-  if (!readExact(fd, &op, 1) || !readString(fd, kMaxKey, &key) || !readString(fd, kMaxValue, &value)) return;
-  requests_.fetch_add(1);
-  std::uint8_t status = 0;
-  std::string reply;
-  if (op == kSet) {
-    data_[key] = value;
-    status = 1;
-  } else if (op == kGet) {
-    if (auto it = data_.find(key); it != data_.end()) {
-      status = 1;
-      reply = it->second;
-    }
-  } else if (op == kClaim) {
-    status = data_.emplace(key, value).second ? 1 : 0;
-  } else {
+  // One request per connection; a malformed, unauthenticated or slow client just loses its
+  // connection, before anything it sent is applied.
+  std::string frame(1, '\0');
+  if (!readExact(fd, frame.data(), 1) || !readPart(fd, kMaxStoreKey, 0, &frame) ||
+      !readPart(fd, kMaxStoreValue, 32, &frame)) {
+    refuse("a truncated or oversized request");
     return;
   }
-  if (writeExact(fd, &status, 1)) writeString(fd, reply);
+  StoreRequest request;
+  try {
+    request = decodeRequest(token_, frame);
+  } catch (const Error& e) {
+    refuse(e.what());
+    return;
+  }
+  requests_.fetch_add(1);
+  const auto [status, reply] = state_.apply(request);
+  if (status == kStatusFull) refuse("the store is full (key \"" + request.key + "\" refused)");
+  const std::string out = encodeReply(token_, request.tag, status, reply);
+  writeExact(fd, out.data(), out.size());
+}
+
+void TcpStoreServer::refuse(const std::string& why) {
+  const std::uint64_t n = refused_.fetch_add(1) + 1;
+  if (n <= 10 || n % 1000 == 0) LMR_LOG(kWarn, "oob.store", "dropped a rendezvous request (", n, " so far): ", why);
 }
 
 // ---- TcpStore -----------------------------------------------------------------------------
@@ -197,10 +206,13 @@ TcpStore::TcpStore(TcpStoreOptions options) : options_(std::move(options)) {
   if (options_.port <= 0 || options_.port > 65535)
     throw InvalidArgument("the rendezvous port must be 1..65535, got " + std::to_string(options_.port));
   if (options_.host.empty()) throw InvalidArgument("the rendezvous host is empty");
+  if (options_.token.empty()) throw InvalidArgument("the rendezvous store needs the job's token");
 }
 
 std::pair<bool, std::string> TcpStore::call(std::uint8_t op, const std::string& key, const std::string& value) {
-  if (key.size() > kMaxKey || value.size() > kMaxValue) throw InvalidArgument("rendezvous key or value too large");
+  const std::string request = encodeRequest(options_.token, op, key, value);  // checks the key and size
+  Tag request_tag;
+  std::memcpy(request_tag.data(), request.data() + request.size() - 32, 32);
   const std::string where = options_.host + ":" + std::to_string(options_.port);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -229,23 +241,25 @@ std::pair<bool, std::string> TcpStore::call(std::uint8_t op, const std::string& 
   if (fd < 0) throw IoError(sysError("cannot reach the rendezvous store at " + where));
   const int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  std::uint8_t status = 0;
-  std::string reply;
-  const bool ok = writeExact(fd, &op, 1) && writeString(fd, key) && writeString(fd, value) &&
-                  readExact(fd, &status, 1) && readString(fd, kMaxValue, &reply);
+  std::string reply(1, '\0');
+  const bool ok = writeExact(fd, request.data(), request.size()) && readExact(fd, reply.data(), 1) &&
+                  readPart(fd, kMaxStoreValue, 32, &reply);
   ::close(fd);
-  if (!ok) throw IoError("the rendezvous store at " + where + " did not answer");
-  return {status == 1, std::move(reply)};
+  if (!ok) throw IoError("the rendezvous store at " + where + " did not answer (a wrong token is refused)");
+  auto [status, answer] = decodeReply(options_.token, request_tag, reply);
+  if (status == kStatusFull)
+    throw IoError("the rendezvous store at " + where + " is full: key \"" + key + "\" refused");
+  return {status == kStatusYes, std::move(answer)};
 }
 
-void TcpStore::set(const std::string& key, const std::string& value) { call(kSet, key, value); }
+void TcpStore::set(const std::string& key, const std::string& value) { call(kStoreSet, key, value); }
 
 std::optional<std::string> TcpStore::tryGet(const std::string& key) {
-  auto [found, value] = call(kGet, key, {});
+  auto [found, value] = call(kStoreGet, key, {});
   if (!found) return std::nullopt;
   return value;
 }
 
-bool TcpStore::claim(const std::string& key, const std::string& value) { return call(kClaim, key, value).first; }
+bool TcpStore::claim(const std::string& key, const std::string& value) { return call(kStoreClaim, key, value).first; }
 
 }  // namespace lmr::oob

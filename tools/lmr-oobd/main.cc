@@ -1,11 +1,15 @@
 // lmr-oobd: the out-of-band observer of one training process (see observer.h). Started by
 // lm_resiliency's harness; reports readiness on --ready-fd; exits with its parent.
+#include <arpa/inet.h>
+#include <netdb.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -15,6 +19,7 @@
 
 #include "lmr/common/error.h"
 #include "lmr/common/list.h"
+#include "lmr/common/log.h"
 #include "lmr/oob/watch.h"
 #include "observer.h"
 
@@ -35,7 +40,9 @@ std::string usage() {
     << " --gather-ms=" << w.gather_s * 1000 << " --setup-timeout-s=" << w.setup_timeout_s << "\n"
     << "  --io-absolute-s=" << w.io_absolute_s << " --io-relative=" << w.io_relative
     << " --io-persistence-s=" << w.io_persistence_s << "\n"
-    << "  --gloo-hostname=127.0.0.1 --gloo-iface=IF --parent-pid=PID --ready-fd=FD\n";
+    << "  --gloo-hostname=127.0.0.1 --gloo-iface=IF --parent-pid=PID --ready-fd=FD\n"
+       "  --bind-addr=IPV4   where --serve listens (default: the address --master-addr resolves to)\n"
+       "environment: LMR_OOB_TOKEN, the job's secret (required; lm_resiliency sets it)\n";
   return u.str();
 }
 
@@ -67,7 +74,7 @@ Args parse(int argc, char** argv) {
                                 "instance",      "generation",      "group",         "host",        "master-addr",
                                 "master-port",   "serve",           "threshold-s",   "poll-ms",     "join-ms",
                                 "gather-ms",     "setup-timeout-s", "io-absolute-s", "io-relative", "io-persistence-s",
-                                "gloo-hostname", "gloo-iface",      "parent-pid",    "ready-fd"};
+                                "gloo-hostname", "gloo-iface",      "parent-pid",    "ready-fd",    "bind-addr"};
   Args a;
   for (int i = 1; i < argc; ++i) {
     std::string s = argv[i];
@@ -83,6 +90,63 @@ Args parse(int argc, char** argv) {
     if (!a.has(required)) throw lmr::InvalidArgument(std::string("missing --") + required);
   return a;
 }
+
+// The IPv4 address `host` resolves to: where the serving daemon listens, so the store is
+// reachable at the address the job gave and nowhere else (loopback on one host).
+std::string listenAddress(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || found == nullptr)
+    throw lmr::IoError("cannot resolve --master-addr " + host + " to an IPv4 address to listen on");
+  const in_addr address = reinterpret_cast<sockaddr_in*>(found->ai_addr)->sin_addr;
+  ::freeaddrinfo(found);
+  char text[INET_ADDRSTRLEN] = {0};
+  ::inet_ntop(AF_INET, &address, text, sizeof(text));
+  const bool loopback = (ntohl(address.s_addr) >> 24) == 127;
+  if (loopback && host != "localhost" && host.rfind("127.", 0) != 0) {
+    // A host name this machine maps to loopback (Debian's 127.0.1.1): peers on other
+    // hosts reach it at another address, which only the wildcard covers.
+    LMR_LOG(kWarn, "oobd", "--master-addr ", host, " resolves to ", text,
+            " here: listening on every interface (set hang_bind_addr to restrict it)");
+    return "0.0.0.0";
+  }
+  return text;
+}
+
+// The job's secret, from the environment (not the command line, which other users can read).
+std::string takeToken() {
+  const char* t = std::getenv("LMR_OOB_TOKEN");
+  if (t == nullptr || std::strlen(t) < 16)
+    throw lmr::InvalidArgument("LMR_OOB_TOKEN must hold the job's secret token (16 characters or more)");
+  std::string token = t;
+  ::unsetenv("LMR_OOB_TOKEN");
+  return token;
+}
+
+// Watches the training process: once it is gone (killed: it could not stop us), removes
+// the record it left and exits at once, within one poll period even while a stall round
+// blocks the main thread (a round can wait join + gather): it looks twice per period.
+// Returns when asked to stop.
+void exitWithParent(long parent, const std::string& segment, std::chrono::milliseconds poll) {
+  while (!g_stop.load()) {
+    if (::getppid() != parent) {
+      lmr::MutexLock lock(lmr::oobd::reportFileLock());  // not half-way through a report
+      lmr::oob::ProgressReader::unlinkIfOwnerDead(segment, static_cast<std::int32_t>(parent));
+      std::_Exit(0);
+    }
+    std::this_thread::sleep_for(std::max(poll / 2, std::chrono::milliseconds(1)));
+  }
+}
+
+struct ParentWatch {
+  std::thread thread;
+  ~ParentWatch() {
+    g_stop.store(true);
+    if (thread.joinable()) thread.join();
+  }
+};
 
 void tell(int fd, const std::string& line) {
   if (fd < 0) return;
@@ -105,9 +169,12 @@ int main(int argc, char** argv) {
     const Args args = parse(argc, argv);
     ready_fd = static_cast<int>(args.integer("ready-fd", -1));
     const long parent = args.integer("parent-pid", 0);
-    // Exits with its parent: polled below (a parent-death signal would follow the thread
-    // that started the daemon, not the process).
-    if (parent > 0 && ::getppid() != parent) return 0;
+    // Exits with its parent: polled (a parent-death signal would follow the thread that
+    // started the daemon, not the process). The parent may already be gone.
+    if (parent > 0 && ::getppid() != parent) {
+      lmr::oob::ProgressReader::unlinkIfOwnerDead(args.str("segment"), static_cast<std::int32_t>(parent));
+      return 0;
+    }
     ::signal(SIGTERM, onSignal);
     ::signal(SIGINT, onSignal);
     ::signal(SIGPIPE, SIG_IGN);
@@ -124,6 +191,7 @@ int main(int argc, char** argv) {
     o.host = args.str("host", hostname);
     o.gloo_hostname = args.str("gloo-hostname", "127.0.0.1");
     o.gloo_iface = args.str("gloo-iface");
+    o.token = takeToken();
     const lmr::oob::WatchOptions watch;  // the defaults
     const auto ms = [](double seconds) { return static_cast<std::int64_t>(seconds * 1000.0); };
     o.threshold = std::chrono::nanoseconds(static_cast<std::int64_t>(args.num("threshold-s", watch.threshold_s) * 1e9));
@@ -135,6 +203,9 @@ int main(int argc, char** argv) {
     o.diagnosis.io_persistence_ns =
         static_cast<std::int64_t>(args.num("io-persistence-s", watch.io_persistence_s) * 1e9);
     const auto poll = std::chrono::milliseconds(std::max<std::int64_t>(1, args.integer("poll-ms", ms(watch.poll_s))));
+    // From here on the daemon exits with its parent, during set-up too.
+    ParentWatch watch_parent;
+    if (parent > 0) watch_parent.thread = std::thread([&] { exitWithParent(parent, args.str("segment"), poll); });
     const auto setup_deadline =
         std::chrono::steady_clock::now() +
         std::chrono::milliseconds(static_cast<long>(args.num("setup-timeout-s", watch.setup_timeout_s) * 1000));
@@ -145,13 +216,30 @@ int main(int argc, char** argv) {
       lmr::oob::TcpStoreOptions t;
       t.host = args.str("master-addr", "127.0.0.1");
       t.port = static_cast<int>(args.integer("master-port", 0));
-      if (args.has("serve")) server = std::make_unique<lmr::oob::TcpStoreServer>(t.port);
+      t.token = o.token;
+      if (args.has("serve")) {
+        const std::string bind = args.has("bind-addr") ? args.str("bind-addr") : listenAddress(t.host);
+        server = std::make_unique<lmr::oob::TcpStoreServer>(t.port, bind, o.token);
+        LMR_LOG(kInfo, "oobd", "rendezvous store listening on ", bind, ":", server->port());
+      }
       t.connect_timeout = std::chrono::milliseconds(500);
       store = std::make_unique<lmr::oob::TcpStore>(t);
     } else {
       store = std::make_unique<lmr::oob::FileStore>(o.state_dir + "/rendezvous");
     }
-    lmr::oobd::Observer observer(o, *store, args.str("segment"));
+    // The training process creates its record once this daemon runs (so that a training
+    // process killed at any moment leaves nothing behind: the watch above removes it).
+    std::unique_ptr<lmr::oobd::Observer> made;
+    for (;;) {
+      try {
+        made = std::make_unique<lmr::oobd::Observer>(o, *store, args.str("segment"));
+        break;
+      } catch (const lmr::IoError&) {
+        if (std::chrono::steady_clock::now() >= setup_deadline || g_stop.load()) throw;
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    }
+    lmr::oobd::Observer& observer = *made;
     // Set-up retries a store that is not listening yet (the serving daemon may start last).
     for (;;) {
       try {
@@ -165,11 +253,6 @@ int main(int argc, char** argv) {
     tell(ready_fd, "ready " + observer.reportStem() + " " + observer.keyPrefix());
     if (ready_fd >= 0) ::close(ready_fd);
     while (!g_stop.load()) {
-      if (parent > 0 && ::getppid() != parent) {
-        // The training process died without unlinking its record (killed): remove it.
-        lmr::oob::ProgressReader::unlinkIfOwnerDead(args.str("segment"), static_cast<std::int32_t>(parent));
-        break;
-      }
       observer.poll();
       std::this_thread::sleep_for(poll);
     }

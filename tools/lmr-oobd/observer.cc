@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
-#include <type_traits>
 
 #include "gather.h"
 #include "lmr/common/error.h"
@@ -12,6 +11,7 @@
 #include "lmr/common/log.h"
 #include "lmr/common/sha256.h"
 #include "lmr/oob/report.h"
+#include "lmr/oob/wire.h"
 
 namespace lmr::oobd {
 namespace {
@@ -19,20 +19,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr std::int64_t kNsPerSec = 1'000'000'000;
 
-// One daemon's view as it travels through the allgather (native byte order: every daemon
-// of a job runs the same build on the same architecture).
-struct Wire {
-  std::int64_t rank, layer, stalled_ns;
-  std::uint64_t step, layer_calls, group, meta, sequence;
-  std::uint32_t op, reduce_or_root, in_collective, pad;
-  std::int64_t dataloader_ns, dataloader_observed_ns, dataloader_last_ns;
-  std::int64_t checkpoint_ns, checkpoint_observed_ns, checkpoint_last_ns;
-  char host[64];
-};
-static_assert(std::is_trivially_copyable_v<Wire>);
-
-std::string encode(const oob::RankView& v) {
-  Wire w{};
+oob::ViewRecord toRecord(const oob::RankView& v) {
+  oob::ViewRecord w;
   const oob::Snapshot& s = v.snapshot;
   w.rank = v.rank;
   w.layer = s.layer;
@@ -52,13 +40,10 @@ std::string encode(const oob::RankView& v) {
   w.checkpoint_observed_ns = v.checkpoint_observed_ns;
   w.checkpoint_last_ns = s.checkpoint_last_ns;
   std::strncpy(w.host, v.host.c_str(), sizeof(w.host) - 1);
-  return {reinterpret_cast<const char*>(&w), sizeof(w)};
+  return w;
 }
 
-oob::RankView decode(const std::string& bytes) {
-  if (bytes.size() != sizeof(Wire)) throw PeerFailure("a daemon sent a malformed view");
-  Wire w;
-  std::memcpy(&w, bytes.data(), sizeof(w));
+oob::RankView fromRecord(const oob::ViewRecord& w) {
   oob::RankView v;
   v.rank = w.rank;
   v.present = true;
@@ -74,27 +59,8 @@ oob::RankView decode(const std::string& bytes) {
   v.checkpoint_ns = w.checkpoint_ns;
   v.checkpoint_observed_ns = w.checkpoint_observed_ns;
   v.snapshot.checkpoint_last_ns = w.checkpoint_last_ns;
-  w.host[sizeof(w.host) - 1] = '\0';
-  v.host = w.host;
+  v.host = w.host;  // decodeView checked the terminator
   return v;
-}
-
-std::string joinRanks(const std::vector<std::int64_t>& v) {
-  std::string out;
-  for (std::int64_t x : v) out += (out.empty() ? "" : ",") + std::to_string(x);
-  return out;
-}
-
-std::vector<std::int64_t> parseRanks(const std::string& text) {
-  std::vector<std::int64_t> out;
-  std::size_t pos = 0;
-  while (pos < text.size()) {
-    const std::size_t comma = text.find(',', pos);
-    out.push_back(std::stoll(text.substr(pos, comma - pos)));
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
-  }
-  return out;
 }
 
 // How long the call in flight since `since` has been watched by this daemon.
@@ -119,6 +85,7 @@ Observer::Observer(ObserverOptions options, oob::Store& store, const std::string
     throw InvalidArgument("the daemon's index " + std::to_string(options_.index) + " is outside its group of " +
                           std::to_string(n));
   if (options_.state_dir.empty()) throw InvalidArgument("lmr-oobd needs a state directory for its reports");
+  if (options_.token.empty()) throw InvalidArgument("lmr-oobd needs the job's token (LMR_OOB_TOKEN)");
   files::makeDirectories(options_.state_dir);
   Sha256 h;
   h.update("lmr.oobd.v1");
@@ -142,7 +109,7 @@ void Observer::setUp(Clock::time_point deadline) {
   hosts_.assign(n, "");
   for (std::size_t i = 0; i < n; ++i) {
     try {
-      hosts_[i] = store_.get(key("ready/" + std::to_string(i)), deadline);
+      hosts_[i] = oob::parseHost(store_.get(key("ready/" + std::to_string(i)), deadline));
     } catch (const TimeoutError&) {
       throw TimeoutError("the lmr-oobd daemon of rank " + std::to_string(options_.group_ranks[i]) +
                          " did not register in time");
@@ -172,7 +139,7 @@ std::optional<std::string> Observer::poll() {
 std::optional<std::string> Observer::round(const oob::Snapshot& snapshot, std::int64_t now) {
   const auto t0 = Clock::now();
   std::int64_t latest = 0;
-  if (auto v = store_.tryGet(key("latest"))) latest = std::stoll(*v);
+  if (auto v = store_.tryGet(key("latest"))) latest = oob::parseRound(*v);
   if (latest >= next_round_) {
     // Rounds were decided without this daemon: it came late to the current one.
     handled_progress_ns_ = snapshot.progress_ns;
@@ -190,10 +157,10 @@ std::optional<std::string> Observer::round(const oob::Snapshot& snapshot, std::i
     std::vector<std::int64_t> present;
     for (std::int64_t i = 0; i < n; ++i)
       if (here[static_cast<std::size_t>(i)]) present.push_back(i);
-    if (store_.claim(key("members/" + r), joinRanks(present))) store_.set(key("latest"), r);
+    if (store_.claim(key("members/" + r), oob::formatMembers(present))) store_.set(key("latest"), r);
     members_text = store_.get(key("members/" + r), t0 + options_.join + options_.gather);
   }
-  const std::vector<std::int64_t> members = parseRanks(*members_text);
+  const std::vector<std::int64_t> members = oob::parseMembers(*members_text, n);
   const auto me = std::find(members.begin(), members.end(), options_.index);
   if (me == members.end()) {
     handled_progress_ns_ = snapshot.progress_ns;
@@ -212,9 +179,10 @@ std::optional<std::string> Observer::round(const oob::Snapshot& snapshot, std::i
   mine.checkpoint_observed_ns = snapshot.checkpoint_since_ns != 0 ? now - checkpoint_seen_ : 0;
 
   const int index = static_cast<int>(me - members.begin());
+  const std::string mesh = key("mesh/" + r + "/");
   const std::vector<std::string> records =
-      allgather(store_, key("mesh/" + r + "/"), index, static_cast<int>(members.size()), encode(mine),
-                Clock::now() + options_.gather, device_);
+      allgather(store_, mesh, index, static_cast<int>(members.size()),
+                oob::encodeView(options_.token, mesh, toRecord(mine)), Clock::now() + options_.gather, device_);
 
   std::vector<oob::RankView> views(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i) {
@@ -224,7 +192,8 @@ std::optional<std::string> Observer::round(const oob::Snapshot& snapshot, std::i
   std::int64_t quiet_ns = -1;
   std::map<std::uint64_t, int> steps;
   for (std::size_t m = 0; m < members.size(); ++m) {
-    views[static_cast<std::size_t>(members[m])] = decode(records[m]);
+    const std::int64_t rank = options_.group_ranks[static_cast<std::size_t>(members[m])];
+    views[static_cast<std::size_t>(members[m])] = fromRecord(oob::decodeView(options_.token, mesh, records[m], rank));
     const oob::RankView& v = views[static_cast<std::size_t>(members[m])];
     quiet_ns = quiet_ns < 0 ? v.stalled_ns : std::min(quiet_ns, v.stalled_ns);
     ++steps[v.snapshot.step];
@@ -252,18 +221,39 @@ std::optional<std::string> Observer::round(const oob::Snapshot& snapshot, std::i
 
 std::optional<std::string> Observer::adopt(std::int64_t k) {
   next_round_ = k + 1;
+  std::string text;
   try {
-    const std::string text = store_.get(key("report/" + std::to_string(k)), Clock::now() + options_.gather);
-    return writeReport(k, text);
+    text = store_.get(key("report/" + std::to_string(k)), Clock::now() + options_.gather);
   } catch (const TimeoutError&) {
     LMR_LOG(kWarn, "oobd", "round ", k, " was decided without this daemon and wrote no report");
     return std::nullopt;
   }
+  // The report is written as this daemon's own: it must be this round's, of this group.
+  oob::ScoutFaultReport report;
+  try {
+    report = oob::parseReport(text, "the stored report of round " + std::to_string(k));
+  } catch (const InvalidArgument& e) {
+    throw PeerFailure(std::string("a malformed stored report: ") + e.what());
+  }
+  if (report.report_id != stem_ + "-r" + std::to_string(k) || report.round != k || report.run_id != options_.run_id ||
+      report.generation != options_.generation || report.peer_group != options_.group ||
+      report.group_ranks != options_.group_ranks)
+    throw PeerFailure("the stored report of round " + std::to_string(k) + " is not this group's (" + report.report_id +
+                      ")");
+  return writeReport(k, oob::toJson(report).dump(2) + "\n");
+}
+
+Mutex& reportFileLock() {
+  static Mutex mu;
+  return mu;
 }
 
 std::string Observer::writeReport(std::int64_t k, const std::string& text) {
   const std::string path = options_.state_dir + "/" + stem_ + "-r" + std::to_string(k) + ".json";
-  files::replaceFile(path, text);
+  {
+    MutexLock lock(reportFileLock());
+    files::replaceFile(path, text);
+  }
   LMR_LOG(kInfo, "oobd", "wrote ", path);
   return path;
 }

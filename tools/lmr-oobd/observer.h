@@ -24,6 +24,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "lmr/common/mutex.h"
 #include "lmr/oob/diagnose.h"
 #include "lmr/oob/progress.h"
 #include "lmr/oob/store.h"
@@ -36,7 +37,8 @@ namespace lmr::oobd {
 
 struct ObserverOptions {
   std::string run_id;
-  std::string instance;  // a token every daemon of one job shares (keeps jobs' keys apart)
+  std::string instance;  // an id every daemon of one job shares (keeps jobs' keys apart)
+  std::string token;     // the job's secret: views are tagged with it (lmr/oob/wire.h)
   std::int64_t generation = 0;
   std::string group = "world";          // peer group name (scopes the store keys)
   std::vector<std::int64_t> group_ranks;  // global rank of each member of the peer group
@@ -50,6 +52,10 @@ struct ObserverOptions {
   std::string state_dir;
   oob::DiagnosisOptions diagnosis;
 };
+
+// Held while a report file is written: the parent-death exit (main.cc) takes it first, so
+// a daemon never dies half-way through a write and leaves a temporary file behind.
+Mutex& reportFileLock();
 
 class Observer {
  public:

@@ -102,8 +102,8 @@ class ProgressReader {
   std::optional<Snapshot> snapshot() const noexcept;
 
   // Unlinks segment `name` when its owner is `owner_pid` and that process is gone: the
-  // observer's clean-up after its training process died without unlinking. True when
-  // it removed the segment.
+  // observer's clean-up after its training process died without unlinking (also one the
+  // owner died while creating, not initialised yet). True when it removed the segment.
   static bool unlinkIfOwnerDead(const std::string& name, std::int32_t owner_pid) noexcept;
 
  private:

@@ -14,8 +14,9 @@
 #include <optional>
 #include <string>
 #include <thread>
-#include <unordered_map>
 #include <vector>
+
+#include "lmr/oob/wire.h"
 
 namespace lmr::oob {
 
@@ -51,28 +52,34 @@ struct TcpStoreOptions {
   int port = 0;
   std::chrono::milliseconds io_timeout{2000};    // per request
   std::chrono::milliseconds connect_timeout{0};  // keep retrying a refused connect this long
+  std::string token;  // the job's secret: requests and replies are tagged with it (lmr/oob/wire.h)
 };
 
-// The server: a listening socket and one thread that answers one request per connection.
-// port 0 picks a free port (see port()). Not copyable; the destructor stops the thread.
+// The server: a listening socket on `bind_address` and one thread that answers one request
+// per connection. port 0 picks a free port (see port()). Requests without the job's
+// `token` are dropped (and logged) before anything is applied; the data is bounded
+// (lmr::oob::StoreState). Not copyable; the destructor stops the thread.
 class TcpStoreServer {
  public:
-  explicit TcpStoreServer(int port, const std::string& bind_address = "0.0.0.0");
+  TcpStoreServer(int port, const std::string& bind_address, std::string token);
   ~TcpStoreServer();
   TcpStoreServer(const TcpStoreServer&) = delete;
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
 
   int port() const { return port_; }
-  std::uint64_t requests() const { return requests_.load(); }
+  std::uint64_t requests() const { return requests_.load(); }  // applied
+  std::uint64_t refused() const { return refused_.load(); }    // dropped: malformed or unauthenticated
 
  private:
   void serve();
   void answer(int fd);
+  void refuse(const std::string& why);
+  std::string token_;
   int listen_fd_ = -1;
   int wake_[2] = {-1, -1};
   int port_ = 0;
-  std::atomic<std::uint64_t> requests_{0};
-  std::unordered_map<std::string, std::string> data_;  // only the server thread touches it
+  std::atomic<std::uint64_t> requests_{0}, refused_{0};
+  StoreState state_;  // only the server thread touches it
   std::thread thread_;
 };
 

@@ -29,9 +29,10 @@ struct Group {
         (std::filesystem::temp_directory_path() / ("lmr-observer-" + tag + "-" + std::to_string(::getpid()))).string();
     std::filesystem::remove_all(dir);
     if (tcp) {
-      server = std::make_unique<oob::TcpStoreServer>(0, "127.0.0.1");
+      server = std::make_unique<oob::TcpStoreServer>(0, "127.0.0.1", "job-token-0123456789");
       oob::TcpStoreOptions o;
       o.port = server->port();
+      o.token = "job-token-0123456789";
       store = std::make_unique<oob::TcpStore>(o);
     } else {
       store = std::make_unique<oob::FileStore>(dir + "/rendezvous");
@@ -41,6 +42,7 @@ struct Group {
       writers.push_back(std::make_unique<oob::ProgressWriter>(name, std::string(16, 'w')));
       ObserverOptions o;
       o.run_id = tag;
+      o.token = "job-token-0123456789";
       o.group_ranks.resize(static_cast<std::size_t>(n));
       for (int i = 0; i < n; ++i) o.group_ranks[static_cast<std::size_t>(i)] = 10 + i;  // global ranks
       o.index = r;
@@ -56,13 +58,13 @@ struct Group {
   }
   ~Group() { std::filesystem::remove_all(dir); }
 
-  // Runs the given daemons' poll loops until each wrote a report (or 10 s passed).
-  std::vector<std::optional<std::string>> run(const std::vector<int>& daemons) {
+  // Runs the given daemons' poll loops until each wrote a report (or `limit` passed).
+  std::vector<std::optional<std::string>> run(const std::vector<int>& daemons, std::chrono::milliseconds limit = 10s) {
     std::vector<std::optional<std::string>> out(observers.size());
     std::vector<std::thread> threads;
     for (int d : daemons) {
       threads.emplace_back([&, d] {
-        const auto end = std::chrono::steady_clock::now() + 10s;
+        const auto end = std::chrono::steady_clock::now() + limit;
         while (!out[static_cast<std::size_t>(d)] && std::chrono::steady_clock::now() < end) {
           out[static_cast<std::size_t>(d)] = observers[static_cast<std::size_t>(d)]->poll();
           std::this_thread::sleep_for(20ms);
@@ -159,6 +161,48 @@ TEST(Observer, MissingDaemonIsNamedNotWaitedOn) {
   // It turns up late: it adopts the round's report instead of starting a lone round.
   const auto late = g.run({3});
   EXPECT_EQ(load(late[3])["report_id"], r["report_id"]);
+}
+
+// What a broken or hostile token holder can put in the store: a membership, a round
+// number, a stored report. Each is dropped with a log line; no daemon dies (they used to:
+// std::stoll's exceptions escaped), and nothing is attributed from it.
+TEST(Observer, AMalformedMembershipFailsTheRoundAndTheNextOneReports) {
+  Group g(3, "bad-members");
+  g.setUpAll();
+  g.store->set(g.observers[0]->keyPrefix() + "members/1", "0,0,junk");
+  everyoneWaitsInAllReduce(g);
+  g.writers[1]->stepCompleted(12);
+  const auto paths = g.run({0, 1, 2});
+  for (const auto& p : paths) {
+    const auto r = load(p);
+    EXPECT_EQ(r["round"], 2);  // round 1 was dropped
+    EXPECT_EQ(r["kind"], "process_stall");
+    EXPECT_EQ(r["ranks"], nlohmann::json::array({11}));
+  }
+}
+
+TEST(Observer, AMalformedRoundNumberIsNeverAReport) {
+  Group g(2, "bad-latest");
+  g.setUpAll();
+  g.store->set(g.observers[0]->keyPrefix() + "latest", "1; rm -rf /");
+  everyoneWaitsInAllReduce(g);
+  const auto paths = g.run({0, 1}, 1500ms);
+  EXPECT_FALSE(paths[0]);
+  EXPECT_FALSE(paths[1]);
+}
+
+TEST(Observer, AStoredReportOfAnotherGroupIsNotAdopted) {
+  Group g(3, "foreign");
+  g.setUpAll();
+  everyoneWaitsInAllReduce(g);
+  const auto first = g.run({0, 1});  // rank 12's daemon is late
+  auto forged = load(first[0]);
+  forged["report_id"] = "scout-fault-000000000000-g0-r1";
+  forged["ranks"] = nlohmann::json::array({10});
+  g.store->set(g.observers[0]->keyPrefix() + "report/1", forged.dump());
+  EXPECT_FALSE(g.run({2}, 1500ms)[2]);
+  g.store->set(g.observers[0]->keyPrefix() + "report/1", "{not json");
+  EXPECT_FALSE(g.run({2}, 500ms)[2]);
 }
 
 TEST(Observer, HealthyProgressStartsNoRound) {

@@ -1,4 +1,6 @@
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <csignal>
@@ -127,6 +129,23 @@ TEST(Progress, ObserverUnlinksOnlyADeadOwnersRecord) {
   ::waitpid(child, nullptr, 0);
   ::close(ready[0]);
   ::close(ready[1]);
+}
+
+// An owner killed while creating its record (opened, not yet sized or initialised): the
+// record is still removed once the owner is gone, never while it lives.
+TEST(Progress, AHalfCreatedRecordOfADeadOwnerIsRemoved) {
+  const std::string name = uniqueName("half");
+  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  EXPECT_FALSE(ProgressReader::unlinkIfOwnerDead(name, ::getpid()));  // alive: left alone
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) ::_exit(0);
+  ::waitpid(child, nullptr, 0);
+  EXPECT_TRUE(ProgressReader::unlinkIfOwnerDead(name, child));
+  EXPECT_LT(::shm_open(name.c_str(), O_RDONLY, 0), 0);
+  EXPECT_FALSE(ProgressReader::unlinkIfOwnerDead(name, child));  // nothing left to remove
 }
 
 TEST(Progress, SegmentNamesAreScopedAndValid) {

@@ -13,6 +13,7 @@ namespace lmr::oob {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+const std::string kToken = "job-token-0123456789";
 
 std::string tempDir(const char* tag) {
   const auto p =
@@ -39,8 +40,9 @@ TEST(Store, FileStoreSetGetClaim) {
 }
 
 TEST(Store, TcpStoreSetGetClaim) {
-  TcpStoreServer server(0, "127.0.0.1");
+  TcpStoreServer server(0, "127.0.0.1", kToken);
   TcpStoreOptions o;
+  o.token = kToken;
   o.port = server.port();
   TcpStore s(o);
   exercise(s);
@@ -49,8 +51,9 @@ TEST(Store, TcpStoreSetGetClaim) {
 
 // Claims from many threads: exactly one wins, on both stores.
 TEST(Store, ExactlyOneClaimWins) {
-  TcpStoreServer server(0, "127.0.0.1");
+  TcpStoreServer server(0, "127.0.0.1", kToken);
   TcpStoreOptions o;
+  o.token = kToken;
   o.port = server.port();
   TcpStore tcp(o);
   FileStore file(tempDir("claim"));
@@ -66,19 +69,21 @@ TEST(Store, ExactlyOneClaimWins) {
 TEST(Store, UnreachableAndBadArgumentsAreClearErrors) {
   int port = 0;
   {
-    TcpStoreServer server(0, "127.0.0.1");
+    TcpStoreServer server(0, "127.0.0.1", kToken);
     port = server.port();
   }
   TcpStoreOptions o;
+  o.token = kToken;
   o.port = port;
   TcpStore gone(o);
   EXPECT_THROW(gone.set("k", "v"), IoError);
   o.port = 0;
   EXPECT_THROW(TcpStore{o}, InvalidArgument);
-  EXPECT_THROW(TcpStoreServer(70000), InvalidArgument);
-  EXPECT_THROW(TcpStoreServer(0, "not-an-address"), InvalidArgument);
-  TcpStoreServer first(0, "127.0.0.1");
-  EXPECT_THROW(TcpStoreServer(first.port(), "127.0.0.1"), IoError);  // port taken
+  EXPECT_THROW(TcpStoreServer(70000, "127.0.0.1", kToken), InvalidArgument);
+  EXPECT_THROW(TcpStoreServer(0, "not-an-address", kToken), InvalidArgument);
+  EXPECT_THROW(TcpStoreServer(0, "127.0.0.1", ""), InvalidArgument);
+  TcpStoreServer first(0, "127.0.0.1", kToken);
+  EXPECT_THROW(TcpStoreServer(first.port(), "127.0.0.1", kToken), IoError);  // port taken
 }
 
 }  // namespace

@@ -41,6 +41,9 @@ class HangDetectionConfig:
     io_persistence_s: float = _WATCH.io_persistence_s
     hang_master_addr: Optional[str] = None
     hang_master_port: Optional[int] = None
+    # Where the serving daemon's rendezvous store listens (an IPv4 address of rank 0's host);
+    # default: the address hang_master_addr resolves to (loopback on one host).
+    hang_bind_addr: Optional[str] = None
     hang_state_dir: Optional[str] = None
     run_id: Optional[str] = None  # default: TORCHELASTIC_RUN_ID, else "default"
     generation: Optional[int] = None  # default: LMR_GENERATION, else TORCHELASTIC_RESTART_COUNT, else 0
@@ -65,7 +68,7 @@ class HangDetectionConfig:
         gen = self.generation
         if gen is not None and (isinstance(gen, bool) or not isinstance(gen, int) or gen < 0):
             raise InvalidArgumentError(f"HangDetectionConfig.generation must be a non-negative integer, got {gen!r}")
-        for name in ("hang_master_addr", "hang_state_dir", "run_id", "gloo_hostname", "gloo_iface", "daemon_path"):
+        for name in ("hang_master_addr", "hang_bind_addr", "hang_state_dir", "run_id", "gloo_hostname", "gloo_iface", "daemon_path"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, str) or not v.strip()):
                 raise InvalidArgumentError(f"HangDetectionConfig.{name} must be a non-empty string or None")

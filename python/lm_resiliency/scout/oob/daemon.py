@@ -44,11 +44,14 @@ def _tail(path: str, limit: int = 2000) -> str:
 
 
 class Daemon:
-    """Starts lmr-oobd and waits (bounded) for its readiness line; ``on_exit(code, log)``
-    runs on a supervisor thread when it exits without ``stop()`` having been called."""
+    """Starts lmr-oobd; ``wait_ready()`` waits (bounded) for its readiness line. From its
+    start the daemon watches this process, so the progress record is created after it: a
+    process killed at any moment leaves no record behind. ``on_exit(code, log)`` runs on a
+    supervisor thread when it exits after readiness without ``stop()`` having been called.
+    `token`: the job's secret (the daemon's environment)."""
 
-    def __init__(self, executable: str, args: list[str], log_path: str, ready_timeout_s: float,
-                 on_exit: Callable[[int, str], None]) -> None:
+    def __init__(self, executable: str, args: list[str], log_path: str, on_exit: Callable[[int, str], None],
+                 token: str) -> None:
         self.log_path = log_path
         self._stopping = False
         self._on_exit = on_exit
@@ -58,21 +61,28 @@ class Daemon:
                 self.proc = subprocess.Popen(
                     [executable, *args, f"--ready-fd={write_fd}", f"--parent-pid={os.getpid()}"],
                     pass_fds=(write_fd,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
+                    env={**os.environ, "LMR_OOB_TOKEN": token},  # not argv: other users can read that
                     start_new_session=True)  # a Ctrl-C of the launcher reaches the trainer, which stops it
         except OSError as e:
             os.close(read_fd)
             raise LmrIOError(f"cannot start lmr-oobd ({executable}): {e}") from None
         finally:
             os.close(write_fd)
+        self._ready_fd = read_fd
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Raises LmrTimeoutError or LmrIOError (with the daemon's reason) when it is not
+        ready in time; the daemon is then stopped."""
         try:
-            line = self._read_line(read_fd, ready_timeout_s)
+            line = self._read_line(self._ready_fd, timeout_s)
         finally:
-            os.close(read_fd)
+            os.close(self._ready_fd)
+            self._ready_fd = -1
         if not line.startswith("ready "):
             self._kill()
-            detail = line[len("error: "):] if line.startswith("error: ") else (_tail(log_path) or "no output")
+            detail = line[len("error: "):] if line.startswith("error: ") else (_tail(self.log_path) or "no output")
             if not line:
-                raise LmrTimeoutError(f"lmr-oobd was not ready within {ready_timeout_s:.0f} s: {detail}")
+                raise LmrTimeoutError(f"lmr-oobd was not ready within {timeout_s:.0f} s: {detail}")
             raise LmrIOError(f"lmr-oobd failed to start: {detail}")
         parts = line.split()
         self.report_stem, self.key_prefix = parts[1], parts[2] if len(parts) > 2 else ""
@@ -115,6 +125,9 @@ class Daemon:
 
     def stop(self, timeout_s: float = 5.0) -> None:
         self._stopping = True
+        if self._ready_fd >= 0:  # stopped before it was ready
+            os.close(self._ready_fd)
+            self._ready_fd = -1
         if self.proc.poll() is None:
             self.proc.terminate()
             try:

@@ -70,20 +70,28 @@ class HangMonitor:
         self._attachment = attach(model, optimizer)
         self._adapter = self._attachment.adapter
         self.group_name, self.group_ranks = self._peer_group()
-        instance = self._agree_on_instance(distributed)
+        instance, secret = self._agree_on_instance(distributed)
         token = os.urandom(16)
         segment = _core.oob_segment_name(f"{self.run_id}#{instance}", self.generation, os.getpid(), self.group_name,
                                          self.rank)
-        self._writer = _core.ProgressWriter(segment, token)
+        # The daemon first: it removes the record if this process is killed from here on.
+        self._daemon = Daemon(executable, self._daemon_args(segment, instance), self._log_path(),
+                              self._daemon_exited, secret)
+        try:
+            self._writer = _core.ProgressWriter(segment, token)
+        except BaseException:
+            self._daemon.stop()
+            raise
         self._publisher = pub_mod.Publisher(self._writer, self._adapter.internal_collectives())
         pub_mod.push(self._publisher)
         self._step_handle = None
         try:
             self._install_publishers()
-            self._daemon = Daemon(executable, self._daemon_args(segment, instance), self._log_path(),
-                                  self.config.setup_timeout_s + 10.0, self._daemon_exited)
+            self._daemon.wait_ready(self.config.setup_timeout_s + 10.0)
         except BaseException:
             self._uninstall()
+            self._writer.close()
+            self._daemon.stop()
             raise
         self.report_stem = self._daemon.report_stem
         self._watcher = threading.Thread(target=self._watch, name="lmr-oob-reports", daemon=True)
@@ -101,10 +109,12 @@ class HangMonitor:
                 return f"compute{index}", sorted(int(r) for r in ranks)
         raise InvalidArgumentError(f"rank {self.rank} is in no compute peer group of {dims}")
 
-    def _agree_on_instance(self, distributed: bool) -> str:
-        """A token shared by this job's ranks only, so two jobs (or two monitors) sharing
-        a state directory or a run id never read each other's rendezvous keys."""
-        value = [os.urandom(8).hex()]
+    def _agree_on_instance(self, distributed: bool) -> tuple[str, str]:
+        """(an id, a secret) shared by this job's ranks only, agreed through the job's own
+        process group: the id keeps two jobs (or two monitors) sharing a state directory or
+        a run id apart; the secret authenticates every rendezvous request and gathered view
+        of the daemons (lmr/oob/wire.h), and reaches them through their environment."""
+        value = [(os.urandom(8).hex(), os.urandom(32).hex())]
         if distributed and self.world > 1:
             dist.broadcast_object_list(value, src=0)
         return value[0]
@@ -129,6 +139,8 @@ class HangMonitor:
             args += [f"--master-addr={addr}", f"--master-port={port}"]
             if self.rank == 0:
                 args.append("--serve")
+                if c.hang_bind_addr:
+                    args.append(f"--bind-addr={c.hang_bind_addr}")
             if hostname is None and not _is_loopback(addr):
                 hostname = self.host
         args.append(f"--gloo-hostname={hostname or '127.0.0.1'}")
