@@ -71,9 +71,12 @@ def trainer(rank: int, trial: str, port: int, oob_port: int, run_id: str, stall_
     log = os.open(os.path.join(trial, f"trainer-{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
+    times = {"forked": time.time()}
     try:
         torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # one host; also spares a slow host-name lookup
+        times["init"] = time.time()
+        dist.init_process_group("gloo", init_method=f"file://{trial}/torch-store", rank=rank, world_size=WORLD,
                                 timeout=timedelta(seconds=20))
         model = torch.nn.Sequential()
         model.layers = torch.nn.ModuleList([torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)])
@@ -81,10 +84,12 @@ def trainer(rank: int, trial: str, port: int, oob_port: int, run_id: str, stall_
         config = HangDetectionConfig(threshold_s=0.5, poll_s=POLL_S, join_s=0.4, gather_s=1.0, setup_timeout_s=6,
                                      hang_master_addr="127.0.0.1", hang_master_port=oob_port,
                                      hang_state_dir=os.path.join(trial, "state"), run_id=run_id)
+        times["joined"] = time.time()
         monitor = HangMonitor(model, opt, config)
+        times["ready"] = time.time()
         _write(os.path.join(trial, f"info-{rank}.json"),
-               {"daemon": monitor.daemon_pid, "segment": monitor._writer.name})
-        for step in range(400):
+               {"daemon": monitor.daemon_pid, "segment": monitor._writer.name, "times": times})
+        for step in range(100000):
             if step == stall_at:
                 time.sleep(2.5)
             x = torch.ones(8)
@@ -105,6 +110,8 @@ def trainer(rank: int, trial: str, port: int, oob_port: int, run_id: str, stall_
             if monitor is not None:
                 monitor.close()  # what interpreter exit (atexit) does for a real trainer
         finally:
+            if code == 0:
+                _write(os.path.join(trial, f"done-{rank}.json"), times)
             os._exit(code)
 
 
@@ -166,17 +173,15 @@ class ForkServer:
 
 
 def children(pid: int) -> list[int]:
-    """Processes whose parent is `pid`."""
+    """Processes whose parent is `pid` (the kernel's per-thread child lists: cheap enough
+    to poll every few milliseconds, unlike a scan of /proc)."""
     out = []
-    for stat in glob.glob("/proc/[0-9]*/stat"):
+    for path in glob.glob(f"/proc/{pid}/task/*/children"):
         try:
-            with open(stat) as f:
-                text = f.read()
+            with open(path) as f:
+                out.extend(int(x) for x in f.read().split())
         except OSError:
-            continue
-        fields = text[text.rindex(")") + 2:].split()
-        if int(fields[1]) == pid:
-            out.append(int(stat.split("/")[2]))
+            pass
     return out
 
 
@@ -250,10 +255,11 @@ def run_trial(index: int, root: str, rng: random.Random, exits: Exits, server: F
     # Half the kills land during start-up (from the fork on), half once every daemon is
     # ready (training, and the stall rounds a kill sets off).
     phase = ("start-up", "running")[(index // len(VICTIMS)) % 2]
-    kill_after = rng.uniform(0.0, 3.0 if phase == "start-up" else 2.0)
+    kill_after = rng.uniform(0.0, 0.3 if phase == "start-up" else 2.0)  # start-up takes 0.2-0.5 s
     port, oob_port, run_id = free_port(), free_port(), f"kill{index}"
     stall_at = rng.randrange(5, 60) if phase == "running" and rng.random() < 0.5 else -1
     started = time.monotonic()
+    wall = time.time()
     trainers = []
     for r in range(WORLD):
         pid = server.spawn(r, trial, port, oob_port, run_id, stall_at)
@@ -299,8 +305,10 @@ def run_trial(index: int, root: str, rng: random.Random, exits: Exits, server: F
                 seen[r] = d
                 exits.watch(d)
         time.sleep(0.02)
-    for pid in trainers:  # the launcher tears the job down
+    alive_until: dict[int, float] = {}  # rank -> when the trainer was last known alive
+    for r, pid in enumerate(trainers):  # the launcher tears the job down
         if pid not in exits.when:
+            alive_until[r] = time.monotonic()
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -309,14 +317,24 @@ def run_trial(index: int, root: str, rng: random.Random, exits: Exits, server: F
     while any(p not in exits.when for p in trainers + list(seen.values())) and time.monotonic() < end:
         time.sleep(0.01)
     dead_at = {r: exits.when.get(pid, time.monotonic()) for r, pid in enumerate(trainers)}
+    for r in range(WORLD):
+        alive_until.setdefault(r, dead_at[r])
+    if victim == "trainer" and target is not None:
+        alive_until[rank] = started + killed_at
     time.sleep(0.05)
-    result = check(index, trial, victim, rank, target, killed_at, trainers, seen, dead_at, exits)
+    result = check(index, trial, victim, rank, target, killed_at, trainers, seen, dead_at, alive_until, exits)
     result["phase"] = phase
     result["stall_at"] = stall_at
+    infos = [json.load(open(p)) for p in glob.glob(os.path.join(trial, "info-*.json"))]
+    if infos:
+        result["ready_s"] = round(max(i["times"]["ready"] for i in infos) - wall, 3)
+        result["joined_s"] = round(max(i["times"]["joined"] for i in infos) - wall, 3)
+    errors = [open(p).read().strip()[:200] for p in glob.glob(os.path.join(trial, "error-*.txt"))]
+    result["errors"] = errors
     return result
 
 
-def check(index, trial, victim, rank, target, killed_at, trainers, daemons, dead_at, exits) -> dict:
+def check(index, trial, victim, rank, target, killed_at, trainers, daemons, dead_at, alive_until, exits) -> dict:
     problems = []
     outlived = []
     for r, d in daemons.items():
@@ -326,9 +344,11 @@ def check(index, trial, victim, rank, target, killed_at, trainers, daemons, dead
             continue
         if victim != "trainer" and r == rank:
             continue  # the victim itself
-        if gone < dead_at[r] - 0.02 and not os.path.exists(os.path.join(trial, f"error-{r}.txt")):
+        ended = any(os.path.exists(os.path.join(trial, f"{what}-{r}.{ext}"))
+                    for what, ext in (("error", "txt"), ("done", "json")))
+        if gone < alive_until[r] - 0.02 and not ended:
             # A daemon gone while its trainer lived: only the monitor's own close stops it.
-            problems.append(f"the daemon of rank {r} exited {dead_at[r] - gone:.3f} s before its trainer")
+            problems.append(f"the daemon of rank {r} exited {alive_until[r] - gone:.3f} s before its trainer")
         outlived.append(max(0.0, gone - dead_at[r]))
         if gone - dead_at[r] > POLL_S + SCHEDULING_S:
             problems.append(f"the daemon of rank {r} outlived its trainer by {gone - dead_at[r]:.3f} s")
@@ -358,7 +378,7 @@ def check(index, trial, victim, rank, target, killed_at, trainers, daemons, dead
     kinds = []
     for rep in reports:
         kinds.append(rep.kind)
-        blamed = set(rep.ranks) | set(rep.missing_ranks)
+        blamed = set(rep.ranks)  # missing_ranks of an inconclusive report blame nobody
         if rep.kind == "oob_daemon_failure":
             if victim == "trainer" or list(rep.ranks) != [rank]:
                 problems.append(f"oob_daemon_failure for {list(rep.ranks)} (victim: {victim} of rank {rank})")
@@ -379,9 +399,13 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--keep", action="store_true", help="keep the trial directories")
     p.add_argument("--json", help="write every trial's outcome here")
+    p.add_argument("--failed-to", help="copy the directories of trials with problems here")
     ns = p.parse_args()
     rng = random.Random(ns.seed)
     root = tempfile.mkdtemp(prefix="lmr-oob-kill-")
+    # What a trainer builds, built once here so every forked trainer inherits the imports
+    # (torch.optim pulls in torch._dynamo on first use: seconds per process otherwise).
+    torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
     server = ForkServer()  # before any thread
     exits = Exits()
     results: list[dict] = []
@@ -405,9 +429,12 @@ def main() -> None:
             for t in threads:
                 t.join()
             results.extend(out)
-            if not ns.keep:
-                for i in batch:
-                    shutil.rmtree(os.path.join(root, f"trial-{i}"), ignore_errors=True)
+            for i, r in zip(batch, out):
+                where = os.path.join(root, f"trial-{i}")
+                if r["problems"] and ns.failed_to:  # kept for a look
+                    shutil.copytree(where, os.path.join(ns.failed_to, f"trial-{i}"), dirs_exist_ok=True)
+                if not ns.keep:
+                    shutil.rmtree(where, ignore_errors=True)
             done = len(results)
             if done % 100 < ns.concurrency or done == ns.trials:
                 bad = sum(1 for r in results if r["problems"])
@@ -432,6 +459,9 @@ def summarize(results: list[dict], seconds: float) -> None:
     kinds = collections.Counter(k for r in results for k in r["reports"])
     bad = [r for r in results if r["problems"]]
     print(f"{len(results)} trials in {seconds:.0f} s: victims {dict(by)}, {killed} kills landed")
+    ready = sorted(r["ready_s"] for r in results if "ready_s" in r)
+    if ready:
+        print(f"start-up (fork to every daemon ready): median {ready[len(ready) // 2]:.2f} s, max {ready[-1]:.2f} s")
     if outlived:
         q = lambda f: outlived[min(len(outlived) - 1, int(f * len(outlived)))]  # noqa: E731
         print(f"daemon exit after its trainer: median {q(0.5) * 1e3:.1f} ms, p99 {q(0.99) * 1e3:.1f} ms, "

@@ -308,4 +308,11 @@ bool ProgressReader::unlinkIfOwnerDead(const std::string& name, std::int32_t own
   return ::shm_unlink(name.c_str()) == 0;
 }
 
+bool ProgressReader::exists(const std::string& name) noexcept {
+  const int fd = ::shm_open(name.c_str(), O_RDONLY, 0);
+  if (fd < 0) return false;
+  ::close(fd);
+  return true;
+}
+
 }  // namespace lmr::oob

@@ -125,6 +125,15 @@ std::string takeToken() {
   return token;
 }
 
+// Removes the record the dead training process `parent` left. Its parent pid is gone from
+// getppid() before the kernel shows it dead (a zombie): retried briefly until it does.
+void removeRecordOf(long parent, const std::string& segment) {
+  for (int i = 0; i < 100 && lmr::oob::ProgressReader::exists(segment); ++i) {
+    if (lmr::oob::ProgressReader::unlinkIfOwnerDead(segment, static_cast<std::int32_t>(parent))) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
 // Watches the training process: once it is gone (killed: it could not stop us), removes
 // the record it left and exits at once, within one poll period even while a stall round
 // blocks the main thread (a round can wait join + gather): it looks twice per period.
@@ -133,7 +142,7 @@ void exitWithParent(long parent, const std::string& segment, std::chrono::millis
   while (!g_stop.load()) {
     if (::getppid() != parent) {
       lmr::MutexLock lock(lmr::oobd::reportFileLock());  // not half-way through a report
-      lmr::oob::ProgressReader::unlinkIfOwnerDead(segment, static_cast<std::int32_t>(parent));
+      removeRecordOf(parent, segment);
       std::_Exit(0);
     }
     std::this_thread::sleep_for(std::max(poll / 2, std::chrono::milliseconds(1)));
@@ -172,7 +181,7 @@ int main(int argc, char** argv) {
     // Exits with its parent: polled (a parent-death signal would follow the thread that
     // started the daemon, not the process). The parent may already be gone.
     if (parent > 0 && ::getppid() != parent) {
-      lmr::oob::ProgressReader::unlinkIfOwnerDead(args.str("segment"), static_cast<std::int32_t>(parent));
+      removeRecordOf(parent, args.str("segment"));
       return 0;
     }
     ::signal(SIGTERM, onSignal);

@@ -105,6 +105,8 @@ class ProgressReader {
   // observer's clean-up after its training process died without unlinking (also one the
   // owner died while creating, not initialised yet). True when it removed the segment.
   static bool unlinkIfOwnerDead(const std::string& name, std::int32_t owner_pid) noexcept;
+  // Whether segment `name` exists (initialised or not).
+  static bool exists(const std::string& name) noexcept;
 
  private:
   const Shared* shared_ = nullptr;

@@ -196,6 +196,10 @@ class HangMonitor:
     # --- background threads ----------------------------------------------------------
 
     def _daemon_exited(self, code: int, log_tail: str) -> None:
+        # Nobody reads the record any more: remove it now, so that this process being
+        # killed later (a launcher's teardown) leaves nothing behind. Later updates of the
+        # publishers are dropped (ProgressWriter.close only unlinks: safe from this thread).
+        self._writer.close()
         report = SCOUTFaultReport(
             kind="oob_daemon_failure", scope="rank", ranks=(self.rank,), hosts=(self.host,),
             evidence={"reason": f"lmr-oobd (pid {self._daemon.pid}) exited with code {code}", "exit_code": code,
