@@ -1,6 +1,7 @@
 #include "lmr/oob/store.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -113,6 +114,21 @@ void FileStore::set(const std::string& key, const std::string& value) { files::r
 std::optional<std::string> FileStore::tryGet(const std::string& key) { return files::readFile(path(key)); }
 
 bool FileStore::claim(const std::string& key, const std::string& value) { return files::createFile(path(key), value); }
+
+void FileStore::erase(const std::string& key) {
+  if (::unlink(path(key).c_str()) != 0 && errno != ENOENT) throw IoError(sysError("cannot remove " + path(key)));
+}
+
+void FileStore::removeAll() noexcept {
+  if (DIR* d = ::opendir(directory_.c_str()); d != nullptr) {
+    while (const dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      if (name != "." && name != "..") ::unlink((directory_ + "/" + name).c_str());
+    }
+    ::closedir(d);
+  }
+  ::rmdir(directory_.c_str());
+}
 
 // ---- TcpStoreServer -----------------------------------------------------------------------
 

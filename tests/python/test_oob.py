@@ -452,5 +452,6 @@ def test_replay_harness_runs_hang_detection_when_configured(tmp_path):
     assert any(r.step == 1 for r in seen), seen
     harness.close()
     assert not process_alive(daemon)
+    assert os.listdir(tmp_path / "rendezvous") == []  # the job's file rendezvous went with it
     with pytest.raises(lmr.InvalidArgumentError, match="hang_detection"):
         ReplayHarnessConfig(hang_detection={"threshold_s": 1})

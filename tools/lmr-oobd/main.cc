@@ -26,6 +26,7 @@
 namespace {
 
 std::atomic<bool> g_stop{false};
+std::atomic<bool> g_exiting{false};  // main() is returning: the parent watch may end
 void onSignal(int) { g_stop.store(true); }
 
 // The usage text, with the watch defaults of lmr::oob::WatchOptions.
@@ -137,9 +138,10 @@ void removeRecordOf(long parent, const std::string& segment) {
 // Watches the training process: once it is gone (killed: it could not stop us), removes
 // the record it left and exits at once, within one poll period even while a stall round
 // blocks the main thread (a round can wait join + gather): it looks twice per period.
-// Returns when asked to stop.
+// Returns only when main() returns: a stop request (SIGTERM) can arrive in the middle of
+// a round, which then still runs to its end, and the parent may die meanwhile.
 void exitWithParent(long parent, const std::string& segment, std::chrono::milliseconds poll) {
-  while (!g_stop.load()) {
+  while (!g_exiting.load()) {
     if (::getppid() != parent) {
       lmr::MutexLock lock(lmr::oobd::reportFileLock());  // not half-way through a report
       removeRecordOf(parent, segment);
@@ -149,10 +151,25 @@ void exitWithParent(long parent, const std::string& segment, std::chrono::millis
   }
 }
 
+// Stopped in order: this daemon's registration goes, and the last daemon of the group to
+// leave removes the job's rendezvous directory (someone is always last: each removes its
+// own key before it looks for the others').
+void leaveFileRendezvous(lmr::oob::FileStore& store, const std::string& prefix, std::int64_t index,
+                         std::size_t members) {
+  try {
+    store.erase(prefix + "ready/" + std::to_string(index));
+    for (std::size_t i = 0; i < members; ++i)
+      if (store.tryGet(prefix + "ready/" + std::to_string(i))) return;
+    store.removeAll();
+  } catch (const std::exception& e) {
+    LMR_LOG(kWarn, "oobd", "cannot clean up the file rendezvous: ", e.what());
+  }
+}
+
 struct ParentWatch {
   std::thread thread;
   ~ParentWatch() {
-    g_stop.store(true);
+    g_exiting.store(true);
     if (thread.joinable()) thread.join();
   }
 };
@@ -221,6 +238,7 @@ int main(int argc, char** argv) {
 
     std::unique_ptr<lmr::oob::TcpStoreServer> server;
     std::unique_ptr<lmr::oob::Store> store;
+    lmr::oob::FileStore* file_store = nullptr;  // owned by `store`, when file rendezvous
     if (args.has("master-addr") || args.has("master-port")) {
       lmr::oob::TcpStoreOptions t;
       t.host = args.str("master-addr", "127.0.0.1");
@@ -234,7 +252,9 @@ int main(int argc, char** argv) {
       t.connect_timeout = std::chrono::milliseconds(500);
       store = std::make_unique<lmr::oob::TcpStore>(t);
     } else {
-      store = std::make_unique<lmr::oob::FileStore>(o.state_dir + "/rendezvous");
+      // One directory per job: its daemons remove it when the job ends in order.
+      file_store = new lmr::oob::FileStore(o.state_dir + "/rendezvous/" + (o.instance.empty() ? "job" : o.instance));
+      store.reset(file_store);
     }
     // The training process creates its record once this daemon runs (so that a training
     // process killed at any moment leaves nothing behind: the watch above removes it).
@@ -265,6 +285,7 @@ int main(int argc, char** argv) {
       observer.poll();
       std::this_thread::sleep_for(poll);
     }
+    if (file_store != nullptr) leaveFileRendezvous(*file_store, observer.keyPrefix(), o.index, o.group_ranks.size());
     return 0;
   } catch (const lmr::InvalidArgument& e) {
     tell(ready_fd, std::string("error: ") + e.what());

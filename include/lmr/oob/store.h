@@ -34,13 +34,17 @@ class Store {
   std::vector<bool> waitAll(const std::vector<std::string>& keys, std::chrono::steady_clock::time_point deadline);
 };
 
-// One file per key in `directory` (created if needed); values written atomically.
+// One file per key in `directory` (created if needed, mode 0700); values written atomically.
 class FileStore : public Store {
  public:
   explicit FileStore(std::string directory);
   void set(const std::string& key, const std::string& value) override;
   std::optional<std::string> tryGet(const std::string& key) override;
   bool claim(const std::string& key, const std::string& value) override;
+  // Removes one key (absent: nothing to do).
+  void erase(const std::string& key);
+  // Removes every key and the directory (the end of a job's rendezvous). Best effort.
+  void removeAll() noexcept;
 
  private:
   std::string path(const std::string& key) const;

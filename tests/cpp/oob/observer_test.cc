@@ -205,6 +205,28 @@ TEST(Observer, AStoredReportOfAnotherGroupIsNotAdopted) {
   EXPECT_FALSE(g.run({2}, 500ms)[2]);
 }
 
+// The rendezvous store goes away mid-run (its host died): rounds fail with a log line and
+// the daemons keep polling; once a store answers at that address again they report again
+// (each alone, possibly: their round numbers moved apart while failing, so the report may
+// be inconclusive, but it never blames a rank that was not stalled).
+TEST(Observer, ARendezvousThatVanishesFailsRoundsUntilItIsBack) {
+  Group g(2, "vanish", /*tcp=*/true);
+  g.setUpAll();
+  const int port = g.server->port();
+  g.server.reset();
+  everyoneWaitsInAllReduce(g);
+  g.writers[1]->stepCompleted(12);
+  const auto lost = g.run({0, 1}, 1500ms);
+  EXPECT_FALSE(lost[0]);
+  EXPECT_FALSE(lost[1]);
+  g.server = std::make_unique<oob::TcpStoreServer>(port, "127.0.0.1", "job-token-0123456789");
+  const auto back = g.run({0, 1});
+  for (const auto& path : back) {
+    const auto r = load(path);
+    EXPECT_TRUE(r["ranks"] == nlohmann::json::array({11}) || r["ranks"].empty()) << r.dump();
+  }
+}
+
 TEST(Observer, HealthyProgressStartsNoRound) {
   Group g(2, "healthy", /*tcp=*/true);
   g.setUpAll();

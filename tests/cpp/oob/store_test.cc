@@ -39,6 +39,21 @@ TEST(Store, FileStoreSetGetClaim) {
   exercise(s);
 }
 
+TEST(Store, FileStoreKeysAndTheDirectoryCanBeRemoved) {
+  const std::string dir = tempDir("remove");
+  FileStore s(dir);
+  s.set("oob-1/ready/0", "h");
+  s.set("oob-1/latest", "2");
+  s.erase("oob-1/ready/0");
+  s.erase("oob-1/never-set");  // absent: nothing to do
+  EXPECT_FALSE(s.tryGet("oob-1/ready/0"));
+  EXPECT_EQ(*s.tryGet("oob-1/latest"), "2");
+  EXPECT_EQ(std::filesystem::status(dir).permissions() & std::filesystem::perms::all,
+            std::filesystem::perms::owner_all);
+  s.removeAll();
+  EXPECT_FALSE(std::filesystem::exists(dir));
+}
+
 TEST(Store, TcpStoreSetGetClaim) {
   TcpStoreServer server(0, "127.0.0.1", kToken);
   TcpStoreOptions o;
