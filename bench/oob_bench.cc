@@ -71,16 +71,14 @@ void BM_PublishDataLoaderNext(benchmark::State& state) {
 // A store request as the server reads it (a 64-byte value, a key like the daemons'):
 // authenticated and checked, against the copy of the frame alone.
 void BM_StoreRequestDecode(benchmark::State& state) {
-  const std::string frame =
-      lmr::oob::encodeRequest("job-token-0123456789abcdef", lmr::oob::kStoreSet, "oob-0a1b2c3d4e5f/here/12/3",
-                              std::string(64, 'v'));
+  const std::string frame = lmr::oob::encodeRequest("job-token-0123456789abcdef", lmr::oob::kStoreSet,
+                                                    "oob-0a1b2c3d4e5f/here/12/3", std::string(64, 'v'));
   for (auto _ : state) benchmark::DoNotOptimize(lmr::oob::decodeRequest("job-token-0123456789abcdef", frame));
 }
 
 void BM_StoreRequestCopy(benchmark::State& state) {
-  const std::string frame =
-      lmr::oob::encodeRequest("job-token-0123456789abcdef", lmr::oob::kStoreSet, "oob-0a1b2c3d4e5f/here/12/3",
-                              std::string(64, 'v'));
+  const std::string frame = lmr::oob::encodeRequest("job-token-0123456789abcdef", lmr::oob::kStoreSet,
+                                                    "oob-0a1b2c3d4e5f/here/12/3", std::string(64, 'v'));
   for (auto _ : state) benchmark::DoNotOptimize(std::string(frame));
 }
 
