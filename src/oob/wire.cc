@@ -4,6 +4,7 @@
 #include <type_traits>
 
 #include "lmr/common/error.h"
+#include "lmr/common/list.h"
 #include "lmr/common/sha256.h"
 
 namespace lmr::oob {
@@ -203,18 +204,14 @@ std::pair<std::uint8_t, std::string> StoreState::apply(const StoreRequest& r) {
 
 std::vector<std::int64_t> parseMembers(std::string_view text, std::int64_t n) {
   std::vector<std::int64_t> out;
-  std::size_t pos = 0;
-  for (;;) {
-    const std::size_t comma = text.find(',', pos);
-    const std::string_view item = text.substr(pos, comma == std::string_view::npos ? text.npos : comma - pos);
+  for (const std::string& item : splitCommaList(text)) {
     const auto v = decimal(item, n - 1);
     if (!v || (!out.empty() && *v <= out.back()))
       throw PeerFailure("a malformed round membership \"" + shown(text) + "\" (member indices of a group of " +
                         std::to_string(n) + ", ascending)");
     out.push_back(*v);
-    if (comma == std::string_view::npos) return out;
-    pos = comma + 1;
   }
+  return out;
 }
 
 std::string formatMembers(const std::vector<std::int64_t>& members) {

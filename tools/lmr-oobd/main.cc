@@ -253,8 +253,10 @@ int main(int argc, char** argv) {
       store = std::make_unique<lmr::oob::TcpStore>(t);
     } else {
       // One directory per job: its daemons remove it when the job ends in order.
-      file_store = new lmr::oob::FileStore(o.state_dir + "/rendezvous/" + (o.instance.empty() ? "job" : o.instance));
-      store.reset(file_store);
+      auto files = std::make_unique<lmr::oob::FileStore>(o.state_dir + "/rendezvous/" +
+                                                         (o.instance.empty() ? "job" : o.instance));
+      file_store = files.get();
+      store = std::move(files);
     }
     // The training process creates its record once this daemon runs (so that a training
     // process killed at any moment leaves nothing behind: the watch above removes it).
