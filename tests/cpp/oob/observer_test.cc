@@ -184,7 +184,7 @@ TEST(Observer, AMalformedMembershipFailsTheRoundAndTheNextOneReports) {
 TEST(Observer, AMalformedRoundNumberIsNeverAReport) {
   Group g(2, "bad-latest");
   g.setUpAll();
-  g.store->set(g.observers[0]->keyPrefix() + "latest", "1; rm -rf /");
+  g.store->set(g.observers[0]->keyPrefix() + "latest", "round-1; rm -rf /");  // std::stoll threw here
   everyoneWaitsInAllReduce(g);
   const auto paths = g.run({0, 1}, 1500ms);
   EXPECT_FALSE(paths[0]);
