@@ -64,14 +64,17 @@ void registerSession(nb::module_& m) {
       .def(
           "__init__",
           [](ExecutorInfo* e, std::string name, const std::vector<std::string>& types, const std::string& max_safety,
-             bool one_shot, bool completes_inline) {
+             bool one_shot, bool completes_inline, const std::vector<std::string>& surfaces) {
             std::vector<FailureType> supported;
             for (const std::string& t : types) supported.push_back(parsed(parseFailureType, t, "failure type"));
-            new (e) ExecutorInfo{std::move(name), std::move(supported),
-                                 parsed(parseSafetyClass, max_safety, "safety class"), one_shot, completes_inline};
+            std::vector<Surface> on;
+            for (const std::string& s : surfaces) on.push_back(parsed(parseSurface, s, "surface"));
+            new (e) ExecutorInfo{
+                std::move(name), std::move(supported), parsed(parseSafetyClass, max_safety, "safety class"),
+                one_shot,        completes_inline,     std::move(on)};
           },
           nb::arg("name"), nb::arg("supported_types"), nb::arg("max_safety"), nb::arg("one_shot"),
-          nb::arg("completes_inline"))
+          nb::arg("completes_inline"), nb::arg("supported_surfaces") = std::vector<std::string>{})
       .def_ro("name", &ExecutorInfo::name);
 
   nb::class_<Action>(m, "SessionAction")

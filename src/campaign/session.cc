@@ -50,6 +50,9 @@ std::optional<std::size_t> pickExecutor(const Incident& incident, const Fault& f
     const ExecutorInfo& ex = executors[i];
     const auto& types = ex.supported_types;
     if (std::find(types.begin(), types.end(), fault.type) == types.end()) continue;
+    const auto& surfaces = ex.supported_surfaces;
+    if (!surfaces.empty() && std::find(surfaces.begin(), surfaces.end(), fault.target.surface) == surfaces.end())
+      continue;
     if (ex.max_safety < need) {
       throw InvalidArgument(where + ": executor " + quoted(ex.name) + " supports " + type + " but its safety ceiling " +
                             std::string(name(ex.max_safety)) + " is below " + std::string(name(need)));

@@ -34,9 +34,12 @@ struct ExecutorInfo {
   SafetyClass max_safety = SafetyClass::kSafeInProcess;
   bool one_shot = false;         // activation always returns an inactive effect
   bool completes_inline = false;  // the effect is over when activation returns
+  // The surfaces it runs the supported types on; empty: every surface.
+  std::vector<Surface> supported_surfaces;
 };
 
-// The first executor of `executors` supporting the fault's type, or nullopt for the
+// The first executor of `executors` supporting the fault's type (and its surface, where
+// the executor names surfaces), or nullopt for the
 // built-in executor. Throws InvalidArgument starting with `where` when the first supporting
 // executor's safety ceiling is too low or it cannot honour the incident's lifetime, and
 // when nothing can run the fault.

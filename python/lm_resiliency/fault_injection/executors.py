@@ -13,6 +13,7 @@ import signal
 import time
 from typing import Any, Callable, Iterable, Mapping, Optional, Protocol, Union, runtime_checkable
 
+from lm_resiliency import _core
 from lm_resiliency.errors import InvalidArgumentError
 from lm_resiliency.fault_injection.campaign import FailureType, SafetyClass
 
@@ -108,10 +109,30 @@ def _types(values: Iterable[Union[str, FailureType]]) -> frozenset:
     return frozenset(out)
 
 
+def _surfaces(values: Optional[Iterable[str]]) -> list[str]:
+    if values is None:
+        return []
+    if isinstance(values, str):
+        values = [values]
+    out = list(values)
+    if not out:
+        raise InvalidArgumentError("supported_surfaces names no surface (omit it for every surface)")
+    for v in out:
+        if not isinstance(v, str):
+            raise InvalidArgumentError(f"supported_surfaces: expected surface names, got {v!r}")
+    try:  # the engine's parser names the unknown one
+        _core.ExecutorInfo("", [], "safe_in_process", False, False, out)
+    except InvalidArgumentError as e:
+        raise InvalidArgumentError(f"supported_surfaces: {e}") from None
+    return out
+
+
 class CallbackFaultExecutor:
     """An executor made of two callables.
 
-    ``activate(request) -> FaultExecutionResult`` starts the effect. ``deactivate(request,
+    ``activate(request) -> FaultExecutionResult`` starts the effect. ``supported_surfaces``
+    (default: every surface) limits the surfaces it takes ``supported_types`` on; a fault on
+    another surface goes to the next executor, or to the built-in one. ``deactivate(request,
     result)`` ends an active one and may return JSON evidence. Without ``deactivate`` the
     executor must be declared ``one_shot=True``: a promise that activation returns
     ``active=False``. ``completes_inline=True`` declares that the effect is over when
@@ -121,7 +142,8 @@ class CallbackFaultExecutor:
     def __init__(self, name: str, supported_types: Iterable[Union[str, FailureType]], max_safety: Union[str, SafetyClass],
                  activate: Callable[[FaultRequest], FaultExecutionResult],
                  deactivate: Optional[Callable[[FaultRequest, FaultExecutionResult], Any]] = None,
-                 *, one_shot: bool = False, completes_inline: bool = False) -> None:
+                 *, one_shot: bool = False, completes_inline: bool = False,
+                 supported_surfaces: Optional[Iterable[str]] = None) -> None:
         if not isinstance(name, str) or not name.strip():
             raise InvalidArgumentError("executor name must be a non-empty string")
         if not callable(activate):
@@ -142,6 +164,7 @@ class CallbackFaultExecutor:
         self.supported_types = _types(supported_types)
         self.one_shot = one_shot
         self.completes_inline = completes_inline
+        self.supported_surfaces = frozenset(_surfaces(supported_surfaces))
         self._activate = activate
         self._deactivate = deactivate
 

@@ -87,7 +87,8 @@ class FaultInjectionSession:
 
     def _prepare_locally(self) -> None:
         infos = [_core.ExecutorInfo(ex.name, [str(t) for t in ex.supported_types], str(ex.max_safety),
-                                    bool(ex.one_shot), bool(ex.completes_inline)) for ex in self._executors]
+                                    bool(ex.one_shot), bool(ex.completes_inline),
+                                    sorted(getattr(ex, "supported_surfaces", None) or ())) for ex in self._executors]
         for i, f, index in self._core.prepare(infos):
             executor = None if index is None else self._executors[index]
             fault = self._incidents[i]["faults"][f]

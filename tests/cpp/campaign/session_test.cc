@@ -123,7 +123,7 @@ TEST(Session, OnlyThisRanksFaultsAreArmedButSafetyCountsEveryRank) {
   m["incidents"][0]["faults"].push_back(kill);
   Fixture fx{parse(m)};
   const ExecutorInfo process{
-      "process", {FailureType::kProcessTermination}, SafetyClass::kIsolatedDestructive, false, true};
+      "process", {FailureType::kProcessTermination}, SafetyClass::kIsolatedDestructive, false, true, {}};
   auto rank0 = fx.session(0, 0, 2, {process});
   EXPECT_EQ(rank0->assignments().size(), 1u);
   const ArmPlan plan = rank0->arm(3);
@@ -291,7 +291,7 @@ TEST(Session, ObservesStaleStateOneBoundaryAheadWithCampaignStartOrigin) {
 }
 
 ExecutorInfo executor(const char* name, SafetyClass ceiling, bool one_shot = false, bool inline_done = false) {
-  return {name, {FailureType::kTensorCorruption}, ceiling, one_shot, inline_done};
+  return {name, {FailureType::kTensorCorruption}, ceiling, one_shot, inline_done, {}};
 }
 
 TEST(Executors, EligibilityFollowsSafetyAndLifetime) {
@@ -317,10 +317,23 @@ TEST(Executors, EligibilityFollowsSafetyAndLifetime) {
   const Incident& ni = net.incidents()[0];
   EXPECT_EQ(errorOf([&] { pickExecutor(ni, ni.faults[0], {}, "w"); }),
             "w: no executor supports network_partition on surface 'collective' (configure one with executors=...)");
-  ExecutorInfo low{"low", {FailureType::kNetworkPartition}, SafetyClass::kIsolatedDestructive, false, false};
+  ExecutorInfo low{"low", {FailureType::kNetworkPartition}, SafetyClass::kIsolatedDestructive, false, false, {}};
   EXPECT_EQ(errorOf([&] { pickExecutor(ni, ni.faults[0], {low}, "w"); }),
             "w: executor 'low' supports network_partition but its safety ceiling isolated_destructive is below "
             "cluster_destructive");
+}
+
+TEST(Executors, SurfacesLimitWhatAnExecutorTakes) {
+  const Campaign c = Campaign::parse(manifest({{"iterations", 2}}).dump());  // tensor_corruption on output
+  const Incident& inc = c.incidents()[0];
+  ExecutorInfo elsewhere = executor("collective-only", SafetyClass::kClusterDestructive);
+  elsewhere.supported_surfaces = {Surface::kCollective};
+  ExecutorInfo here = executor("output-only", SafetyClass::kClusterDestructive);
+  here.supported_surfaces = {Surface::kWeight, Surface::kOutput};
+  // A surface the executor does not name goes on to the next executor, then to the built-in one.
+  EXPECT_EQ(pickExecutor(inc, inc.faults[0], {elsewhere}, "w"), std::nullopt);
+  EXPECT_EQ(pickExecutor(inc, inc.faults[0], {elsewhere, here}, "w"), 1u);
+  EXPECT_EQ(pickExecutor(inc, inc.faults[0], {executor("any", SafetyClass::kSafeInProcess), here}, "w"), 0u);
 }
 
 TEST(Executors, ActivationResultsMustMatchTheLifetime) {
