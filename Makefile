@@ -1,5 +1,5 @@
 # LM Resiliency: every target does its own set-up and can be run again safely.
-#   make demo   set-up, build, then a 4-rank CPU (gloo) DDP run with one corrupted rank
+#   make demo   set-up, build, then lmr-qualify: 4 CPU ranks (gloo), DDP, every fault family, a self-healing restart
 #   make test   set-up, build, C++ tests (ctest), Python tests (pytest)
 #   make test-fast  the same without the tests that spawn multi-rank worlds
 #   make lint   ruff check, clang-format --dry-run -Werror, then make lint-threads
@@ -64,7 +64,7 @@ build: deps
 	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PY) -m pip install $(PIP_BUILD_FLAGS) .
 
 demo: build
-	$(VENV)/bin/lmr-demo
+	$(VENV)/bin/lmr-qualify --out qualify-out
 
 test-cpp: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)

@@ -7,8 +7,9 @@ from lm_resiliency.scout.oob import (HangDetectionConfig, HangMonitor, SCOUTFaul
                                      instrument_dataloader)
 from lm_resiliency.scout.harness import ReplayHarness
 from lm_resiliency.scout.result import ReplayResult, SurfaceResult
-from lm_resiliency.scout.scoring import Attribution, explain_attributions, localization_results, occurrence_windows
+from lm_resiliency.scout.scoring import (Attribution, explain_attributions, hang_localization_results, localization_results,
+                                        occurrence_windows)
 
 __all__ = ["Attribution", "HangDetectionConfig", "HangMonitor", "ReplayHarness", "ReplayHarnessConfig", "ReplayResult",
-           "SCOUTFaultReport", "SurfaceResult", "checkpoint_io", "explain_attributions", "instrument_dataloader",
-           "localization_results", "occurrence_windows"]
+           "SCOUTFaultReport", "SurfaceResult", "checkpoint_io", "explain_attributions", "hang_localization_results",
+           "instrument_dataloader", "localization_results", "occurrence_windows"]

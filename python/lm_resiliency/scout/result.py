@@ -84,6 +84,18 @@ class ReplayResult:
     def to_json(self, indent: Optional[int] = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ReplayResult":
+        """The inverse of ``to_dict`` after a JSON round trip (rank keys back to ints,
+        places back to tuples); unknown keys raise TypeError."""
+        d = dict(data)
+        d["c3_results"] = {k: SurfaceResult(**v) for k, v in d.get("c3_results", {}).items()}
+        d["integrity_tensors"] = {s: {int(r): list(t) for r, t in by_rank.items()}
+                                  for s, by_rank in d.get("integrity_tensors", {}).items()}
+        d["rank_places"] = {s: {int(r): tuple(p) for r, p in by_rank.items()}
+                            for s, by_rank in d.get("rank_places", {}).items()}
+        return cls(**d)
+
     def add_collective(self, name: str, recipe: str, seconds: Any) -> None:
         """A replay collective's time among the peers; `seconds`: a number or a Timer
         (read when the check finishes)."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 from lm_resiliency import _core
 from lm_resiliency.fault_injection.campaign import FaultCampaign
@@ -123,4 +123,43 @@ def localization_results(campaign: FaultCampaign, records: Iterable[FaultInjecti
     for index in sorted({a.check for a in unexplained}):
         check = results[index]
         out.extend(_results_for(f"unexplained@{check.step}", check, [a for a in unexplained if a.check == index], None))
+    return out
+
+
+def report_attributions(reports: Sequence[Any]) -> list[Attribution]:
+    """Every rank an out-of-band report (SCOUTFaultReport) names, as an attribution of the
+    iteration in progress when the group stopped: a report's ``step`` counts the updates
+    completed, so the stalled work is iteration ``step + 1``. Peer-group reports name nobody."""
+    out = []
+    for i, r in enumerate(reports):
+        if r.scope == "peer_group" or r._kit_kind is None:
+            continue
+        out.extend(Attribution(int(r.step) + 1, int(rank), f"oob.{r.kind}", r._kit_kind, check=i) for rank in r.ranks)
+    return out
+
+
+def explain_reports(campaign: FaultCampaign, records: Iterable[FaultInjectionRecord], reports: Sequence[Any],
+                    recoveries: Sequence[int] = ()) -> list[Attribution]:
+    """Every attribution of the out-of-band `reports` with its explanation (lmr::campaign)."""
+    found = report_attributions(reports)
+    explained = _core.explain_attributions(campaign._core, [r._core for r in records],
+                                           [(a.step, a.rank, a.source, a.kind, False) for a in found], list(recoveries))
+    return [dataclasses.replace(a, explanation=e, occurrence_id=o) for a, (e, o) in zip(found, explained)]
+
+
+def hang_localization_results(campaign: FaultCampaign, records: Iterable[FaultInjectionRecord],
+                              reports: Sequence[Any], recoveries: Sequence[int] = ()) -> list[LocalizationResult]:
+    """LocalizationResults from the out-of-band reports: each occurrence with the first report
+    explained by it, and each report nothing explains as "unexplained@<step>", as for replay
+    checks."""
+    first: dict[str, int] = {}
+    unexplained: list[int] = []
+    for a in explain_reports(campaign, records, reports, recoveries):
+        if a.explanation == "occurrence":
+            first.setdefault(a.occurrence_id, a.check)
+        elif a.check not in unexplained:
+            unexplained.append(a.check)
+    out = [reports[i].to_localization_result(occurrence) for occurrence, i in first.items()]
+    out.extend(reports[i].to_localization_result(f"unexplained@{reports[i].step + 1}") for i in unexplained
+               if i not in first.values())
     return out

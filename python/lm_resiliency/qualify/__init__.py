@@ -1,0 +1,1 @@
+"""``lmr-qualify``: the qualification runner (see runner.py)."""

@@ -1,0 +1,183 @@
+"""The fault families a qualification run injects, and the default campaign built from them.
+
+Each family is one incident of the campaign: what it injects, on which rank, for how long,
+and what the run's configuration needs for it to be localized (a family the configuration
+cannot localize is left out of the default campaign, with the reason printed). The
+schedule puts the permanent fault first, once a verified checkpoint exists, so the
+self-healing restart happens early and every other family runs in the resumed generation,
+each in its own window with fault-free iterations between them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Optional
+
+# Stall lengths: long enough to pass the out-of-band threshold and be agreed, short enough
+# for the run to go on afterwards.
+STALL_S = 4.0
+HANG_THRESHOLD_S = 1.5
+DESYNC_S = 4.0
+LATEST_INTERVAL = 3  # fast-tier snapshots: a checkpoint write at least this often
+RECOVERY_AT = 12  # the permanent fault: after two catalog cycles have verified a checkpoint
+GAP = 3  # fault-free iterations between two windows
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """What the run is: the facts a family's requirement depends on."""
+
+    parallel: str  # ddp | fsdp2 | hsdp
+    world: int
+    device: str = "cpu"
+    dp_replicate: int = 2
+    host: str = "localhost"  # the host every rank runs on (the comm straggler's resource)
+
+    @property
+    def replicas(self) -> int:
+        """Copies of each piece of held state (parameters, optimizer state)."""
+        return {"ddp": self.world, "fsdp2": 1, "hsdp": self.dp_replicate}[self.parallel]
+
+
+def _fault(fault_type: str, target: dict, parameters: Optional[dict] = None) -> dict:
+    return {"fault_id": "f", "type": fault_type, "target": target, "parameters": parameters or {}}
+
+
+def _block(rank: int, surface: str, index: int = 0) -> dict:
+    return {"rank": rank, "component": "transformer_block", "index": index, "surface": surface}
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    name: str
+    title: str
+    window: int  # iterations the incident is active
+    faults: Callable[[int, Config], list]  # (rank, config) -> the incident's faults
+    needs: Callable[[Config], str] = lambda c: ""  # why `c` cannot localize it ("" when it can)
+    until: str = ""  # a lifetime "until" instead of `window` iterations
+
+    def incident(self, at: int, rank: int, config: Config) -> dict:
+        lifetime: dict[str, Any] = {"until": self.until} if self.until else {"iterations": self.window}
+        return {"incident_id": self.name, "trigger": {"at": [at]}, "lifetime": lifetime,
+                "faults": self.faults(rank, config)}
+
+
+def _majority(c: Config) -> str:
+    return "" if c.world >= 3 else f"needs 3 or more data-parallel ranks for a strict majority (world {c.world})"
+
+
+def _held_state(c: Config) -> str:
+    if c.world < 2:
+        return "needs a second rank: one rank has nobody to compare with"
+    return ""
+
+
+def _reduced_gradient(c: Config) -> str:
+    if c.parallel != "ddp":
+        return ("under FSDP2 and HSDP a gradient fault corrupts the already reduced shard, which replay "
+                "does not compare (issue 25); run it with --parallel ddp")
+    return _majority(c)
+
+
+def _mesh(c: Config) -> str:
+    if c.parallel != "hsdp" or c.world < 4 or c.world // c.dp_replicate < 2:
+        return ("needs two process-group dimensions to tell a slow link from a slow group "
+                "(--parallel hsdp on 4 or more ranks); under DDP or FSDP2 every collective runs on one group")
+    return ""
+
+
+def _recovery(c: Config) -> str:
+    return _held_state(c)
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("recovery", "permanent weight SDC, self-healing restart", 0,
+           lambda r, c: [_fault("tensor_corruption", _block(r, "weight"),
+                                {"operation": "scale", "factor": 4.0, "scope": "1%", "parameter": "attention.wq.weight"})],
+           _recovery, until="recovery"),
+    Family("dataloader_stall", "DataLoader stall", 1,
+           lambda r, c: [_fault("hang", {"rank": r, "surface": "data"}, {"seconds": STALL_S})], _held_state),
+    Family("checkpoint_stall", "checkpoint I/O stall", LATEST_INTERVAL + 1,
+           lambda r, c: [_fault("hang", {"rank": r, "surface": "checkpoint"}, {"seconds": STALL_S})], _held_state),
+    Family("process_stall", "process stall", 1,
+           lambda r, c: [_fault("hang", {"rank": r, "surface": "process"}, {"seconds": STALL_S})], _majority),
+    Family("collective_desync", "collective desync", 1,
+           lambda r, c: [_fault("collective_desync", {"rank": r, "surface": "collective"}, {"seconds": DESYNC_S})],
+           _majority),
+    Family("compute_straggler", "compute straggler", 8,
+           lambda r, c: [_fault("delay", _block(r, "compute"), {"delay_ms": 40})], _majority),
+    Family("comm_straggler", "communication straggler (slow link)", 8,
+           lambda r, c: [_fault("delay", {"rank": r, "surface": "collective", "resource": c.host},
+                                {"delay_ms": 60})], _mesh),
+    Family("sdc_output", "SDC in a block's output", 4,
+           lambda r, c: [_fault("tensor_corruption", _block(r, "output", 1), {"operation": "sign_flip", "scope": "row"})],
+           _majority),
+    Family("sdc_gradient", "SDC in a gradient", 4,
+           lambda r, c: [_fault("tensor_corruption", _block(r, "gradient"),
+                                {"operation": "noise", "std": 1.0, "scope": "1%", "parameter": "feed_forward.w2.weight"})],
+           _reduced_gradient),
+    Family("sdc_embedding", "SDC in the embedding", 4,
+           lambda r, c: [_fault("tensor_corruption", {"rank": r, "component": "embedding", "surface": "output"},
+                                {"operation": "scale", "factor": 3.0, "scope": "row"})], _majority),
+    Family("sdc_head", "SDC in the output head", 4,
+           lambda r, c: [_fault("tensor_corruption", {"rank": r, "component": "output", "surface": "output"},
+                                {"operation": "single_bitflip", "magnitude": "large", "scope": "1%"})], _majority),
+    Family("sdc_optimizer_state", "SDC in optimizer state", 4,
+           lambda r, c: [_fault("tensor_corruption", _block(r, "optimizer_state", 0),
+                                {"operation": "scale", "factor": 8.0, "scope": "10%", "parameter": "attention.wo.weight",
+                                 "state_key": "exp_avg"})], _held_state),
+    Family("sdc_weight", "SDC in a weight", 4,
+           lambda r, c: [_fault("tensor_corruption", _block(r, "weight", 1),
+                                {"operation": "scale", "factor": 4.0, "scope": "1%", "parameter": "feed_forward.w1.weight"})],
+           _held_state),
+)
+BY_NAME = {f.name: f for f in FAMILIES}
+NAMES = tuple(BY_NAME)
+
+
+def parse_families(text: Optional[str]) -> tuple[str, ...]:
+    """Family names from a comma-separated list (None: all), in catalog order; ValueError
+    naming an unknown one."""
+    if text is None:
+        return NAMES
+    asked = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in asked if n not in BY_NAME]
+    if unknown:
+        raise ValueError(f"unknown family {unknown[0]!r} (known: {', '.join(NAMES)})")
+    if not asked:
+        raise ValueError("--families names no family")
+    return tuple(n for n in NAMES if n in asked)
+
+
+@dataclasses.dataclass
+class Plan:
+    campaign: dict
+    steps: int  # optimizer steps the run trains for
+    left_out: dict[str, str]  # family -> why this configuration cannot localize it
+
+
+def default_campaign(config: Config, families: tuple[str, ...] = NAMES, seed: int = 20261202) -> Plan:
+    """The built-in campaign for `config`: the families it can localize, scheduled one after
+    the other; ranks rotate (1, 2, 3, 0, ...) so that each family lands somewhere else."""
+    incidents, left_out = [], {}
+    at = RECOVERY_AT
+    chosen = [BY_NAME[n] for n in families]
+    if "recovery" not in families:
+        at = 4
+    for i, family in enumerate(chosen):
+        why = family.needs(config)
+        if why:
+            left_out[family.name] = why
+            continue
+        rank = (len(incidents) + 1) % config.world
+        incidents.append(family.incident(at, rank, config))
+        # The permanent fault ends at the restart: the resumed run starts below it.
+        at += (1 if family.until else family.window) + GAP
+    campaign = {"schema_version": 1, "name": f"qualify-{config.parallel}-{config.world}", "seed": seed,
+                "incidents": incidents}
+    return Plan(campaign, at + GAP, left_out)
+
+
+def clean_campaign(seed: int) -> dict:
+    """A campaign with no incident: a fault-free run."""
+    return {"schema_version": 1, "name": "qualify-clean", "seed": seed, "incidents": []}

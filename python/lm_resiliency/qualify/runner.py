@@ -1,0 +1,282 @@
+"""``lmr-qualify``: qualify a cluster, or a resiliency system, with one command.
+
+Runs the reference workload on N ranks (default 4 CPU ranks over gloo) under torchrun with
+everything on (SCOUT replay, state integrity, the out-of-band hang daemon, checkpoint
+certification with self-healing, GPU health on CUDA), under a campaign file or the
+built-in campaign, which injects every family this configuration can localize: SDC on a
+block's output, a gradient, a weight, optimizer state, the embedding and the head; a
+compute straggler; a slow link (HSDP); a collective desync; a process stall; a DataLoader
+stall; a checkpoint I/O stall; and a permanent fault that needs a self-healing restart from
+the verified checkpoint. Progress is shown live; at the end a table per occurrence, the
+artifacts (manifest, injection records, localization results, the ``lmr campaign compare``
+report, replay results, fault reports, recovery decisions, the trust manifest, a summary,
+plots, an HTML report) are in the output folder.
+
+Exit status: 0 when every occurrence was localized, the recovery was done and nothing was
+attributed that no occurrence explains (fault-free runs: nothing at all); 1 otherwise; 2
+for bad input, before anything starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from typing import Any, Optional
+
+from lm_resiliency.qualify import families as fam
+from lm_resiliency.qualify.display import State, Tail, make_display
+from lm_resiliency.qualify.outcome import Outcome, score
+from lm_resiliency.qualify.summary import Run, summarize, write_run_artifacts
+
+PARALLEL = ("ddp", "fsdp2", "hsdp")
+
+
+class UsageError(Exception):
+    """Bad input: printed as one line, exit status 2."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lmr-qualify", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ranks", type=int, default=4, help="ranks to launch (default 4); ignored inside torchrun")
+    p.add_argument("--parallel", choices=PARALLEL, default="ddp")
+    p.add_argument("--dp-replicate", type=int, default=2, help="HSDP replicate dimension (default 2)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--backend", choices=("gloo", "nccl"), default=None,
+                   help="default: gloo on cpu, nccl on cuda (one rank per GPU); gloo on cuda lets ranks share a GPU")
+    p.add_argument("--campaign", help="a campaign manifest (JSON); default: the built-in campaign")
+    p.add_argument("--families", help=f"comma-separated families of the built-in campaign (default all: "
+                                      f"{', '.join(fam.NAMES)})")
+    p.add_argument("--steps", type=int, help="optimizer steps per run (default: as long as the campaign needs)")
+    p.add_argument("--out", default="qualify-out", help="output folder (default ./qualify-out)")
+    p.add_argument("--repeat", type=int, default=None, help="run the campaign K times with different seeds")
+    p.add_argument("--clean", type=int, default=0, help="K fault-free runs; every attribution in them counts")
+    p.add_argument("--seed", type=int, default=20261202)
+    p.add_argument("--max-recoveries", type=int, default=1,
+                   help="self-healing restarts a run acts on (default 1); later decisions are recorded only")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds one run may take (default 900)")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port while running")
+    p.add_argument("--metrics-addr", default="127.0.0.1", help="address for --metrics-port (default 127.0.0.1)")
+    p.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
+    p.add_argument("--no-plots", action="store_true", help="no PNG plots (and no plots in the HTML report)")
+    return p
+
+
+class Setup:
+    """Everything decided before a run starts."""
+
+    def __init__(self, ns: argparse.Namespace, world: int) -> None:
+        self.ns = ns
+        self.world = world
+        self.backend = ns.backend or ("nccl" if ns.device == "cuda" else "gloo")
+        self.config = fam.Config(ns.parallel, world, ns.device, ns.dp_replicate, socket.gethostname())
+        self.left_out: dict[str, str] = {}
+        self.titles: dict[str, str] = {}
+        if ns.campaign:
+            self.campaign = _read_campaign(ns.campaign, world)
+            self.steps = ns.steps or _campaign_steps(self.campaign)
+        else:
+            plan = fam.default_campaign(self.config, fam.parse_families(ns.families), ns.seed)
+            self.campaign, self.left_out = plan.campaign, plan.left_out
+            self.steps = ns.steps or plan.steps
+            self.titles = {f.name: f.title for f in fam.FAMILIES}
+            if not self.campaign["incidents"] and ns.repeat:
+                raise UsageError("no family of the built-in campaign can be localized here: "
+                                 + "; ".join(f"{k}: {v}" for k, v in self.left_out.items()))
+        self.repeat = 1 if ns.repeat is None and not ns.clean else (ns.repeat or 0)
+
+
+def _read_campaign(path: str, world: int) -> dict:
+    from lm_resiliency.fault_injection import FaultCampaign
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        FaultCampaign.from_json(text)
+    except OSError as e:
+        raise UsageError(f"--campaign {path}: {e.strerror}") from None
+    except Exception as e:  # noqa: BLE001 - the manifest's own error names the JSON path
+        raise UsageError(f"--campaign {path}: {e}") from None
+    campaign = json.loads(text)
+    for i, incident in enumerate(campaign.get("incidents", [])):
+        for f, fault in enumerate(incident.get("faults", [])):
+            rank = fault.get("target", {}).get("rank")
+            if isinstance(rank, int) and rank >= world:
+                raise UsageError(f"--campaign {path}: incidents[{i}].faults[{f}].target.rank is {rank}, "
+                                 f"outside the world of {world} ranks")
+    return campaign
+
+
+def _campaign_steps(campaign: dict, horizon: int = 10000) -> int:
+    """Enough steps for a manifest's windows (its candidates in the first `horizon`
+    iterations, each with its lifetime), plus a fault-free tail."""
+    from lm_resiliency.fault_injection import FaultCampaign
+
+    incidents = campaign.get("incidents", [])
+    last = 0
+    for c in FaultCampaign.from_json(campaign).candidates(horizon):
+        life = incidents[c.incident_index].get("lifetime", {})
+        last = max(last, c.iteration + int(life.get("iterations", 1)))
+    return max(last, 1) + fam.GAP
+
+
+def _check_out(path: str) -> None:
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, f".lmr-write-test-{os.getpid()}")
+        with open(probe, "w", encoding="utf-8") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as e:
+        raise UsageError(f"--out {path}: cannot write there ({e.strerror})") from None
+
+
+def validate(ns: argparse.Namespace, world: Optional[int] = None) -> Setup:
+    """Checks everything that can be checked before a run starts; UsageError otherwise."""
+    if ns.repeat is not None and ns.repeat < 1:
+        raise UsageError(f"--repeat must be at least 1, got {ns.repeat}")
+    if ns.clean < 0:
+        raise UsageError(f"--clean must be 0 or more, got {ns.clean}")
+    if ns.max_recoveries < 0:
+        raise UsageError(f"--max-recoveries must be 0 or more, got {ns.max_recoveries}")
+    world = ns.ranks if world is None else world
+    if not 1 <= world <= 64:
+        raise UsageError(f"--ranks must be between 1 and 64, got {world}")
+    if ns.parallel == "hsdp" and (ns.dp_replicate < 1 or world % ns.dp_replicate):
+        raise UsageError(f"--parallel hsdp needs --ranks ({world}) divisible by --dp-replicate ({ns.dp_replicate})")
+    if ns.steps is not None and ns.steps < 1:
+        raise UsageError(f"--steps must be at least 1, got {ns.steps}")
+    if ns.metrics_port is not None and not 0 < ns.metrics_port < 65536:
+        raise UsageError(f"--metrics-port must be 1..65535, got {ns.metrics_port}")
+    if ns.families and ns.campaign:
+        raise UsageError("--families selects families of the built-in campaign; it cannot be used with --campaign")
+    if ns.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda: no CUDA device is visible")
+        backend = ns.backend or "nccl"
+        if backend == "nccl" and world > torch.cuda.device_count():
+            raise UsageError(f"--backend nccl needs one GPU per rank: {world} ranks, {torch.cuda.device_count()} GPUs "
+                             "(use --backend gloo to share GPUs)")
+    try:
+        fam.parse_families(ns.families)
+    except ValueError as e:
+        raise UsageError(f"--families: {e}") from None
+    setup = Setup(ns, world)
+    _check_out(ns.out)
+    return setup
+
+
+def _plan(setup: Setup, campaign: dict, run_dir: str, seed: int) -> dict:
+    return {"campaign": campaign, "steps": setup.steps, "parallel": setup.ns.parallel, "device": setup.ns.device,
+            "dp_replicate": setup.ns.dp_replicate, "seed": seed, "backend": setup.backend, "run_dir": run_dir,
+            "max_recoveries": setup.ns.max_recoveries, "run_id": f"lmr-qualify-{uuid.uuid4().hex[:12]}",
+            "comm_sample_every": 1 if setup.ns.parallel == "hsdp" else 0}
+
+
+def launch(setup: Setup, plan: dict, label: str, display: Any, metrics: Any = None) -> int:
+    """Runs one plan under torchrun, showing progress; torchrun's exit status."""
+    run_dir = plan["run_dir"]
+    os.makedirs(run_dir, exist_ok=True)
+    plan_path = os.path.join(run_dir, "plan.json")
+    with open(plan_path, "w", encoding="utf-8") as f:
+        json.dump(plan, f, indent=2)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={setup.world}",
+           f"--max-restarts={setup.ns.max_recoveries}", "--monitor-interval=0.5",
+           "-m", "lm_resiliency.qualify.rank", plan_path]
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    state = State(label, setup.world, setup.steps)
+    tail = Tail(run_dir, state, metrics.on_event if metrics is not None else None)
+    with open(os.path.join(run_dir, "torchrun.log"), "w", encoding="utf-8") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        deadline = time.monotonic() + setup.ns.timeout
+        try:
+            while proc.poll() is None:
+                if time.monotonic() > deadline:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                    proc.wait(timeout=30)
+                    state.lines.append(f"stopped after {setup.ns.timeout:.0f} s (--timeout)")
+                    break
+                tail.poll()
+                display.update(state)
+                time.sleep(0.5)
+        except BaseException:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
+    tail.poll()
+    display.update(state, force=True)
+    return proc.returncode if proc.returncode is not None else 1
+
+
+def run_one(setup: Setup, label: str, campaign: dict, seed: int, display: Any, metrics: Any = None) -> Run:
+    from lm_resiliency.fault_injection import FaultCampaign
+
+    run_dir = os.path.abspath(os.path.join(setup.ns.out, "runs", label))
+    if os.path.exists(run_dir):
+        import shutil
+
+        shutil.rmtree(run_dir)
+    plan = _plan(setup, campaign, run_dir, seed)
+    started = time.time()
+    code = launch(setup, plan, label, display, metrics)
+    outcome: Outcome = score(run_dir, FaultCampaign.from_json(campaign), setup.steps)
+    run = Run(label, run_dir, outcome, code, time.time() - started, clean=not campaign["incidents"])
+    write_run_artifacts(run)
+    return run
+
+
+def _seeded(campaign: dict, seed: int) -> dict:
+    return {**campaign, "seed": seed}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ns = _parser().parse_args(argv)
+    try:
+        setup = validate(ns)
+    except UsageError as e:
+        print(f"lmr-qualify: error: {e}", file=sys.stderr)
+        return 2
+    out = os.path.abspath(ns.out)
+    with open(os.path.join(out, "campaign.json"), "w", encoding="utf-8") as f:
+        json.dump(setup.campaign, f, indent=2)
+    print(f"lmr-qualify: {setup.world} ranks, {ns.parallel}, {ns.device} ({setup.backend}), {setup.steps} steps; "
+          f"output in {out}")
+    for name, why in setup.left_out.items():
+        print(f"  left out: {name}: {why}")
+    metrics = None
+    if ns.metrics_port is not None:
+        from lm_resiliency.qualify.metrics import RunnerMetrics
+
+        metrics = RunnerMetrics(ns.metrics_port, ns.metrics_addr)
+        print(f"  metrics: http://{ns.metrics_addr}:{ns.metrics_port}/metrics")
+    runs: list[Run] = []
+    display = make_display(True if ns.plain else None)
+    with display:
+        for k in range(setup.repeat):
+            label = "campaign" if setup.repeat == 1 else f"campaign-{k + 1}"
+            runs.append(run_one(setup, label, _seeded(setup.campaign, ns.seed + k), ns.seed + k, display, metrics))
+            if metrics is not None:
+                metrics.finished(runs[-1])
+        for k in range(ns.clean):
+            label = f"clean-{k + 1}"
+            runs.append(run_one(setup, label, fam.clean_campaign(ns.seed + 1000 + k), ns.seed + 1000 + k, display,
+                                metrics))
+            if metrics is not None:
+                metrics.finished(runs[-1])
+    if metrics is not None:
+        metrics.close()
+    text, ok = summarize(setup, runs, out, plots=not ns.no_plots)
+    print(text)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
