@@ -179,5 +179,8 @@ def default_campaign(config: Config, families: tuple[str, ...] = NAMES, seed: in
 
 
 def clean_campaign(seed: int) -> dict:
-    """A campaign with no incident: a fault-free run."""
-    return {"schema_version": 1, "name": "qualify-clean", "seed": seed, "incidents": []}
+    """A fault-free run's campaign: its one candidate has probability 0, so the kit runs
+    (sessions, journals, records: one skipped candidate) and injects nothing."""
+    return {"schema_version": 1, "name": "qualify-clean", "seed": seed, "incidents": [{
+        "incident_id": "none", "trigger": {"at": [1], "probability": 0.0}, "lifetime": {"iterations": 1},
+        "faults": [_fault("delay", _block(0, "compute"), {"delay_ms": 1})]}]}

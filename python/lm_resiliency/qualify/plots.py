@@ -105,7 +105,8 @@ def _latency(plt: Any, runs: list[Any], path: str) -> str:
         ax.plot([min(values), max(values)], [i, i], color="tab:blue", linewidth=1)
     ax.set_yticks(range(len(names)), names, fontsize=8)
     ax.set_xscale("log")
-    ax.set_xlabel("detection latency (ms, from arming to the first check or report that localized it)")
+    ax.set_xlabel("detection latency (ms): replay, from arming to the check that localized it; "
+                  "stalls, from the group going quiet to the report")
     ax.set_title(f"detection latency per family ({len(runs)} run(s))")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -182,6 +182,7 @@ def run(plan: dict) -> None:
     progress.close()
     if events is not None:
         events.close()
+    dist.barrier()  # every rank's artifacts are written before anyone reads them
     dist.destroy_process_group()
 
 

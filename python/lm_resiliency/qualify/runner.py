@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -175,10 +176,10 @@ def validate(ns: argparse.Namespace, world: Optional[int] = None) -> Setup:
     return setup
 
 
-def _plan(setup: Setup, campaign: dict, run_dir: str, seed: int) -> dict:
+def _plan(setup: Setup, campaign: dict, run_dir: str, seed: int, run_id: Optional[str] = None) -> dict:
     return {"campaign": campaign, "steps": setup.steps, "parallel": setup.ns.parallel, "device": setup.ns.device,
             "dp_replicate": setup.ns.dp_replicate, "seed": seed, "backend": setup.backend, "run_dir": run_dir,
-            "max_recoveries": setup.ns.max_recoveries, "run_id": f"lmr-qualify-{uuid.uuid4().hex[:12]}",
+            "max_recoveries": setup.ns.max_recoveries, "run_id": run_id or f"lmr-qualify-{uuid.uuid4().hex[:12]}",
             "comm_sample_every": 1 if setup.ns.parallel == "hsdp" else 0}
 
 
@@ -221,14 +222,13 @@ def run_one(setup: Setup, label: str, campaign: dict, seed: int, display: Any, m
 
     run_dir = os.path.abspath(os.path.join(setup.ns.out, "runs", label))
     if os.path.exists(run_dir):
-        import shutil
-
         shutil.rmtree(run_dir)
     plan = _plan(setup, campaign, run_dir, seed)
     started = time.time()
     code = launch(setup, plan, label, display, metrics)
     outcome: Outcome = score(run_dir, FaultCampaign.from_json(campaign), setup.steps)
-    run = Run(label, run_dir, outcome, code, time.time() - started, clean=not campaign["incidents"])
+    clean = all(i["trigger"].get("probability", 1.0) == 0.0 for i in campaign["incidents"])
+    run = Run(label, run_dir, outcome, code, time.time() - started, clean=clean)
     write_run_artifacts(run)
     return run
 
@@ -237,8 +237,47 @@ def _seeded(campaign: dict, seed: int) -> dict:
     return {**campaign, "seed": seed}
 
 
+def _inside_torchrun(ns: argparse.Namespace) -> int:
+    """Every rank of an existing torchrun world runs the campaign in its own process; rank
+    0 scores it once the last generation finished. A self-healing restart needs that
+    torchrun's --max-restarts; the relaunched ranks go on in the same run folder."""
+    from lm_resiliency.fault_injection import FaultCampaign
+    from lm_resiliency.qualify import rank as rank_job
+
+    if ns.repeat not in (None, 1) or ns.clean:
+        print("lmr-qualify: error: --repeat and --clean start their own runs: use them outside torchrun",
+              file=sys.stderr)
+        return 2
+    try:
+        setup = validate(ns, world=int(os.environ["WORLD_SIZE"]))
+    except UsageError as e:
+        print(f"lmr-qualify: error: {e}", file=sys.stderr)
+        return 2
+    run_dir = os.path.abspath(os.path.join(ns.out, "runs", "campaign"))
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID") or "lmr-qualify"
+    plan = _plan(setup, _seeded(setup.campaign, ns.seed), run_dir, ns.seed, run_id=f"lmr-qualify-{run_id}")
+    if int(os.environ["RANK"]) == 0 and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0:
+        # A fresh run: an earlier one's folder goes (the other ranks write nothing before the
+        # process group exists, which needs this rank too).
+        shutil.rmtree(run_dir, ignore_errors=True)
+        with open(os.path.join(os.path.abspath(ns.out), "campaign.json"), "w", encoding="utf-8") as f:
+            json.dump(setup.campaign, f, indent=2)
+    rank_job.run(plan)
+    if int(os.environ["RANK"]) != 0:
+        return 0
+    outcome = score(run_dir, FaultCampaign.from_json(plan["campaign"]), setup.steps)
+    first = outcome.generations[0].started if outcome.generations and outcome.generations[0].started else time.time()
+    run = Run("campaign", run_dir, outcome, 0, time.time() - first)
+    write_run_artifacts(run)
+    text, ok = summarize(setup, [run], os.path.abspath(ns.out), plots=not ns.no_plots)
+    print(text)
+    return 0 if ok else 1
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ns = _parser().parse_args(argv)
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return _inside_torchrun(ns)
     try:
         setup = validate(ns)
     except UsageError as e:

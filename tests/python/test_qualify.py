@@ -1,0 +1,262 @@
+"""lmr-qualify: bad input, the built-in campaign, the pieces the runner scores with, the
+metrics, and whole runs (4 CPU ranks under torchrun: every family and a self-healing
+restart; a fault-free run)."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+import torch
+
+import lm_resiliency as lmr
+from lm_resiliency.fault_injection import FaultCampaign, FaultInjectionRecord, RecordStatus, evaluate
+from lm_resiliency.orchestration import OrchestrationHooks
+from lm_resiliency.qualify import families as fam
+from lm_resiliency.qualify.summary import mean_interval, wilson
+from lm_resiliency.scout import ReplayResult, SCOUTFaultReport, SurfaceResult, hang_localization_results
+from lm_resiliency.workloads.model import Decoder, DecoderConfig
+
+QUALIFY = [sys.executable, "-m", "lm_resiliency.qualify"]
+
+
+def qualify(*args, timeout=900):
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    return subprocess.run([*QUALIFY, *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+# --- bad input: one line, exit status 2, nothing started -------------------------------
+
+def _bad_campaign(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"name": "x", "seed": 1, "incidents": [{
+        "incident_id": "far", "trigger": {"at": [3]}, "lifetime": {"iterations": 1},
+        "faults": [{"fault_id": "f", "type": "delay", "target": {"rank": 5, "component": "transformer_block",
+                                                                 "index": 0, "surface": "compute"},
+                    "parameters": {"delay_ms": 5}}]}]}))
+    return str(path)
+
+
+@pytest.mark.parametrize("case", ["family", "ranks", "unwritable", "repeat", "manifest"])
+def test_bad_input_is_one_line_and_exit_status_2(case, tmp_path):
+    out = tmp_path / "out"
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    args, expected = {
+        "family": (["--families", "sdc_output,bogus"], "unknown family 'bogus'"),
+        "ranks": (["--campaign", _bad_campaign(tmp_path)], "incidents[0].faults[0].target.rank is 5, outside the world of 4"),
+        "unwritable": (["--out", str(blocker / "out")], "cannot write there"),
+        "repeat": (["--repeat", "0"], "--repeat must be at least 1"),
+        "manifest": (["--campaign", str(blocker)], "--campaign"),
+    }[case]
+    if case != "unwritable":
+        args = [*args, "--out", str(out)]
+    run = qualify(*args, timeout=60)
+    assert run.returncode == 2, run.stdout + run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("lmr-qualify: error: ") and expected in lines[0], run.stderr
+    assert run.stdout == ""
+    assert not (out / "runs").exists()
+
+
+# --- the built-in campaign -------------------------------------------------------------
+
+def test_default_campaign_covers_what_the_configuration_can_localize():
+    ddp = fam.default_campaign(fam.Config("ddp", 4))
+    ids = [i["incident_id"] for i in ddp.campaign["incidents"]]
+    assert ids == [n for n in fam.NAMES if n != "comm_straggler"]
+    assert "two process-group dimensions" in ddp.left_out["comm_straggler"]
+    # The permanent fault comes first, once a verified checkpoint can exist; then one window
+    # after the other with fault-free iterations between, on rotating ranks.
+    incidents = ddp.campaign["incidents"]
+    assert incidents[0]["lifetime"] == {"until": "recovery"} and incidents[0]["trigger"]["at"] == [fam.RECOVERY_AT]
+    ends = []
+    for inc in incidents[1:]:
+        at, n = inc["trigger"]["at"][0], inc["lifetime"]["iterations"]
+        assert not ends or at > ends[-1] + 1
+        ends.append(at + n - 1)
+    assert ddp.steps > ends[-1]
+    ranks = [i["faults"][0]["target"]["rank"] for i in incidents]
+    assert len(set(ranks[:4])) == 4
+    FaultCampaign.from_json(ddp.campaign)  # a valid manifest
+
+    hsdp = fam.default_campaign(fam.Config("hsdp", 4, dp_replicate=2, host="node-a"))
+    hsdp_ids = [i["incident_id"] for i in hsdp.campaign["incidents"]]
+    assert "comm_straggler" in hsdp_ids and "sdc_gradient" not in hsdp_ids
+    link = next(i for i in hsdp.campaign["incidents"] if i["incident_id"] == "comm_straggler")
+    assert link["faults"][0]["target"]["resource"] == "node-a"
+
+    two = fam.default_campaign(fam.Config("ddp", 2))
+    assert "strict majority" in two.left_out["sdc_output"]
+    assert "recovery" in [i["incident_id"] for i in two.campaign["incidents"]]
+    assert fam.parse_families("sdc_head, recovery") == ("recovery", "sdc_head")
+    with pytest.raises(ValueError, match="unknown family 'nope'"):
+        fam.parse_families("nope")
+
+
+# --- pieces the runner scores with -----------------------------------------------------
+
+def test_replay_result_survives_a_json_round_trip():
+    r = ReplayResult(step=7, peer_ranks=[0, 1, 2], status="Attributed", sdc_bitmap=[False, True, False],
+                     sdc_sources=["integrity.params"],
+                     c3_results={"integrity.params": SurfaceResult("Attributed", [False, True, False], ["a", "b", "a"])},
+                     integrity_tensors={"integrity.params": {1: ["layers.0.w"]}},
+                     rank_places={"integrity.params": {1: ("transformer_block", 0)}},
+                     cross_pg_result={"rank": None, "slow_groups": []}, wall_time=1.5)
+    back = ReplayResult.from_dict(json.loads(json.dumps(r.to_dict())))
+    assert back == r
+    assert back.place_of("integrity.params", 1) == ("transformer_block", 0)
+
+
+def _enable(campaign, executors):
+    model = Decoder(DecoderConfig(dim=16, n_layers=1, n_heads=2, ffn_hidden=32, max_seq_len=16))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    return lmr.enable_fault_injection(model, opt, campaign=campaign, executors=executors, rank=0)
+
+
+def test_an_executor_takes_only_the_surfaces_it_names():
+    delay = {"incident_id": "slow", "trigger": {"at": [1]}, "lifetime": {"iterations": 1},
+             "faults": [{"fault_id": "f", "type": "delay", "parameters": {"delay_ms": 1},
+                         "target": {"rank": 0, "component": "transformer_block", "index": 0, "surface": "compute"}}]}
+    campaign = {"name": "t", "seed": 1, "incidents": [delay]}
+    calls = []
+
+    def activate(request):
+        calls.append(request.occurrence_id)
+        return lmr.FaultExecutionResult(verified=True, active=True)
+
+    def executor(**kw):
+        return lmr.CallbackFaultExecutor("link", ["delay"], "isolated_destructive", activate, lambda r, x: None, **kw)
+
+    # Naming only the collective surface, it leaves a module's compute delay to the built-in executor.
+    session = _enable(campaign, [executor(supported_surfaces=["collective"])])
+    assert session._executor_for[(0, 0)] is None
+    session.close()
+    # Without surfaces it takes every surface of its types, the built-in effects included.
+    session = _enable(campaign, [executor()])
+    assert session._executor_for[(0, 0)] is not None
+    session.close()
+    with pytest.raises(lmr.InvalidArgumentError, match="supported_surfaces: .*nowhere"):
+        executor(supported_surfaces=["nowhere"])
+
+
+def _hang_campaign():
+    return FaultCampaign.from_json({"name": "h", "seed": 3, "incidents": [{
+        "incident_id": "stall", "trigger": {"at": [6]}, "lifetime": {"iterations": 1},
+        "faults": [{"fault_id": "f", "type": "hang", "target": {"rank": 1, "surface": "process"},
+                    "parameters": {"seconds": 3}}]}]})
+
+
+def _report(kind, ranks, step, scope="rank"):
+    return SCOUTFaultReport.from_dict({"schema_version": 1, "type": "lmr.scout_fault_report",
+                                       "report_id": f"r-{step}-{kind}", "kind": kind, "scope": scope, "ranks": ranks,
+                                       "hosts": ["h"] * len(ranks), "step": step, "detection_latency_s": 1.6})
+
+
+def test_stall_reports_are_scored_against_the_iteration_in_progress():
+    campaign = _hang_campaign()
+    record = FaultInjectionRecord.create(campaign, 0, 0, 6, 6, True)
+    record.set_execution("qualify-stall", True, 6, {"sleep_s": 3})
+    record.transition(RecordStatus.ACTIVE)
+    record.transition(RecordStatus.COMPLETED)
+    # A report's step counts completed updates: 5 done, the stall is iteration 6.
+    reports = [_report("process_stall", [1], 5), _report("dataloader_stall", [2], 20),
+               _report("inconclusive_stall", [], 30, scope="peer_group")]
+    results = hang_localization_results(campaign, [record], reports)
+    assert [r.occurrence_id for r in results] == ["stall@6", "unexplained@21"]
+    assert results[0].failed_ranks == (1,) and results[0].kind == "hang" and results[0].latency_ms == 1600.0
+    scored = evaluate(campaign, [record], results)
+    assert scored.totals["localized"] == 1 and scored.totals["unmatched_results"] == 1
+    # One step off (the report counted the stalled update) is not this occurrence.
+    assert [r.occurrence_id for r in hang_localization_results(campaign, [record], [_report("process_stall", [1], 6)])] \
+        == ["unexplained@7"]
+
+
+def test_confidence_intervals():
+    low, high = wilson(12, 12)
+    assert 0.75 < low < 0.76 and high == 1.0
+    low, high = wilson(0, 10)
+    assert low == 0.0 and 0.27 < high < 0.28
+    assert wilson(0, 0) == (0.0, 1.0)
+    mean, lo, hi = mean_interval([1.0, 2.0, 3.0])
+    assert mean == 2.0 and lo < 2.0 < hi
+
+
+# --- Prometheus metrics ----------------------------------------------------------------
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_metrics_count_what_the_hooks_receive_and_serve_on_loopback():
+    from lm_resiliency.metrics import PrometheusMetrics
+
+    port = _free_port()
+    metrics = PrometheusMetrics(port=port)
+    try:
+        assert metrics._server.server_address[0] == "127.0.0.1"
+        seen = []
+        hooks = metrics.hooks(OrchestrationHooks(on_replay_result=seen.append))
+        result = ReplayResult(step=9, peer_ranks=[0, 1, 2], status="Attributed", sdc_bitmap=[False, False, True],
+                              sdc_sources=["hidden.0.output"], compute_seconds={"hidden.0": 0.004},
+                              c3_results={"hidden.0.output": SurfaceResult("Attributed", [False, False, True], [])})
+        hooks.on_replay_result(result)
+        hooks.on_fault_report(_report("collective_desync", [1], 4))
+        hooks.on_fault_report(_report("collective_desync", [1], 4))  # every rank receives it: counted once
+        assert seen == [result]
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        assert 'lmr_checks_total{status="Attributed"} 1.0' in text
+        assert 'lmr_attributions_total{kind="sdc",rank="2"} 1.0' in text
+        assert 'lmr_attributions_total{kind="hang",rank="1"} 1.0' in text
+        assert 'lmr_fault_reports_total{kind="collective_desync"} 1.0' in text
+        assert "lmr_replay_seconds_count 1.0" in text and "lmr_last_check_step 9.0" in text
+    finally:
+        metrics.close()
+    with pytest.raises(lmr.InvalidArgumentError, match="port"):
+        PrometheusMetrics(port=0)
+
+
+# --- whole runs ------------------------------------------------------------------------
+
+@pytest.mark.distributed
+def test_default_qualification_localizes_every_family_and_recovers(tmp_path):
+    out = tmp_path / "q"
+    run = qualify("--out", str(out), "--plain", "--metrics-port", str(_free_port()))
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["passed"] and list(summary["left_out"]) == ["comm_straggler"]
+    (campaign,) = summary["runs"]
+    rows = {r["occurrence"].split("@")[0]: r for r in campaign["occurrences"]}
+    assert set(rows) == set(fam.NAMES) - {"comm_straggler"}
+    assert all(r["localized"] for r in rows.values()), rows
+    assert campaign["attributions"]["unexplained"] == []
+    (recovery,) = campaign["recoveries"]
+    assert 0 < recovery["rollback_steps"] <= fam.RECOVERY_AT and recovery["recovery_seconds"] > 0
+    assert rows["recovery"]["rollback_steps"] == recovery["rollback_steps"]
+    assert [g["ended"] for g in campaign["generations"]][-1] == "finished"
+    run_dir = out / "runs" / "campaign"
+    assert "12 localized" in (run_dir / "compare.txt").read_text()
+    for name in ("localization.json", "fault-reports.json", "recovery-decisions.json", "replay-results.jsonl",
+                 "checkpoints/lmr-trust-manifest.json", "gen-0/injections-rank-1.json", "gen-1/injections-rank-3.json"):
+        assert (run_dir / name).exists(), name
+    kinds = {r["kind"] for r in json.loads((run_dir / "fault-reports.json").read_text())}
+    assert kinds == {"dataloader_stall", "checkpoint_io_stall", "process_stall", "collective_desync"}
+    html = (out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 3 and "passed" in html
+    assert "recovery@12" in run.stdout and "PASSED" in run.stdout
+
+
+@pytest.mark.distributed
+def test_fault_free_run_attributes_nothing(tmp_path):
+    out = tmp_path / "q"
+    run = qualify("--out", str(out), "--plain", "--clean", "1", "--steps", "30", "--no-plots")
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["clean"]["runs"] == 1 and summary["clean"]["attributions"] == 0
+    assert summary["clean"]["checks"] >= 29
+    assert summary["runs"][0]["generations"][-1]["completed"] == 30
