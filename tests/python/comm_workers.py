@@ -254,6 +254,48 @@ def netns_run(out_dir, steps, rate):
             "records": [r.to_dict() for r in session.records()]}
 
 
+def backward_thread_collectives():
+    """Collectives from another thread: timed while that thread runs a backward pass (as
+    autograd's CUDA device threads do FSDP2's reduce-scatters), not otherwise."""
+    import threading
+
+    import torch
+
+    from lm_resiliency.scout.comm import CollectiveTiming
+
+    class ReduceInBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            grad = grad.contiguous()
+            dist.all_reduce(grad)
+            return grad
+
+    timing = CollectiveTiming(1, [])
+    counts = {}
+    try:
+        def plain():
+            dist.all_reduce(torch.ones(4))
+
+        def backward():
+            x = torch.ones(4, requires_grad=True)
+            ReduceInBackward.apply(x).sum().backward()
+
+        for name, body in (("plain thread", plain), ("backward thread", backward)):
+            t = threading.Thread(target=body)
+            t.start()
+            t.join()
+            counts[name] = len(timing.take())
+        dist.all_reduce(torch.ones(4))
+        counts["training thread"] = len(timing.take())
+    finally:
+        timing.close()
+    return counts
+
+
 def failing_collective():
     """A user's collective that raises, under timing (not sampled, sampled, on a group the
     timing leaves alone): it runs once each time and its own exception reaches the caller;

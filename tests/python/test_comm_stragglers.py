@@ -185,6 +185,13 @@ def test_a_failing_user_collective_runs_once_and_raises_its_own_error():
     assert out["active_after"] == {"ranks:0": 2}  # both counted: timing did not stop
 
 
+def test_collectives_of_a_backward_pass_on_another_thread_are_timed():
+    # On CUDA, autograd runs backward on its own device threads: FSDP2's reduce-scatters
+    # and HSDP's all-reduces are issued there while the training thread waits.
+    assert spawn(comm_workers.backward_thread_collectives, 1)[0] == {
+        "plain thread": 0, "backward thread": 1, "training thread": 1}
+
+
 @pytest.mark.parametrize("hang_detection", [False, True], ids=["alone", "with-hang-detection"])
 def test_ddp_bucket_all_reduces_are_timed_and_show_the_late_rank(tmp_path, hang_detection):
     """DDP's reducer runs its all-reduces in C++: they reach the timing through the

@@ -12,9 +12,11 @@ records since the last one, and lmr::mesh::CommTracker compares the groups: whic
 (confirmed over rounds), which ranks arrived late, and the one rank every slow group shares,
 with its host (the replacement scope).
 
-Calls made through the ``torch.distributed`` module by the thread that built the harness
-are timed: FSDP2's parameter all-gathers and gradient reduce-scatters, HSDP's replicate
-all-reduce, the user's own collectives. A framework's internal collectives (DDP's bucketed
+Calls made through the ``torch.distributed`` module by the thread that built the harness,
+or by any thread while it runs a backward pass (autograd runs CUDA backward on its own
+device threads, where FSDP2 reduce-scatters and HSDP all-reduces gradients), are timed:
+FSDP2's parameter all-gathers and gradient reduce-scatters, HSDP's replicate all-reduce,
+the user's own collectives. Other threads' calls (an asynchronous checkpoint's) are not. A framework's internal collectives (DDP's bucketed
 all-reduce, which its C++ reducer runs) come through the adapter's communication facet
 (the attachment's ``on_internal_collective``), compared under their own names
 (``ddp_bucket``). The harness's own groups are never timed.
@@ -68,6 +70,13 @@ class _Call:
 
 
 _inside = threading.local()  # a timed call is running on this thread: nested calls pass through
+_graph_task = getattr(torch._C, "_current_graph_task_id", None)
+
+
+def _in_backward() -> bool:
+    """Whether this thread is running an autograd graph (a backward pass): on CUDA that is
+    one of autograd's device threads while the training thread waits in backward()."""
+    return _graph_task is not None and _graph_task() != -1
 
 
 class CollectiveTiming:
@@ -133,8 +142,9 @@ class CollectiveTiming:
 
     def _run(self, collective: str, group: Any, tensor: Any, fn: Any, on_thread: bool) -> Any:
         """Runs `fn()`, the collective, timed when it is sampled. `on_thread`: only on the
-        thread that built the timing."""
-        if not self.active or getattr(_inside, "on", False) or (on_thread and threading.get_ident() != self._thread):
+        thread that built the timing, or inside a backward pass."""
+        if not self.active or getattr(_inside, "on", False) or (
+                on_thread and threading.get_ident() != self._thread and not _in_backward()):
             return fn()
         try:  # deterministic on every member: all of them sample the same call, or none
             sampled = self._sample(group)
