@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import inspect
 import threading
 import time
 from typing import Any, Callable, Iterator
@@ -96,11 +97,15 @@ class SlowLink:
             if fn is None or name in self._originals:
                 continue
             self._originals[name] = fn
+            signature = inspect.signature(fn)
 
             @functools.wraps(fn)
-            def slow(*args: Any, _fn: Any = fn, **kwargs: Any) -> Any:
+            def slow(*args: Any, _fn: Any = fn, _sig: Any = signature, **kwargs: Any) -> Any:
                 if self.delays:
-                    group = kwargs.get("group")
+                    try:  # the group may come by keyword or by position
+                        group = _sig.bind_partial(*args, **kwargs).arguments.get("group")
+                    except TypeError:
+                        group = None
                     if group is not None and dist.get_world_size(group) < dist.get_world_size():
                         time.sleep(sum(self.delays.values()))
                 return _fn(*args, **kwargs)

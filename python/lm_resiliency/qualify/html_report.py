@@ -91,11 +91,11 @@ def write_html(path: str, summary: dict, runs: list[Any], titles: dict[str, str]
         c = summary["clean"]
         parts.append(f"<p>{c['runs']} fault-free run(s): {c['checks']} checks, {c['attributions']} attributions, "
                      f"{c['stall_reports_naming_nobody']} stall reports naming nobody.</p>")
+    for run in runs:
+        parts.append(_run_section(run, titles, out))
     for name, plot in summary.get("plots", {}).items():
         if os.path.exists(plot):
             parts.append(f"<h3>{_e(name.replace('_', ' '))}</h3>{_image(plot)}")
-    for run in runs:
-        parts.append(_run_section(run, titles, out))
     parts.append("</body></html>")
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:

@@ -55,14 +55,14 @@ def _replay_time(plt: Any, run: Any, path: str) -> str:
                     label=f"rank {rank}" + ("" if g is last else f" (generation {g.index})"))
     for oid, first, end in _windows(run):
         ax.axvspan(first - 0.5, end + 0.5, color="tab:red", alpha=0.08)
-        ax.text(first, ax.get_ylim()[1] * 0.97, oid.split("@")[0], rotation=90, va="top", fontsize=7, color="tab:red")
+        ax.text(first, ax.get_ylim()[0], " " + oid.split("@")[0], rotation=90, va="bottom", fontsize=7, color="tab:red")
     detected = [(r["iteration"], r["occurrence"]) for r in _detections(run)]
     for step, _ in detected:
         ax.axvline(step, color="tab:green", linewidth=0.6, alpha=0.6)
     ax.set_xlabel("step (optimizer update)")
     ax.set_ylabel("replay time on the rank (ms)")
     ax.set_title(f"{run.label}: replay time per rank; shaded: fault windows, green: first detection")
-    ax.legend(fontsize=7, ncol=4, loc="upper left")
+    ax.legend(fontsize=7, ncol=4, loc="upper right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -105,8 +105,8 @@ def _latency(plt: Any, runs: list[Any], path: str) -> str:
         ax.plot([min(values), max(values)], [i, i], color="tab:blue", linewidth=1)
     ax.set_yticks(range(len(names)), names, fontsize=8)
     ax.set_xscale("log")
-    ax.set_xlabel("detection latency (ms): replay, from arming to the check that localized it; "
-                  "stalls, from the group going quiet to the report")
+    ax.set_xlabel("detection latency (ms)\nreplay and integrity: from arming to the check that localized it; "
+                  "stalls: from the group going quiet to the report", fontsize=8)
     ax.set_title(f"detection latency per family ({len(runs)} run(s))")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -118,7 +118,10 @@ def _timeline(plt: Any, run: Any, path: str) -> str:
     o = run.outcome
     if not o.generations or not any(g.steps for g in o.generations):
         return ""
-    t0 = min(line["time"] for g in o.generations for lines in g.steps.values() for line in lines[:1])
+    firsts = [lines[0]["time"] for g in o.generations for lines in g.steps.values() if lines]
+    if not firsts:
+        return ""
+    t0 = min(firsts)
     fig, ax = plt.subplots(figsize=(10, 4))
     for g in o.generations:
         lines = g.steps.get(0, [])

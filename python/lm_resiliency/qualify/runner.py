@@ -88,10 +88,22 @@ class Setup:
             self.campaign, self.left_out = plan.campaign, plan.left_out
             self.steps = ns.steps or plan.steps
             self.titles = {f.name: f.title for f in fam.FAMILIES}
-            if not self.campaign["incidents"] and ns.repeat:
-                raise UsageError("no family of the built-in campaign can be localized here: "
-                                 + "; ".join(f"{k}: {v}" for k, v in self.left_out.items()))
+            if not self.campaign["incidents"]:
+                if ns.families or ns.repeat:
+                    raise UsageError("no family asked for can be localized here: "
+                                     + "; ".join(f"{k}: {v}" for k, v in self.left_out.items()))
+                # Nothing to inject (one rank has no peer): a fault-free run, health and checks on.
+                self.campaign = fam.clean_campaign(ns.seed)
         self.repeat = 1 if ns.repeat is None and not ns.clean else (ns.repeat or 0)
+        if _is_clean(self.campaign):
+            self.repeat, self.clean = 0, max(ns.clean, 1)
+        else:
+            self.clean = ns.clean
+
+
+def _is_clean(campaign: dict) -> bool:
+    """A campaign whose every candidate has probability 0: nothing is ever injected."""
+    return all(i["trigger"].get("probability", 1.0) == 0.0 for i in campaign["incidents"])
 
 
 def _read_campaign(path: str, world: int) -> dict:
@@ -227,8 +239,7 @@ def run_one(setup: Setup, label: str, campaign: dict, seed: int, display: Any, m
     started = time.time()
     code = launch(setup, plan, label, display, metrics)
     outcome: Outcome = score(run_dir, FaultCampaign.from_json(campaign), setup.steps)
-    clean = all(i["trigger"].get("probability", 1.0) == 0.0 for i in campaign["incidents"])
-    run = Run(label, run_dir, outcome, code, time.time() - started, clean=clean)
+    run = Run(label, run_dir, outcome, code, time.time() - started, clean=_is_clean(campaign))
     write_run_artifacts(run)
     return run
 
@@ -267,7 +278,7 @@ def _inside_torchrun(ns: argparse.Namespace) -> int:
         return 0
     outcome = score(run_dir, FaultCampaign.from_json(plan["campaign"]), setup.steps)
     first = outcome.generations[0].started if outcome.generations and outcome.generations[0].started else time.time()
-    run = Run("campaign", run_dir, outcome, 0, time.time() - first)
+    run = Run("campaign", run_dir, outcome, 0, time.time() - first, clean=_is_clean(plan["campaign"]))
     write_run_artifacts(run)
     text, ok = summarize(setup, [run], os.path.abspath(ns.out), plots=not ns.no_plots)
     print(text)
@@ -290,6 +301,8 @@ def main(argv: Optional[list[str]] = None) -> int:
           f"output in {out}")
     for name, why in setup.left_out.items():
         print(f"  left out: {name}: {why}")
+    if setup.repeat == 0 and not ns.clean:
+        print("  nothing of the built-in campaign can be injected here: a fault-free run (checks and health on)")
     metrics = None
     if ns.metrics_port is not None:
         from lm_resiliency.qualify.metrics import RunnerMetrics
@@ -304,7 +317,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             runs.append(run_one(setup, label, _seeded(setup.campaign, ns.seed + k), ns.seed + k, display, metrics))
             if metrics is not None:
                 metrics.finished(runs[-1])
-        for k in range(ns.clean):
+        for k in range(setup.clean):
             label = f"clean-{k + 1}"
             runs.append(run_one(setup, label, fam.clean_campaign(ns.seed + 1000 + k), ns.seed + 1000 + k, display,
                                 metrics))
