@@ -21,7 +21,6 @@ from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from lm_resiliency.checkpoint import CheckpointCertifier, DurableCheckpointConfig
 from lm_resiliency.fault_injection import JsonCampaignStateStore, enable_fault_injection
@@ -30,23 +29,12 @@ from lm_resiliency.qualify.executors import Executors, StallingBatches
 from lm_resiliency.qualify.families import DESYNC_S, HANG_THRESHOLD_S, LATEST_INTERVAL
 from lm_resiliency.recovery import init_process_group, resume
 from lm_resiliency.scout import HangDetectionConfig, ReplayHarness, ReplayHarnessConfig, instrument_dataloader
+from lm_resiliency.workloads.data import Position
 from lm_resiliency.workloads.model import DecoderConfig
-from lm_resiliency.workloads.train import TrainConfig, build
+from lm_resiliency.workloads.train import TrainConfig, build, step_on
 
 log = logging.getLogger("lm_resiliency.qualify")
 
-
-class Position:
-    """Batches consumed: the data position a checkpoint holds."""
-
-    def __init__(self) -> None:
-        self.consumed = 0
-
-    def state_dict(self) -> dict[str, int]:
-        return {"consumed": self.consumed}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.consumed = int(state["consumed"])
 
 
 class Journal:
@@ -152,12 +140,7 @@ def run(plan: dict) -> None:
     try:
         for step, (inputs, targets) in zip(range(start, plan["steps"]), instrument_dataloader(batches)):
             pos.consumed = step + 1
-            inputs, targets = inputs.to(device), targets.to(device)
-            logits = model(inputs)
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            loss = step_on(model, opt, inputs, targets, device)
             fired = sum(1 for r in session.records() if r.injection_succeeded)
             progress.write(type="step", generation=generation, step=step + 1, time=time.time(), fired=fired,
                            loss=round(float(loss.detach()), 5))

@@ -215,7 +215,11 @@ def launch(setup: Setup, plan: dict, label: str, display: Any, metrics: Any = No
             while proc.poll() is None:
                 if time.monotonic() > deadline:
                     os.killpg(proc.pid, signal.SIGTERM)
-                    proc.wait(timeout=30)
+                    try:
+                        proc.wait(timeout=30)
+                    except subprocess.TimeoutExpired:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                        proc.wait()
                     state.lines.append(f"stopped after {setup.ns.timeout:.0f} s (--timeout)")
                     break
                 tail.poll()

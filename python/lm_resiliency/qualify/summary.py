@@ -8,6 +8,7 @@ import glob
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -41,8 +42,10 @@ class Run:
         o, out = self.outcome, []
         if not o.finished:
             last = o.generations[-1] if o.generations else None
+            log = os.path.join(self.run_dir, "torchrun.log")
+            error = last_error(log)
             out.append(f"the run did not finish: {last.ended if last else 'no generation started'} "
-                       f"(torchrun exit status {self.exit_code}; see {os.path.join(self.run_dir, 'torchrun.log')})")
+                       f"(torchrun exit status {self.exit_code}{'; ' + error if error else ''}; see {log})")
         for occ in o.missed:
             out.append(f"NOT LOCALIZED: {occ['occurrence_id']}: {'; '.join(occ['reasons']) or 'nothing attributed it'}")
         for a in (o.attributions if self.clean else o.unexplained):
@@ -52,6 +55,20 @@ class Run:
         if not self.clean and self.compare_code not in (0, None):
             out.append(f"lmr campaign compare exited {self.compare_code} (compare.txt)")
         return out
+
+
+_ERROR = re.compile(r"^(?:\[rank\d+\]: )?((?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt)\b.*)$")
+
+
+def last_error(log_path: str) -> str:
+    """The last exception line a rank printed to the torchrun log ("" when none)."""
+    try:
+        with open(log_path, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return ""
+    found = [m.group(1) for m in map(_ERROR.match, lines) if m]
+    return found[-1][:300] if found else ""
 
 
 def _lmr() -> str:

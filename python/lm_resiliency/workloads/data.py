@@ -35,3 +35,17 @@ class SyntheticTokens:
             nxt = self.successor[seq[:, t]]
             seq[:, t + 1] = torch.where(noise[:, t], random_tokens[:, t], nxt)
         return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
+
+
+class Position:
+    """Batches consumed: the data position a checkpoint holds (a ``state_dict`` object for
+    the checkpoint's ``data_state``)."""
+
+    def __init__(self) -> None:
+        self.consumed = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"consumed": self.consumed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.consumed = int(state["consumed"])

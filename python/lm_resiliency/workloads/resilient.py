@@ -30,20 +30,9 @@ from lm_resiliency.fault_injection import JsonCampaignStateStore, enable_fault_i
 from lm_resiliency.orchestration import OrchestrationHooks
 from lm_resiliency.recovery import init_process_group, resume
 from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
+from lm_resiliency.workloads.data import Position
 from lm_resiliency.workloads.train import TrainConfig, build, train_step
 
-
-class Position:
-    """Batches consumed (the data position a checkpoint holds)."""
-
-    def __init__(self) -> None:
-        self.consumed = 0
-
-    def state_dict(self) -> dict[str, int]:
-        return {"consumed": self.consumed}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.consumed = int(state["consumed"])
 
 
 def permanent_fault(step: int, rank: int, parallel: str) -> dict[str, Any]:

@@ -95,6 +95,12 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, data: Synthet
                device: torch.device, step: int) -> torch.Tensor:
     """One optimizer step on this rank's shard of batch `step`; returns the local loss."""
     inputs, targets = data.batch(step, shard=dist.get_rank())
+    return step_on(model, optimizer, inputs, targets, device)
+
+
+def step_on(model: nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor, targets: torch.Tensor,
+            device: torch.device) -> torch.Tensor:
+    """One optimizer step on a batch the caller fetched; returns the local loss."""
     inputs, targets = inputs.to(device), targets.to(device)
     logits = model(inputs)
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
