@@ -63,7 +63,11 @@ venv: $(VENV)/.deps-stamp
 build: deps
 	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PY) -m pip install $(PIP_BUILD_FLAGS) .
 
-demo: build
+# The demo builds only what it runs (no test or benchmark programs); make test adds them to the
+# same build tree later without recompiling the library.
+demo: deps
+	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PY) -m pip install $(PIP_BUILD_FLAGS) \
+		-Ccmake.define.LMR_BUILD_TESTS=OFF -Ccmake.define.LMR_BUILD_BENCHMARKS=OFF .
 	$(VENV)/bin/lmr-qualify --out qualify-out
 
 test-cpp: build

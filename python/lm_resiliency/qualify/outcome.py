@@ -54,6 +54,7 @@ class Generation:
     steps: dict[int, list[dict]] = dataclasses.field(default_factory=dict)  # rank -> step lines
     health: list[dict] = dataclasses.field(default_factory=list)
     replay: dict[int, list[tuple[int, float]]] = dataclasses.field(default_factory=dict)  # rank -> (step, seconds)
+    health_monitor: str = ""  # rank 0's health monitor: "polling NVML device N", or why not
 
     @property
     def first_step_time(self) -> Optional[float]:
@@ -69,6 +70,7 @@ def read_generation(gen_dir: str, index: int) -> Generation:
         if kind == "generation":
             g.start_step, g.resumed_from = e["start_step"], e["resumed_from"]
             g.decided_time, g.load_seconds, g.started = e["decided_time"], e["load_seconds"], e["time"]
+            g.health_monitor = e.get("health", "")
         elif kind == "result":
             g.checks.append(ReplayResult.from_dict(e["result"]))
         elif kind in ("report", "end"):

@@ -37,7 +37,8 @@ def _windows(run: Any) -> list[tuple[str, int, float]]:
     for g in o.generations:
         recoveries = [g.start_step + 1] if g.resumed_from else []
         for oid, (first, last) in occurrence_windows(o.campaign, g.records, recoveries).items():
-            out.append((oid, first, min(last, o.steps)))
+            # A window open at the end of its generation (until recovery) ends with it.
+            out.append((oid, first, min(last, g.completed or o.steps)))
     return out
 
 

@@ -62,8 +62,9 @@ def _health_monitor(device: torch.device, hooks: OrchestrationHooks) -> tuple[Op
     from lm_resiliency.health import HardwareHealthMonitor, NvmlSource, nvml_index_for_cuda_device
 
     try:
-        source = NvmlSource(nvml_index_for_cuda_device(device))
-        return HardwareHealthMonitor(sources=[source], hooks=hooks).start(), ""
+        index = nvml_index_for_cuda_device(device)
+        monitor = HardwareHealthMonitor(sources=[NvmlSource(index)], hooks=hooks).start()
+        return monitor, f"polling NVML device {index}"
     except Exception as e:  # noqa: BLE001 - reported in the summary; training goes on
         return None, f"NVML unavailable: {e}"
 
