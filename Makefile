@@ -16,12 +16,13 @@ BUILD_DIR := build
 APT_PACKAGES := libgtest-dev nlohmann-json3-dev libgloo-dev libbenchmark-dev ccache
 JOBS ?= $(shell nproc)
 # One persistent build tree serves pip, ctest and the benchmarks, so the sources compile once.
-PIP_BUILD_FLAGS := --no-build-isolation --no-deps -q \
+PIP_BASE_FLAGS := --no-build-isolation --no-deps -q \
 	-Cbuild-dir=$(BUILD_DIR) \
-	-Ccmake.define.LMR_BUILD_TESTS=ON \
-	-Ccmake.define.LMR_BUILD_BENCHMARKS=ON \
 	-Ccmake.define.LMR_OOB=ON \
 	-Ccmake.define.LMR_WERROR=ON
+PIP_BUILD_FLAGS := $(PIP_BASE_FLAGS) \
+	-Ccmake.define.LMR_BUILD_TESTS=ON \
+	-Ccmake.define.LMR_BUILD_BENCHMARKS=ON
 
 
 FUZZ_SECONDS ?= 120
@@ -66,7 +67,7 @@ build: deps
 # The demo builds only what it runs (no test or benchmark programs); make test adds them to the
 # same build tree later without recompiling the library.
 demo: deps
-	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PY) -m pip install $(PIP_BUILD_FLAGS) \
+	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PY) -m pip install $(PIP_BASE_FLAGS) \
 		-Ccmake.define.LMR_BUILD_TESTS=OFF -Ccmake.define.LMR_BUILD_BENCHMARKS=OFF .
 	$(VENV)/bin/lmr-qualify --out qualify-out
 
