@@ -260,3 +260,21 @@ def test_fault_free_run_attributes_nothing(tmp_path):
     assert summary["clean"]["runs"] == 1 and summary["clean"]["attributions"] == 0
     assert summary["clean"]["checks"] >= 29
     assert summary["runs"][0]["generations"][-1]["completed"] == 30
+
+
+@pytest.mark.distributed
+def test_inside_an_existing_torchrun_rank_0_scores_after_the_restart(tmp_path):
+    out = tmp_path / "q"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    env["OMP_NUM_THREADS"] = "1"
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
+                          "--max-restarts=1", *QUALIFY[1:], "--out", str(out), "--families", "recovery,process_stall",
+                          "--no-plots"], capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    (campaign,) = summary["runs"]
+    assert summary["passed"] and len(campaign["recoveries"]) == 1
+    assert [g["ended"] for g in campaign["generations"]] == ["left for a self-healing restart (exit status 75)",
+                                                              "finished"]
+    assert all(r["localized"] for r in campaign["occurrences"]) and len(campaign["occurrences"]) == 2
+    assert run.stdout.count("PASSED") == 1  # rank 0 alone reports
