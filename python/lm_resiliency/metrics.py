@@ -28,6 +28,7 @@ lmr_last_check_step                gauge      the step of the latest check
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any, Optional
 
@@ -35,6 +36,8 @@ from lm_resiliency.errors import InvalidArgumentError, UnsupportedError
 from lm_resiliency.orchestration import OrchestrationHooks
 
 __all__ = ["PrometheusMetrics"]
+
+_log = logging.getLogger("lm_resiliency.metrics")
 
 _REPLAY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
@@ -118,7 +121,10 @@ class PrometheusMetrics:
 
         def chain(observe: Any, deliver: Any) -> Any:
             def both(value: Any) -> None:
-                observe(value)
+                try:
+                    observe(value)
+                except Exception:  # noqa: BLE001 - counting must not keep the value from the user's hooks
+                    _log.exception("lm_resiliency.metrics could not count %s", type(value).__name__)
                 deliver(value)
             return both
 

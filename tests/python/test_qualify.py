@@ -40,12 +40,16 @@ def _bad_campaign(tmp_path):
     return str(path)
 
 
-@pytest.mark.parametrize("case", ["family", "ranks", "unwritable", "repeat", "manifest"])
+@pytest.mark.parametrize("case", ["family", "ranks", "unwritable", "repeat", "manifest", "port"])
 def test_bad_input_is_one_line_and_exit_status_2(case, tmp_path):
     out = tmp_path / "out"
     blocker = tmp_path / "a-file"
     blocker.write_text("")
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
     args, expected = {
+        "port": (["--metrics-port", str(taken.getsockname()[1])], "--metrics-port: cannot serve metrics"),
         "family": (["--families", "sdc_output,bogus"], "unknown family 'bogus'"),
         "ranks": (["--campaign", _bad_campaign(tmp_path)], "incidents[0].faults[0].target.rank is 5, outside the world of 4"),
         "unwritable": (["--out", str(blocker / "out")], "cannot write there"),
@@ -55,6 +59,7 @@ def test_bad_input_is_one_line_and_exit_status_2(case, tmp_path):
     if case != "unwritable":
         args = [*args, "--out", str(out)]
     run = qualify(*args, timeout=60)
+    taken.close()
     assert run.returncode == 2, run.stdout + run.stderr
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("lmr-qualify: error: ") and expected in lines[0], run.stderr

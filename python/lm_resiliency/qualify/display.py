@@ -84,10 +84,10 @@ class Tail:
             s.checks += 1
             if r["status"] == "Attributed":
                 s.attributed += 1
-                named = sorted({x for entry in _localization(r) for x in entry["ranks"]})
-                for x in named:
+                found = _localization(r)
+                for x in sorted({x for entry in found for x in entry["ranks"]}):
                     s.rank(x).named += 1
-                what = "; ".join(sorted({f"{entry['kind']} rank {entry['ranks']}" for entry in _localization(r)}))
+                what = "; ".join(sorted({f"{entry['kind']} rank {entry['ranks']}" for entry in found}))
                 if what != s.last_named:
                     s.lines.append(f"step {r['step']}: {what} (via {', '.join(r['sdc_sources'][:3]) or 'timing'})")
                 s.last_named = what

@@ -298,6 +298,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     except UsageError as e:
         print(f"lmr-qualify: error: {e}", file=sys.stderr)
         return 2
+    metrics = None
+    if ns.metrics_port is not None:
+        from lm_resiliency.errors import LmrError
+        from lm_resiliency.qualify.metrics import RunnerMetrics
+
+        try:  # prometheus-client missing, or the port taken: bad input, before anything runs
+            metrics = RunnerMetrics(ns.metrics_port, ns.metrics_addr)
+        except LmrError as e:
+            print(f"lmr-qualify: error: --metrics-port: {e}", file=sys.stderr)
+            return 2
     out = os.path.abspath(ns.out)
     with open(os.path.join(out, "campaign.json"), "w", encoding="utf-8") as f:
         json.dump(setup.campaign, f, indent=2)
@@ -307,11 +317,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"  left out: {name}: {why}")
     if setup.repeat == 0 and not ns.clean:
         print("  nothing of the built-in campaign can be injected here: a fault-free run (checks and health on)")
-    metrics = None
-    if ns.metrics_port is not None:
-        from lm_resiliency.qualify.metrics import RunnerMetrics
-
-        metrics = RunnerMetrics(ns.metrics_port, ns.metrics_addr)
+    if metrics is not None:
         print(f"  metrics: http://{ns.metrics_addr}:{ns.metrics_port}/metrics")
     runs: list[Run] = []
     display = make_display(True if ns.plain else None)
