@@ -86,15 +86,11 @@ def _mesh(c: Config) -> str:
     return ""
 
 
-def _recovery(c: Config) -> str:
-    return _held_state(c)
-
-
 FAMILIES: tuple[Family, ...] = (
     Family("recovery", "permanent weight SDC, self-healing restart", 0,
            lambda r, c: [_fault("tensor_corruption", _block(r, "weight"),
                                 {"operation": "scale", "factor": 4.0, "scope": "1%", "parameter": "attention.wq.weight"})],
-           _recovery, until="recovery"),
+           _held_state, until="recovery"),
     Family("dataloader_stall", "DataLoader stall", 1,
            lambda r, c: [_fault("hang", {"rank": r, "surface": "data"}, {"seconds": STALL_S})], _held_state),
     Family("checkpoint_stall", "checkpoint I/O stall", LATEST_INTERVAL + 1,
@@ -164,7 +160,7 @@ def default_campaign(config: Config, families: tuple[str, ...] = NAMES, seed: in
     chosen = [BY_NAME[n] for n in families]
     if "recovery" not in families:
         at = 4
-    for i, family in enumerate(chosen):
+    for family in chosen:
         why = family.needs(config)
         if why:
             left_out[family.name] = why
