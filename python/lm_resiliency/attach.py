@@ -163,8 +163,8 @@ class Attachment:
             if handle is not None:
                 handle.remove()
         if (self._unwrap is None and self._unwatch is None and self._comm_install is None
-                and _attachments.get(id(self.optimizer)) is self):
-            del _attachments[id(self.optimizer)]
+                and _attachments.get(_key(self.model, self.optimizer)) is self):
+            del _attachments[_key(self.model, self.optimizer)]
 
     def _loaded(self, kind: str) -> None:
         for _, callback in list(self._load_callbacks):
@@ -211,16 +211,20 @@ class Attachment:
         return step
 
 
-def attach(model: Any, optimizer: Any) -> Attachment:
+def attach(model: Any, optimizer: Any = None) -> Attachment:
     """The attachment of this (model, optimizer): the existing one, or a new one. Every
     consumer of the same optimizer shares it; a different model with the same optimizer
-    is refused."""
-    existing = _attachments.get(id(optimizer))
+    is refused. `optimizer` None: the framework's object holds it (a DeepSpeed engine)."""
+    existing = _attachments.get(_key(model, optimizer))
     if existing is not None and existing.optimizer is optimizer:
         if existing.model is not model:
             raise InvalidArgumentError("this optimizer is already attached with another model: pass the same model "
                                        "object to every LM Resiliency consumer of the job")
         return existing
     attachment = Attachment(model, optimizer)
-    _attachments[id(optimizer)] = attachment
+    _attachments[_key(model, optimizer)] = attachment
     return attachment
+
+
+def _key(model: Any, optimizer: Any) -> int:
+    return id(optimizer if optimizer is not None else model)

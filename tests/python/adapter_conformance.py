@@ -1,8 +1,9 @@
 """The conformance suite every framework adapter must pass (docs/adapters.md).
 
-``check_adapter(adapter, step)`` runs on every rank of a job built with the framework,
-right after construction, with `step()` running one training step (forward, backward,
-the optimizer's update) of that job. It checks each facet of frameworks/base.py against
+``check_adapter(adapter, step, reload=None)`` runs on every rank of a job built with the
+framework, right after construction, with `step()` running one training step (forward,
+backward, the optimizer's update) of that job, and `reload()` loading state the
+framework's way (default: the optimizer's load_state_dict). It checks each facet of frameworks/base.py against
 the contracts written there, using nothing but the adapter and torch.distributed, and
 returns the names of the checks that ran. Collective: every rank calls it.
 """
@@ -17,12 +18,34 @@ from lm_resiliency.handle import Handle
 from lm_resiliency.signature import signature
 
 
-def _same_everywhere(value) -> bool:
-    if not (dist.is_available() and dist.is_initialized()):
-        return True
-    out = [None] * dist.get_world_size()
-    dist.all_gather_object(out, value)
+def _same_everywhere(value, group=None) -> bool:
+    out = _gathered(value, group)
     return all(v == out[0] for v in out)
+
+
+def _gathered(value, group=None) -> list:
+    if not (dist.is_available() and dist.is_initialized()):
+        return [value]
+    out = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, value, group=group)
+    return out
+
+
+_peer_groups = {}
+
+
+def _peers(adapter):
+    """This rank's data-parallel peers (the ranks holding the same parameters: pipeline and
+    model-parallel coordinates fixed), as a group; None for the whole world."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    world = dist.get_world_size()
+    groups = _core.mesh_compute_groups(adapter.mesh_dims(world), world)
+    key = tuple(map(tuple, groups))
+    if key not in _peer_groups:
+        made = [dist.new_group(list(g), backend="gloo") for g in groups]  # every rank creates every group
+        _peer_groups[key] = next(m for g, m in zip(groups, made) if dist.get_rank() in g)
+    return _peer_groups[key] if len(groups) > 1 else None
 
 
 def _raises(fn, exc=InvalidArgumentError) -> bool:
@@ -45,6 +68,9 @@ def check_structure(adapter) -> None:
         assert modules.get(path) is block, f"block {index} path {path!r} is not in named_modules()"
         assert adapter.component("transformer_block", index)[1] is block
     for kind in ("embedding", "output"):
+        if not adapter.holds(kind):  # a pipeline stage without it
+            assert _raises(lambda: adapter.component(kind)), kind
+            continue
         path, module = adapter.component(kind)
         assert modules.get(path) is module, kind
     assert _raises(lambda: adapter.component("transformer_block", max(blocks) + 1000))
@@ -58,25 +84,32 @@ def check_structure(adapter) -> None:
         size *= n
     assert size == world, f"mesh {dims} does not cover the world of {world}"
     assert _core.mesh_compute_groups(dims, world)  # lmr::mesh accepts it
-    assert _same_everywhere([list(d) for d in dims]) and _same_everywhere(sorted(blocks))
+    assert _same_everywhere([list(d) for d in dims])
+    # Ranks of one pipeline stage hold the same blocks, stages hold disjoint ones, and all
+    # together hold every global index once (without pipelining: every rank all of them).
+    held = _gathered(sorted(blocks))
+    assert all(a == b or not set(a) & set(b) for a in held for b in held), held
+    assert sorted(set().union(*map(set, held))) == list(range(sum(len(s) for s in {tuple(h) for h in held}))), held
 
 
 def check_tensors(adapter) -> None:
     params = [p for p, _ in adapter.optimizer_parameters()]
+    peers = _peers(adapter)
     for p in params:
         local = adapter.local(p)
         assert type(local) in (torch.Tensor, torch.nn.Parameter), type(local)
         assert adapter.is_sharded(p) or local is p
         assert adapter.gradient_hook_is_final(p) in (True, False)
         full = adapter.full_copy(p)  # collective for sharded parameters: same order on every rank
-        assert type(full) is torch.Tensor and tuple(full.shape) == tuple(p.shape)
+        assert type(full) is torch.Tensor and tuple(full.shape) == tuple(adapter.shape(p))
         assert full.data_ptr() != local.data_ptr(), "full_copy must not alias live storage"
         flat, mine = full.reshape(-1), local.detach().reshape(-1)
-        row = max(1, full[0].numel()) if full.dim() else 1
+        # A run of rows (FSDP2), or of elements of the flattened tensor (ZeRO-3's partitions).
+        step = max(1, full[0].numel()) if full.dim() and local.dim() == full.dim() else 1
         m = mine.numel()
-        assert m == 0 or any(torch.equal(flat[o:o + m], mine) for o in range(0, flat.numel() - m + 1, row)), \
-            "the local part is a run of rows of the full copy"
-        assert _same_everywhere(signature(full).digest), "every rank gets the same full copy"
+        assert m == 0 or any(torch.equal(flat[o:o + m], mine) for o in range(0, flat.numel() - m + 1, step)
+                             if flat[o] == mine[0]), "the local part is a run of the full copy"
+        assert _same_everywhere(signature(full).digest, peers), "every peer gets the same full copy"
     block = next(iter(adapter.blocks().values()))[1]
 
     def user_hook(module, args):
@@ -95,7 +128,7 @@ def check_optimizer(adapter, step) -> None:
     ids = [id(p) for p, _ in params]
     assert len(ids) == len(set(ids)), "each parameter once"
     assert all(isinstance(gi, int) and gi >= 0 for _, gi in params)
-    assert _same_everywhere([(tuple(p.shape), gi) for p, gi in params])
+    assert _same_everywhere([(tuple(adapter.shape(p)), gi) for p, gi in params], _peers(adapter))
     # The boundary: a wrapper runs around the update, and its handle removes exactly it.
     calls = []
 
@@ -151,22 +184,30 @@ def check_optimizer(adapter, step) -> None:
         assert torch.equal(c.detach(), updated[id(p)]), "the replayed update equals the live one, bit for bit"
 
 
-def check_loads_and_communication(adapter) -> None:
+def _reload_optimizer(adapter):
+    adapter.optimizer.load_state_dict(adapter.optimizer.state_dict())
+    return ["optimizer"]
+
+
+def check_loads_and_communication(adapter, reload=None) -> None:
+    """`reload()` loads state the framework's way and returns what it loaded ("model",
+    "optimizer"); default: the optimizer's own load_state_dict."""
+    reload = reload or (lambda: _reload_optimizer(adapter))
     seen = []
     handle = adapter.watch_loads(lambda: seen.append("model"), lambda: seen.append("optimizer"))
-    adapter.optimizer.load_state_dict(adapter.optimizer.state_dict())
+    expected = reload()
     handle.remove()
-    adapter.optimizer.load_state_dict(adapter.optimizer.state_dict())
-    assert seen == ["optimizer"]
+    reload()
+    assert seen == expected, (seen, expected)
     codes = adapter.internal_collectives()
     assert all(isinstance(c, int) and c >= 32 for c in codes.values()) and len(set(codes.values())) == len(codes)
 
 
-def check_adapter(adapter, step) -> list[str]:
+def check_adapter(adapter, step, reload=None) -> list[str]:
     assert type(adapter).matches(adapter.model, adapter.optimizer)
     assert type(select_adapter(adapter.model, adapter.optimizer)) is type(adapter)
     check_structure(adapter)
     check_tensors(adapter)
     check_optimizer(adapter, step)
-    check_loads_and_communication(adapter)
+    check_loads_and_communication(adapter, reload)
     return ["matches", "structure", "tensors", "optimizer", "loads", "communication"]

@@ -12,5 +12,5 @@ from lm_resiliency import _core
 def topology_digest(adapter: Any, model: Any, world_size: int) -> str:
     fields = [f"world={world_size}", f"mesh={adapter.mesh_dims(world_size)!r}"]
     # A sharded parameter reports its global shape, so the digest is the same on every rank.
-    fields += [f"{name}:{tuple(p.shape)}:{p.dtype}" for name, p in model.named_parameters()]
+    fields += [f"{name}:{tuple(adapter.shape(p))}:{p.dtype}" for name, p in model.named_parameters()]
     return _core.contract_digest(fields).hex()

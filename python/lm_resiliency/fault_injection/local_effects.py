@@ -232,6 +232,13 @@ class StateEffect(ActiveEffect):
         self.action = action
         self.applied = None
         self.tensor: Optional[torch.Tensor] = None
+        # The framework rewrites this copy at each update (ZeRO's working parameters): after
+        # one, nothing of the injected delta is left to retire.
+        self.rewritten = target.surface in ("weight", "bias") and adapter.overwritten_by_update(target.parameter)
+        self.updates = 0
+
+    def before_step(self) -> None:
+        self.updates += 1
 
     def _tensor(self) -> torch.Tensor:
         p = self.target.parameter
@@ -254,7 +261,8 @@ class StateEffect(ActiveEffect):
 
     def activate(self) -> None:
         try:
-            self.tensor = check_tensor(self._tensor())
+            self.tensor = self._tensor()
+            check_tensor(self.adapter.local(self.tensor))  # this rank's part (ZeRO-3: a partition)
             if self.action.kind in ("stale_state", "duplicate"):
                 local = self.adapter.local(self.tensor)
                 values = self.history.previous("stale_state", 1 << 62, local.numel())
@@ -280,6 +288,8 @@ class StateEffect(ActiveEffect):
             self.applied = None
             return {"retired": "replaced by a checkpoint load"}
         applied, self.applied = self.applied, None
+        if self.rewritten and self.updates:
+            return {"retired": "overwritten from the master copy by the framework's update"}
         try:
             exact = self._edit(lambda host: _core.retire(as_bytes(host), DTYPES[host.dtype], applied))
         except ValueError as e:

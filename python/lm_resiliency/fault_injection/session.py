@@ -393,11 +393,12 @@ class FaultInjectionSession:
                     self._abort()
 
 
-def enable_fault_injection(model: Any, optimizer: Any, *, campaign: Union[FaultCampaign, dict, str, os.PathLike],
+def enable_fault_injection(model: Any, optimizer: Any = None, *, campaign: Union[FaultCampaign, dict, str, os.PathLike],
                            state_store: Optional[CampaignStateStore] = None, executors: Sequence[FaultExecutor] = (),
                            rank: Optional[int] = None, completed_iterations: Optional[int] = None) -> FaultInjectionSession:
-    """Enable `campaign` for a PyTorch model and optimizer, once, after they are built and
-    before training. No change to the training loop: the optimizer's step is wrapped.
+    """Enable `campaign` for a model and optimizer (a DeepSpeed engine alone), once, after
+    they are built and before training. No change to the training loop: the optimizer
+    boundary is wrapped.
 
     In a distributed job every rank must call it; all ranks validate their targets and
     executors, then agree on the manifest, the iteration and the restart journal before

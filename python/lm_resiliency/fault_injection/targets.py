@@ -85,6 +85,9 @@ def resolve(adapter: FrameworkAdapter, fault: dict[str, Any], where: str) -> Res
                 if not any(out.parameter is p for p, _ in adapter.optimizer_parameters()):
                     raise InvalidArgumentError(f"{out.module_path}.{name} is not optimised by this optimizer")
                 out.state_key = parameters.get("state_key")
+                why = adapter.state_fault_unsupported(out.parameter)
+                if why:
+                    raise InvalidArgumentError(f"{out.module_path}.{name}: {why}")
         if surface in ("weight", "bias"):
             out.key = f"param:{storage_key(adapter, out.parameter)}"
         elif surface == "gradient":

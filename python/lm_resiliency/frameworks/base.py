@@ -65,6 +65,12 @@ class FrameworkAdapter:
         missing or ambiguous."""
         raise NotImplementedError
 
+    def holds(self, kind: str) -> bool:
+        """Whether this rank's model parts hold the component `kind` ("embedding",
+        "output"): False on pipeline stages without it, whose replay checks then leave its
+        recipe out."""
+        return True
+
     def mesh_dims(self, world_size: int) -> list[MeshDim]:
         """The data-parallel layout of the job for lmr::mesh: which dimensions hold
         replicas, which shards, which model-parallel coordinates."""
@@ -81,6 +87,10 @@ class FrameworkAdapter:
         """Whether this rank holds only a part of `tensor` (a parameter, its gradient or its
         optimizer state). No collectives."""
         return False
+
+    def shape(self, parameter: torch.Tensor) -> torch.Size:
+        """The parameter's global shape (what full_copy returns). No collectives."""
+        return parameter.shape
 
     def local(self, tensor: torch.Tensor) -> torch.Tensor:
         """The part of `tensor` this rank holds, as a plain tensor sharing its storage.
@@ -104,6 +114,18 @@ class FrameworkAdapter:
         gradients without such a hook (sharded parameters): gradient effects then act on
         the rank's local gradient just before the optimizer step."""
         return True
+
+    def overwritten_by_update(self, parameter: torch.Tensor) -> bool:
+        """Whether each update rewrites this rank's copy of `parameter` from a master copy
+        held elsewhere (DeepSpeed ZeRO's working parameters, written back from the fp32
+        partitions): a weight effect on it then lasts until the next update, and has
+        nothing left to retire after one."""
+        return False
+
+    def state_fault_unsupported(self, parameter: torch.Tensor) -> Optional[str]:
+        """Why optimizer-state faults cannot act on `parameter`'s state here (state held
+        off the device, say), or None. Asked when a campaign is enabled."""
+        return None
 
     # --- optimizer -------------------------------------------------------------------
 

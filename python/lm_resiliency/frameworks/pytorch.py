@@ -46,25 +46,14 @@ def _replaces(owner: Any, attribute: str, replacement: Any) -> Handle:
     return Handle(undo)
 
 
-class PyTorchAdapter(FrameworkAdapter):
-    name = "pytorch"
+class ModuleStructure:
+    """Finds the logical components of one module tree: transformer blocks in a ModuleList
+    (or ModuleDict) named layers/h/blocks/layer, indexed by a global-index attribute or by
+    position; the token embedding; the output head; experts. Shared by the adapters whose
+    model is a plain module tree."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        if not isinstance(model, nn.Module):
-            raise InvalidArgumentError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise InvalidArgumentError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
-        super().__init__(model, optimizer)
-        self.module = _unwrap(model)
-
-    @classmethod
-    def matches(cls, model: Any, optimizer: Any) -> bool:
-        return isinstance(model, nn.Module) and isinstance(optimizer, torch.optim.Optimizer)
-
-    # --- structure -----------------------------------------------------------------
-
-    def model_parts(self) -> list[nn.Module]:
-        return [self.module]
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
 
     def _layers(self) -> tuple[str, dict[int, nn.Module]]:
         lists = [(path, m) for path, m in self.module.named_modules()
@@ -94,9 +83,7 @@ class PyTorchAdapter(FrameworkAdapter):
                 return path
         raise InvalidArgumentError("module is not part of the model")
 
-    def component(self, kind: str, index: Optional[int] = None, model_part: int = 0,
-                  metadata: Optional[dict] = None) -> tuple[str, nn.Module]:
-        self._part(model_part)
+    def component(self, kind: str, index: Optional[int] = None, metadata: Optional[dict] = None) -> tuple[str, nn.Module]:
         component, metadata = kind, metadata or {}
         if component == "transformer_block":
             _, blocks = self._layers()
@@ -134,11 +121,41 @@ class PyTorchAdapter(FrameworkAdapter):
             return f"{experts[0][0]}.{local}", experts[0][1][local]
         raise InvalidArgumentError(f"unknown component {component!r}; give module_path")
 
+    def blocks(self) -> dict[int, tuple[str, nn.Module]]:
+        _, blocks = self._layers()
+        return {i: (self._path_of(b), b) for i, b in sorted(blocks.items())}
+
+
+class PyTorchAdapter(FrameworkAdapter):
+    name = "pytorch"
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        if not isinstance(model, nn.Module):
+            raise InvalidArgumentError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise InvalidArgumentError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        super().__init__(model, optimizer)
+        self.module = _unwrap(model)
+        self.structure = ModuleStructure(self.module)
+
+    @classmethod
+    def matches(cls, model: Any, optimizer: Any) -> bool:
+        return isinstance(model, nn.Module) and isinstance(optimizer, torch.optim.Optimizer)
+
+    # --- structure -----------------------------------------------------------------
+
+    def model_parts(self) -> list[nn.Module]:
+        return [self.module]
+
+    def component(self, kind: str, index: Optional[int] = None, model_part: int = 0,
+                  metadata: Optional[dict] = None) -> tuple[str, nn.Module]:
+        self._part(model_part)
+        return self.structure.component(kind, index, metadata)
+
     def blocks(self, model_part: Optional[int] = None) -> dict[int, tuple[str, nn.Module]]:
         if model_part is not None:
             self._part(model_part)
-        _, blocks = self._layers()
-        return {i: (self._path_of(b), b) for i, b in sorted(blocks.items())}
+        return self.structure.blocks()
 
     def mesh_dims(self, world_size: int) -> list[MeshDim]:
         """A DTensor parameter's DeviceMesh (Replicate placement: replicate, Shard: shard),
@@ -231,18 +248,7 @@ class PyTorchAdapter(FrameworkAdapter):
         return None  # a torch.optim.Optimizer class can be built again over copies
 
     def replay_update(self, groups: dict[int, list[torch.Tensor]], states: dict[torch.Tensor, dict[str, Any]]) -> None:
-        """An optimizer of the live one's class over the copies, with each live group's
-        hyper-parameters, stepped once."""
-        live = self.optimizer.param_groups
-        first = next(iter(groups))
-        opt = type(self.optimizer)(groups[first], lr=live[first]["lr"])
-        opt.param_groups[0].update({k: v for k, v in live[first].items() if k != "params"})
-        for gi, ps in groups.items():
-            if gi != first:
-                opt.add_param_group({"params": ps, **{k: v for k, v in live[gi].items() if k != "params"}})
-        for copy, state in states.items():
-            opt.state[copy] = state
-        opt.step()
+        replay_torch_update(self.optimizer, groups, states)
 
     # --- communication ---------------------------------------------------------------
 
@@ -287,6 +293,22 @@ class PyTorchAdapter(FrameworkAdapter):
             cell.run = cell.on_done = None
 
         return Handle(remove), None
+
+
+def replay_torch_update(optimizer: torch.optim.Optimizer, groups: dict[int, list[torch.Tensor]],
+                        states: dict[torch.Tensor, dict[str, Any]]) -> None:
+    """An optimizer of the live one's class over the copies, with each live group's
+    hyper-parameters, stepped once (FrameworkAdapter.replay_update for a torch optimizer)."""
+    live = optimizer.param_groups
+    first = next(iter(groups))
+    opt = type(optimizer)(groups[first], lr=live[first]["lr"])
+    opt.param_groups[0].update({k: v for k, v in live[first].items() if k != "params"})
+    for gi, ps in groups.items():
+        if gi != first:
+            opt.add_param_group({"params": ps, **{k: v for k, v in live[gi].items() if k != "params"}})
+    for copy, state in states.items():
+        opt.state[copy] = state
+    opt.step()
 
 
 class _HookCell:

@@ -33,6 +33,10 @@ from lm_resiliency.scout.result import ReplayResult, SurfaceResult, merge_result
 from lm_resiliency.scout.started_check import StartedCheck
 
 
+# The plan's recipe slots, in the order the world's readiness vote lays them out.
+_SLOTS = ("embedding", "hidden", "output", "optimizer")
+
+
 class ReplayHarness:
     """Attach to a model and optimizer; it runs by itself at the optimizer boundary.
     ``check()`` runs the full catalog now (manual mode, ``check_interval=0``).
@@ -41,13 +45,17 @@ class ReplayHarness:
     the affected recipe Inconclusive on every peer (``inconclusive_reasons``), with a
     warning logged once per recipe (scout/guard.py)."""
 
-    def __init__(self, model: Any, optimizer: Any, config: Optional[ReplayHarnessConfig] = None,
+    def __init__(self, model: Any, optimizer: Any = None, config: Optional[ReplayHarnessConfig] = None,
                  completed_iterations: int = 0, hooks: Optional[OrchestrationHooks] = None) -> None:
         self.config = config or ReplayHarnessConfig()
         self._attachment = attach(model, optimizer)
         self._adapter = self._attachment.adapter
-        self._emb_path, self._embedding = self._adapter.component("embedding")
-        self._out_path, self._output = self._adapter.component("output")
+        # A pipeline stage holds the embedding or the head only where they are: its
+        # checks leave the others out.
+        self._emb_path, self._embedding = (self._adapter.component("embedding") if self._adapter.holds("embedding")
+                                           else (None, None))
+        self._out_path, self._output = (self._adapter.component("output") if self._adapter.holds("output")
+                                        else (None, None))
         blocks = self._adapter.blocks()
         self._blocks = blocks
         self._layers = sorted(blocks)
@@ -124,13 +132,13 @@ class ReplayHarness:
     def _modules_for(self, plan: tuple) -> dict[str, tuple[str, torch.nn.Module, Optional[int]]]:
         embedding, hidden, output, _ = plan
         out = {}
-        if embedding:
+        if embedding and self._embedding is not None:
             out["embedding"] = (self._emb_path, self._embedding, None)
         if hidden is not None:
             layer = self._layers[hidden]
             path, module = self._blocks[layer]
             out[f"hidden.{layer}"] = (path, module, layer)
-        if output:
+        if output and self._output is not None:
             out["output"] = (self._out_path, self._output, None)
         return out
 
@@ -322,13 +330,18 @@ class ReplayHarness:
     def _vote(self, payload: Any) -> list[Any]:
         return groups.gather(self._peers, payload)
 
-    def _world_all(self, flags: list[bool]) -> list[bool]:
-        """Whether each flag holds on every rank of the world (one collective)."""
+    def _world_all(self, recipes: list[str], flags: list[bool]) -> list[bool]:
+        """Whether each recipe is ready on every rank of the world that has it (one
+        collective over a vector of the plan's four slots: pipeline stages hold different
+        recipes, hidden layers of different indices, or none of the embedding or head)."""
         if self._peers.world_votes is None or not flags:
             return flags
-        t = torch.tensor([int(f) for f in flags], dtype=torch.int64)
+        slots = [_SLOTS.index(r.split(".")[0]) for r in recipes]
+        t = torch.ones(len(_SLOTS), dtype=torch.int64)
+        for slot, flag in zip(slots, flags):
+            t[slot] = int(flag)
         dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self._peers.world_votes)
-        return [bool(v) for v in t.tolist()]
+        return [bool(t[slot]) for slot in slots]
 
     def _contract(self, step: int, recipe: str, modules: dict, captures: dict[str, Capture],
                   snapshot: Optional[list], prepared: dict) -> tuple[list[str], Optional[str]]:
@@ -368,7 +381,7 @@ class ReplayHarness:
         gathered = self._vote({"contracts": contracts, "reasons": reasons})
         local_ready, why = _core.replay_readiness(self._peers.ranks, self._peers.state_groups, recipes,
                                                   [(g["contracts"], g["reasons"]) for g in gathered])
-        ready = {r for r, ok in zip(recipes, self._world_all(local_ready)) if ok}
+        ready = {r for r, ok in zip(recipes, self._world_all(recipes, local_ready)) if ok}
         not_ready = [(r, why.get(r, "not_ready_elsewhere: a peer group was not ready")) for r in recipes
                      if r not in ready]
         surfaces: dict[str, Any] = {}

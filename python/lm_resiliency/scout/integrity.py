@@ -227,22 +227,26 @@ class StateIntegrity:
         ranks, state_groups = list(self._peers.ranks), self._peers.state_groups
         summaries = self._gather_summaries(summary)
         details = []
+        names = due.after.held.names if due.after is not None else []
+        peer_names = [names] * len(ranks)
         if _core.integrity_needs_detail(ranks, state_groups, self.replicas, summaries):
-            details = groups.gather(self._peers, detail)
+            # Each peer names its own tensors: what a rank holds may differ (ZeRO's fragments).
+            gathered = groups.gather(self._peers, (detail, names))
+            details, peer_names = [d for d, _ in gathered], [n for _, n in gathered]
         verdict, tensors = _core.integrity_decide(ranks, state_groups, self.replicas, summaries, details)
         result = ReplayResult(step=due.step, peer_ranks=ranks, wall_time=time.time())
         result.checked_recipe_ids = [RECIPE]
-        names = due.after.held.names if due.after is not None else []
-        _fill(result, verdict, tensors, names, self)
+        _fill(result, verdict, tensors, peer_names, self)
         return result
 
 
-def _fill(result: ReplayResult, verdict: Any, tensors: dict, names: list[str], integrity: StateIntegrity) -> None:
-    """Writes an integrity verdict into a fresh ReplayResult, naming tensors and components."""
+def _fill(result: ReplayResult, verdict: Any, tensors: dict, names: list[list[str]], integrity: StateIntegrity) -> None:
+    """Writes an integrity verdict into a fresh ReplayResult, naming tensors (`names`: each
+    peer's, in peer order) and components."""
     for name, s in verdict.surfaces.items():
         result.c3_results[name] = SurfaceResult(s.status.name, list(s.bitmap), [e.hex() for e in s.evidence])
-        named = {r: [names[i] if 0 <= i < len(names) else f"tensor{i}" for i in idx]
-                 for r, idx in zip(result.peer_ranks, tensors.get(name, [])) if idx}
+        named = {r: [mine[i] if 0 <= i < len(mine) else f"tensor{i}" for i in idx]
+                 for r, idx, mine in zip(result.peer_ranks, tensors.get(name, []), names) if idx}
         if named:
             result.integrity_tensors[name] = named
             for r, ts in named.items():

@@ -11,9 +11,41 @@ import torch
 import torch.nn as nn
 
 
+_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+
+
+@contextlib.contextmanager
+def _without_framework_hooks(module: nn.Module, is_framework_hook: Callable[[Any], bool]) -> Iterator[None]:
+    """The framework's hooks on the module's descendants (ZeRO-3 fetches and releases
+    parameters per submodule; nested FSDP units) are set aside while a replay runs them on
+    copies, then put back in their places."""
+    removed: list[tuple[dict, list]] = []
+    try:
+        for sub in module.modules():
+            if sub is module:
+                continue
+            for attr in _HOOK_DICTS:
+                hooks = getattr(sub, attr)
+                if any(is_framework_hook(h) for h in hooks.values()):
+                    removed.append((hooks, list(hooks.items())))
+                    for hid in [hid for hid, h in hooks.items() if is_framework_hook(h)]:
+                        del hooks[hid]
+        yield
+    finally:
+        for hooks, items in removed:
+            hooks.clear()
+            hooks.update(items)
+
+
 def call_with_hooks(module: nn.Module, args: tuple, kwargs: dict, is_framework_hook: Callable[[Any], bool]) -> Any:
     """``module(*args, **kwargs)`` with the module's own forward hooks, minus the hooks
-    the framework adapter says are its own (parameter unshard/reshard, communication)."""
+    the framework adapter says are its own (parameter unshard/reshard, communication),
+    on the module and on its descendants."""
+    with _without_framework_hooks(module, is_framework_hook):
+        return _call(module, args, kwargs, is_framework_hook)
+
+
+def _call(module: nn.Module, args: tuple, kwargs: dict, is_framework_hook: Callable[[Any], bool]) -> Any:
     for hid, hook in list(module._forward_pre_hooks.items()):
         if is_framework_hook(hook):
             continue

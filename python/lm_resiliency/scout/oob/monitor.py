@@ -47,7 +47,7 @@ def _is_loopback(addr: str) -> bool:
 
 
 class HangMonitor:
-    def __init__(self, model: Any, optimizer: Any, config: Optional[HangDetectionConfig] = None,
+    def __init__(self, model: Any, optimizer: Any = None, config: Optional[HangDetectionConfig] = None,
                  hooks: Optional[OrchestrationHooks] = None, completed_iterations: int = 0) -> None:
         self.config = config or HangDetectionConfig()
         self.hooks = hooks or OrchestrationHooks()
