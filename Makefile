@@ -53,10 +53,11 @@ apt-install:
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
-$(VENV)/.deps-stamp: requirements-dev.txt
+$(VENV)/.deps-stamp: requirements-dev.txt requirements-frameworks.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements-dev.txt
+	DS_BUILD_OPS=0 $(PY) -m pip install -q --no-build-isolation -r requirements-frameworks.txt torch==2.13.0
 	touch $@
 
 venv: $(VENV)/.deps-stamp

@@ -21,6 +21,14 @@ export CMAKE_PREFIX_PATH=$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
 export LD_LIBRARY_PATH=$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PYTHONUNBUFFERED=1
 arch=${LMR_CUDA_ARCH:-90}
+# DeepSpeed for its adapter's GPU tests, from wheels brought along (no registry here):
+#   mkdir -p .device/wheels-ds && cd .device/wheels-ds && DS_BUILD_OPS=0 pip wheel --no-deps \
+#     --no-build-isolation deepspeed==0.19.8 && pip download --no-deps --only-binary=:all: \
+#     --python-version 3.12 --platform manylinux2014_x86_64 pydantic pydantic-core annotated-types \
+#     typing-inspection hjson
+if ls .device/wheels-ds/*.whl >/dev/null 2>&1 && ! python3 -c "import deepspeed" 2>/dev/null; then
+  python3 -m pip install --no-index --no-deps -q .device/wheels-ds/*.whl
+fi
 
 status=0
 run() {

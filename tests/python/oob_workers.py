@@ -23,7 +23,7 @@ import torch.nn.functional as F
 import lm_resiliency as lmr
 from lm_resiliency.orchestration import OrchestrationHooks
 from lm_resiliency.scout import HangDetectionConfig, HangMonitor, checkpoint_io, instrument_dataloader
-from lm_resiliency.workloads import TrainConfig, build
+from lm_resiliency.workloads import SyntheticTokens, TrainConfig, build
 from lm_resiliency.workloads.model import DecoderConfig
 
 STALL_STEP = 5
@@ -68,9 +68,18 @@ def main():
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=HANG_S))
     rank = dist.get_rank()
-    cfg = TrainConfig(parallel=os.environ.get("OOB_PARALLEL", "ddp"), steps=steps, batch_size=2, seq_len=16,
-                      model=DecoderConfig(dim=32, n_layers=2, n_heads=2, ffn_hidden=64, max_seq_len=32))
-    model, opt, data, device = build(cfg)
+    parallel = os.environ.get("OOB_PARALLEL", "ddp")
+    engine = None
+    if parallel.startswith("zero"):  # a DeepSpeed engine (deepspeed_workers.py) under ZeRO stage N
+        import deepspeed_workers
+
+        engine = deepspeed_workers.build(int(parallel[4:]))
+        model, opt = engine, None
+        data = SyntheticTokens(deepspeed_workers.VOCAB, 16, 2)
+    else:
+        cfg = TrainConfig(parallel=parallel, steps=steps, batch_size=2, seq_len=16,
+                          model=DecoderConfig(dim=32, n_layers=2, n_heads=2, ffn_hidden=64, max_seq_len=32))
+        model, opt, data, device = build(cfg)
     reports_path = os.path.join(out, f"reports-{rank}.jsonl")
 
     def on_report(report):
@@ -111,9 +120,13 @@ def main():
     for step, (inputs, targets) in enumerate(loader):
         logits = model(inputs)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        if engine is not None:
+            engine.backward(loss)
+            engine.step()
+        else:
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
         stalling = step == STALL_STEP
         if not (scenario == "desync" and rank == 2 and stalling):
             dist.all_reduce(loss.detach())

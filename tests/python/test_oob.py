@@ -101,6 +101,17 @@ def test_sharded_training(parallel, scenario, kind, rank, tmp_path):
 
 @needs_daemon
 @pytest.mark.distributed
+@pytest.mark.parametrize("scenario,kind,rank", [("desync", "collective_desync", 2), ("sleep", "process_stall", 1)])
+def test_deepspeed_training(scenario, kind, rank, tmp_path):
+    # DeepSpeed's collectives go through torch.distributed's public calls: published as ours.
+    pytest.importorskip("deepspeed")
+    job, report = stalled_job(scenario, tmp_path, env={"OOB_PARALLEL": "zero2"})
+    job.kill()
+    check(report, kind, [rank])
+
+
+@needs_daemon
+@pytest.mark.distributed
 def test_sigstopped_rank_is_a_process_stall(tmp_path):
     job = Job("sigstop", tmp_path)
     try:

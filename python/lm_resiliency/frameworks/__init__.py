@@ -4,7 +4,7 @@
 ``matches`` the training objects and returns the first that does. The order puts the
 frameworks that wrap plain PyTorch first (TorchTitan, DeepSpeed, Megatron Core: each is
 also made of ``torch.nn`` modules), then plain PyTorch (single process, DDP, FSDP2, HSDP).
-This release ships the PyTorch adapter; the others register here as they land.
+This release ships the DeepSpeed and PyTorch adapters; the others register here as they land.
 ``register_adapter`` adds one (say, your own) ahead of plain PyTorch. The interface is
 ``frameworks/base.py``; docs/adapters.md is the author's guide.
 """
@@ -15,11 +15,12 @@ from typing import Any
 
 from lm_resiliency.errors import InvalidArgumentError
 from lm_resiliency.frameworks.base import FrameworkAdapter
+from lm_resiliency.frameworks.deepspeed import DeepSpeedAdapter
 from lm_resiliency.frameworks.pytorch import PyTorchAdapter
 
-__all__ = ["FrameworkAdapter", "PyTorchAdapter", "adapters", "register_adapter", "select_adapter"]
+__all__ = ["DeepSpeedAdapter", "FrameworkAdapter", "PyTorchAdapter", "adapters", "register_adapter", "select_adapter"]
 
-_registry: list[type[FrameworkAdapter]] = [PyTorchAdapter]
+_registry: list[type[FrameworkAdapter]] = [DeepSpeedAdapter, PyTorchAdapter]
 
 
 def adapters() -> list[type[FrameworkAdapter]]:
@@ -37,7 +38,7 @@ def register_adapter(cls: type[FrameworkAdapter]) -> None:
     _registry.insert(max(0, len(_registry) - 1) if _registry[-1] is PyTorchAdapter else len(_registry), cls)
 
 
-def select_adapter(model: Any, optimizer: Any) -> FrameworkAdapter:
+def select_adapter(model: Any, optimizer: Any = None) -> FrameworkAdapter:
     """The adapter of these training objects; InvalidArgumentError naming the adapters
     tried (and what they were given) when none matches."""
     for cls in _registry:
