@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import statistics
 import time
 
@@ -26,6 +27,8 @@ from lm_resiliency.workloads import Decoder, DecoderConfig, SyntheticTokens, spa
 
 def _engine(args):
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+    if args.device == "cuda":  # ranks share the GPUs over gloo: DeepSpeed picks its device from LOCAL_RANK
+        os.environ["LOCAL_RANK"] = str(dist.get_rank() % torch.cuda.device_count())
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo")

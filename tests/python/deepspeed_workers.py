@@ -27,6 +27,8 @@ VOCAB, SEQ, MICRO = 128, 16, 4
 def _deepspeed():
     # The shared-memory op serves only inference all-reduces: do not JIT-build it.
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+    if torch.cuda.is_available():  # more ranks than GPUs share them (gloo): DeepSpeed reads LOCAL_RANK
+        os.environ["LOCAL_RANK"] = str(dist.get_rank() % torch.cuda.device_count())
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo")

@@ -157,7 +157,7 @@ def test_zero2_with_cuda_tensors_on_ranks_sharing_the_gpu(bf16, tmp_path):
     """The accelerator machine: 4 ranks on GPU 0 over gloo (DeepSpeed picks the CUDA
     accelerator), the same campaign localized."""
     ranks = (1, 2, 3, 0)
-    per_rank = spawn(deepspeed_workers.train, 4, timeout=900, env={"LOCAL_RANK": "0"},
+    per_rank = spawn(deepspeed_workers.train, 4, timeout=900,
                      args=(2, False, STEPS, True, 1, 2, ranks, str(tmp_path), bf16))
     assert all(out["device"].startswith("cuda") for out in per_rank)
     c, records, results, report, compare = _scored(per_rank, False, ranks, tmp_path)
