@@ -47,12 +47,13 @@ __all__ = ["DeepSpeedAdapter", "MASTER"]
 MASTER = "fp32_master"  # the optimizer-state key of a parameter's fp32 master fragment
 
 
+def _is_a(obj: Any, name: str) -> bool:
+    """Whether `obj` is an instance of DeepSpeed's class `name`, without importing DeepSpeed."""
+    return any(c.__name__ == name and c.__module__.startswith("deepspeed.") for c in type(obj).__mro__)
+
+
 def _is_engine(obj: Any) -> bool:
-    return any(c.__name__ == "DeepSpeedEngine" and c.__module__.startswith("deepspeed.") for c in type(obj).__mro__)
-
-
-def _is_pipeline_module(obj: Any) -> bool:
-    return any(c.__name__ == "PipelineModule" and c.__module__.startswith("deepspeed.") for c in type(obj).__mro__)
+    return _is_a(obj, "DeepSpeedEngine")
 
 
 class _PipelineStructure:
@@ -147,7 +148,7 @@ class DeepSpeedAdapter(FrameworkAdapter):
         super().__init__(model, model.optimizer)
         self.engine = model
         self.stage = int(model.zero_optimization_stage())
-        self.pipeline = _is_pipeline_module(model.module)
+        self.pipeline = _is_a(model.module, "PipelineModule")
         self.structure: Any = _PipelineStructure(model.module) if self.pipeline else ModuleStructure(model.module)
         # A torch optimizer over the working parameters (ZeRO 0, fp32): replicas and a
         # replayable update, as plain PyTorch. Otherwise DeepSpeed partitions the master.
