@@ -92,6 +92,24 @@ def check_structure(adapter) -> None:
     assert sorted(set().union(*map(set, held))) == list(range(sum(len(s) for s in {tuple(h) for h in held}))), held
 
 
+def _is_part_of(p, local, full) -> bool:
+    """Whether `local` is this rank's part of `full`: a run of rows (FSDP2) or of elements
+    of the flattened tensor (ZeRO-3's partitions); for a DTensor sharded on more than one
+    mesh dimension or along another tensor dimension (tensor parallel), what DTensor
+    itself makes of the full copy with the same placements (a collective on its mesh)."""
+    placements = getattr(p, "placements", ())
+    shards = [pl for pl in placements if pl.is_shard()]
+    if len(shards) > 1 or any(pl.dim != 0 for pl in shards):
+        from torch.distributed.tensor import distribute_tensor
+
+        return torch.equal(distribute_tensor(full, p.device_mesh, placements).to_local(), local.detach())
+    flat, mine = full.reshape(-1), local.detach().reshape(-1)
+    step = max(1, full[0].numel()) if full.dim() and local.dim() == full.dim() else 1
+    m = mine.numel()
+    return m == 0 or any(torch.equal(flat[o:o + m], mine) for o in range(0, flat.numel() - m + 1, step)
+                         if flat[o] == mine[0])
+
+
 def check_tensors(adapter) -> None:
     params = [p for p, _ in adapter.optimizer_parameters()]
     peers = _peers(adapter)
@@ -103,12 +121,7 @@ def check_tensors(adapter) -> None:
         full = adapter.full_copy(p)  # collective for sharded parameters: same order on every rank
         assert type(full) is torch.Tensor and tuple(full.shape) == tuple(adapter.shape(p))
         assert full.data_ptr() != local.data_ptr(), "full_copy must not alias live storage"
-        flat, mine = full.reshape(-1), local.detach().reshape(-1)
-        # A run of rows (FSDP2), or of elements of the flattened tensor (ZeRO-3's partitions).
-        step = max(1, full[0].numel()) if full.dim() and local.dim() == full.dim() else 1
-        m = mine.numel()
-        assert m == 0 or any(torch.equal(flat[o:o + m], mine) for o in range(0, flat.numel() - m + 1, step)
-                             if flat[o] == mine[0]), "the local part is a run of the full copy"
+        assert _is_part_of(p, local, full), "the local part is this rank's part of the full copy"
         assert _same_everywhere(signature(full).digest, peers), "every peer gets the same full copy"
     block = next(iter(adapter.blocks().values()))[1]
 
@@ -140,17 +153,22 @@ def check_optimizer(adapter, step) -> None:
 
     handle = adapter.wrap_step(wrapper)
     assert isinstance(handle, Handle)
-    # Snapshot just before the update (the replay must reproduce it exactly on copies).
-    snapshot = {}
+    # Snapshot just before the update, and replay it on copies right after, inside the
+    # boundary as the harness does (the loop's LR scheduler steps once the update returns).
+    replayed = []
 
     def snapshotting(original):
         def wrapped(*args, **kwargs):
+            snapshot = {}
             for p, gi in params[:4]:
                 if p.grad is not None:
                     snapshot[id(p)] = (p, gi, adapter.local(p).detach().clone(), adapter.local(p.grad).detach().clone(),
                                        {k: (adapter.local(v).detach().clone() if isinstance(v, torch.Tensor) else v)
                                         for k, v in adapter.optimizer_state(p).items()})
-            return original(*args, **kwargs)
+            result = original(*args, **kwargs)
+            if adapter.optimizer_replay_support() is None:
+                replayed.append(_replay_matches(adapter, snapshot))
+            return result
         return wrapped
 
     step()  # first step: optimizer state appears
@@ -160,7 +178,6 @@ def check_optimizer(adapter, step) -> None:
     inner = adapter.wrap_step(snapshotting)
     step()
     inner.remove()
-    updated = {id(p): adapter.local(p).detach().clone() for p, *_ in snapshot.values()}
     handle.remove()
     step()
     assert calls == ["in", "in"], "the handle removed the wrapper"
@@ -168,7 +185,12 @@ def check_optimizer(adapter, step) -> None:
     if why is not None:
         assert isinstance(why, str) and why
         return
-    # Replaying the update on isolated copies gives the live result, bit for bit.
+    assert replayed == [True]
+
+
+def _replay_matches(adapter, snapshot) -> bool:
+    """Replaying the update on isolated copies gives the live result, bit for bit."""
+    updated = {id(p): adapter.local(p).detach().clone() for p, *_ in snapshot.values()}
     groups, states, copies = {}, {}, []
     for p, gi, value, grad, state in snapshot.values():
         c = torch.nn.Parameter(value.clone())
@@ -182,6 +204,7 @@ def check_optimizer(adapter, step) -> None:
     for (p, c, value), live in zip(copies, before_live):
         assert torch.equal(live, adapter.local(p).detach()), "replay_update must not touch the live parameters"
         assert torch.equal(c.detach(), updated[id(p)]), "the replayed update equals the live one, bit for bit"
+    return True
 
 
 def _reload_optimizer(adapter):

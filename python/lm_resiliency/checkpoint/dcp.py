@@ -322,16 +322,20 @@ class DCPCheckpointer:
             raise InvalidArgumentError(f"{path} is not a complete checkpoint: " + "; ".join(dict.fromkeys(problems)))
         state = self._state(-1)
         dcp.load(state, checkpoint_id=path)
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
         record = load_file(_rank_file(path, rank))
-        if self.scheduler is not None:
-            self.scheduler.load_state_dict(state["scheduler"])
-            if record.get("at_boundary"):
-                advance_scheduler(self.scheduler)
+        self._restore(state, record)
         if self._has_data:
             self._set_data(record["data"])
         set_rng_state(record["rng"])  # last: nothing above may draw from it
         return int(state["step"])
+
+    def _restore(self, state: dict[str, Any], record: dict[str, Any]) -> None:
+        """Applies what dcp.load read into `state` (this rank's file: `record`)."""
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+            if record.get("at_boundary"):
+                advance_scheduler(self.scheduler)
 
     # --- DurableCheckpointConfig --------------------------------------------------------------
 

@@ -75,6 +75,14 @@ class _TensorTransform:
         self.selected = 0
 
     def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        if hasattr(t, "to_local") and hasattr(t, "device_mesh"):
+            # A DTensor (a tensor-parallel activation): this rank's part, rebuilt with the
+            # same layout.
+            from torch.distributed.tensor import DTensor
+
+            local = self(t.to_local())
+            return DTensor.from_local(local, t.device_mesh, t.placements, run_check=False, shape=t.shape,
+                                      stride=t.stride())
         a = self.action
         check_tensor(t, needs_float=a.kind != "reorder")
         if a.kind == "reorder" and rows(t) < 2:

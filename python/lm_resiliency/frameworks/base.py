@@ -103,6 +103,12 @@ class FrameworkAdapter:
         parameters in the same order). Plain tensors: a clone, no collective."""
         return parameter.detach().clone()
 
+    def compute_dtype(self, parameter: torch.Tensor) -> Optional[torch.dtype]:
+        """The dtype the framework computes with for this parameter when it differs from
+        the stored one (FSDP2 mixed precision casts the gathered parameter to its
+        ``param_dtype``): replay casts its full copy the same way. None: as stored."""
+        return None
+
     def is_framework_hook(self, hook: Any) -> bool:
         """Whether a module hook belongs to the framework (parameter unshard/reshard,
         communication) and must not run when a module is replayed on copied parameters."""
@@ -160,6 +166,12 @@ class FrameworkAdapter:
         step, a load): state integrity rebuilds its tensor set then. The default counts
         every parameter's entries; adapters override it with something cheaper."""
         return sum(len(self.optimizer_state(p)) for p, _ in self.optimizer_parameters())
+
+    def module_replay_support(self) -> Optional[str]:
+        """None when modules can be replayed on isolated copies of their inputs and full
+        parameters; otherwise why the embedding, hidden and output recipes are off (a
+        layout whose blocks communicate inside their forward)."""
+        return None
 
     def optimizer_replay_support(self) -> Optional[str]:
         """None when `replay_update` works for this optimizer; otherwise why the optimizer

@@ -137,6 +137,7 @@ class PyTorchAdapter(FrameworkAdapter):
         super().__init__(model, optimizer)
         self.module = _unwrap(model)
         self.structure = ModuleStructure(self.module)
+        self._param_dtypes: Optional[dict[int, torch.dtype]] = None
 
     @classmethod
     def matches(cls, model: Any, optimizer: Any) -> bool:
@@ -201,6 +202,16 @@ class PyTorchAdapter(FrameworkAdapter):
         gathered = shard.new_empty((rows * k,) + tuple(shard.shape[1:]))
         dist.all_gather_into_tensor(gathered, padded, group=p.device_mesh.get_group(dim))
         return gathered[:p.shape[0]].clone() if rows * k != p.shape[0] else gathered
+
+    def compute_dtype(self, parameter: torch.Tensor) -> Optional[torch.dtype]:
+        """FSDP2's ``param_dtype`` (MixedPrecisionPolicy) of a sharded parameter, where it
+        casts the all-gathered parameter for compute."""
+        if not self.is_sharded(parameter):
+            return None
+        if self._param_dtypes is None:
+            self._param_dtypes = _fsdp_param_dtypes(self.model_parts())
+        dtype = self._param_dtypes.get(id(parameter))
+        return dtype if dtype is not None and dtype != parameter.dtype else None
 
     def is_framework_hook(self, hook: Any) -> bool:
         """Hooks of torch.distributed (FSDP's unshard/reshard, DDP's)."""
@@ -293,6 +304,23 @@ class PyTorchAdapter(FrameworkAdapter):
             cell.run = cell.on_done = None
 
         return Handle(remove), None
+
+
+def _fsdp_param_dtypes(parts: list[nn.Module]) -> dict[int, torch.dtype]:
+    """id(sharded parameter) -> the dtype FSDP2 computes it in, for every fully_shard
+    module of `parts` with a mixed-precision param_dtype."""
+    from torch.distributed.fsdp import FSDPModule
+
+    out: dict[int, torch.dtype] = {}
+    for part in parts:
+        for m in part.modules():
+            if not isinstance(m, FSDPModule):
+                continue
+            group = getattr(m._get_fsdp_state(), "_fsdp_param_group", None)
+            for fp in getattr(group, "fsdp_params", ()):
+                if getattr(fp, "param_dtype", None) is not None:
+                    out[id(fp.sharded_param)] = fp.param_dtype
+    return out
 
 
 def replay_torch_update(optimizer: torch.optim.Optimizer, groups: dict[int, list[torch.Tensor]],

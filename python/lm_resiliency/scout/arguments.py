@@ -9,8 +9,11 @@ cache and backpropagate into the freed training graph.
 ``isolate`` copies a structure deeply: every tensor becomes a detached copy; tuples,
 lists, dicts (subclasses included), named tuples and plain Python objects (instances of
 classes written in Python, whose state is their ``__dict__`` and ``__slots__``) are
-rebuilt around the copies; immutable atoms and code (functions, methods, classes) are
-shared. Anything else (a module, a generator, a stream, a lock, an object of a C
+rebuilt around the copies; immutable atoms and code (methods, classes, functions without
+a closure) are shared. A function whose closure holds data (flex attention's
+``mask_mod``, which closes over the batch's document positions) is rebuilt around copies
+of what its closure holds, so those tensors are replayed and broadcast like any other;
+a closure cell that cannot be copied (a module, say) stays shared. Anything else (a module, a generator, a stream, a lock, an object of a C
 extension type) cannot be copied without sharing live state: ``UnsupportedArgument``
 names the argument and its type, and the recipe is skipped. ``leaves`` lists the tensors
 of a structure in a fixed order (what peers broadcast and fingerprint, wherever the
@@ -79,6 +82,8 @@ def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor], where: s
     """`value` rebuilt with every tensor t replaced by fn(t). An object reached twice is
     rebuilt once. Raises UnsupportedArgument for what cannot be rebuilt."""
     memo = {} if memo is None else memo
+    if isinstance(value, types.FunctionType) and value.__closure__:
+        return _map_closure(value, fn, where, memo)
     if isinstance(value, _ATOMS) and not isinstance(value, torch.Tensor):
         return value
     key = id(value)
@@ -110,6 +115,40 @@ def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor], where: s
         for k, v in base.items(value):
             base.__setitem__(out, k, map_tensors(v, fn, f"{where}[{k!r}]", memo))
     return out
+
+
+def _map_closure(function: types.FunctionType, fn: Callable[[torch.Tensor], torch.Tensor], where: str,
+                 memo: dict[int, Any]) -> Any:
+    """`function` itself when nothing in its closure changes, else a copy of it whose
+    cells hold the rebuilt contents."""
+    key = id(function)
+    if key in memo:
+        return memo[key]
+    memo[key] = function  # a closure reaching itself (recursion) keeps the original
+    contents, changed = [], False
+    for name, cell in zip(function.__code__.co_freevars, function.__closure__ or ()):
+        try:
+            old = cell.cell_contents
+        except ValueError:  # an empty cell
+            contents.append(cell)
+            continue
+        trial = dict(memo)
+        try:
+            new = map_tensors(old, fn, f"{where}.<closure {function.__qualname__}>.{name}", trial)
+        except UnsupportedArgument:
+            new = old
+        else:
+            memo.update(trial)
+        changed = changed or new is not old
+        contents.append(types.CellType(new))
+    if not changed:
+        return function
+    copy = types.FunctionType(function.__code__, function.__globals__, function.__name__, function.__defaults__,
+                              tuple(contents))
+    copy.__kwdefaults__, copy.__qualname__ = function.__kwdefaults__, function.__qualname__
+    copy.__dict__.update(function.__dict__)
+    memo[key] = copy
+    return copy
 
 
 def isolate(value: Any, where: str = "args") -> Any:

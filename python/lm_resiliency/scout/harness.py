@@ -62,7 +62,7 @@ class ReplayHarness:
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         self._peers = groups.build(self._adapter.mesh_dims(world))
         self._tracker = _core.StragglerTracker(self.config.straggler_options())
-        self._device = next(iter(model.parameters())).device
+        self._device = next(iter(self._adapter.model_parts()[0].parameters())).device
         self._determinism = Determinism(self.config.deterministic, self._device)
         # Pipelined: a check's fingerprints and times are read at the next boundary (see
         # scout/started_check.py); on by default on CUDA.
@@ -79,6 +79,10 @@ class ReplayHarness:
         if self._optimizer_replay.unsupported is not None:
             self.disabled_recipes["optimizer"] = self._optimizer_replay.unsupported
             log.warning("SCOUT optimizer recipe is off: %s", self._optimizer_replay.unsupported)
+        modules_off = self._adapter.module_replay_support()
+        if modules_off is not None:
+            self.disabled_recipes["modules"] = modules_off
+            log.warning("SCOUT embedding, hidden and output recipes are off: %s", modules_off)
         self._side_stream = torch.cuda.Stream(self._device) if self._pipelined and self._device.type == "cuda" else None
         self._pending: Optional[StartedCheck] = None
         self._completed = completed_iterations
@@ -127,6 +131,8 @@ class ReplayHarness:
             plan = _core.replay_full_plan(step, len(self._layers), self._optimizer_replay.slices)
         else:
             plan = _core.replay_plan(*self.config.cadence(), step, len(self._layers), self._optimizer_replay.slices)
+        if "modules" in self.disabled_recipes:
+            plan = (False, None, False) + tuple(plan[3:])
         return plan[:3] + (None,) if "optimizer" in self.disabled_recipes else plan
 
     def _modules_for(self, plan: tuple) -> dict[str, tuple[str, torch.nn.Module, Optional[int]]]:

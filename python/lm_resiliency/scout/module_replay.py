@@ -101,6 +101,12 @@ class ModuleReplay:
                 broadcast_flat(list(full.values()), source, self._peers.data)
         result.add_collective("broadcast_parameters", recipe, t)
         with guard(recipe):
+            # The dtype the framework computes in (FSDP2 mixed precision casts the gathered
+            # parameters), after the broadcast: the source's values, cast alike everywhere.
+            for name, p in prep.parameters:
+                dtype = self._adapter.compute_dtype(p)
+                if dtype is not None:
+                    full[name] = full[name].to(dtype)
             self._replay(recipe, prep, full, seed, surfaces, result)
 
     def _replay(self, recipe: str, prep: Prepared, full: dict[str, torch.Tensor], seed: int,

@@ -1,0 +1,177 @@
+"""The TorchTitan adapter with TorchTitan's real Trainer on CPU ranks (gloo), built from
+TorchTitan's own command line through ``lmr-torchtitan``'s main: conformance under FSDP,
+HSDP, TP x FSDP and PP; a campaign of hidden-output, gradient and weight SDC scored by
+``lmr campaign compare`` in every layout (localized where the layout gives a strict
+majority, and the cells that cannot, asserted as such); fault-free runs; the campaign clock
+across TorchTitan's own checkpoints; certified checkpoints and recovery."""
+
+import json
+import os
+import shutil
+import subprocess
+import sysconfig
+
+import pytest
+
+pytest.importorskip("torchtitan")
+
+import torchtitan_cpu  # noqa: E402
+import torchtitan_workers as w  # noqa: E402
+from lm_resiliency.fault_injection import FaultCampaign, FaultInjectionRecord  # noqa: E402
+from lm_resiliency.scout import explain_attributions  # noqa: E402
+from lm_resiliency.workloads import spawn  # noqa: E402
+from test_scout import replay_results  # noqa: E402
+
+pytestmark = pytest.mark.distributed
+
+EXPECTED = ["matches", "structure", "tensors", "optimizer", "loads", "communication"]
+STEPS = 18
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """The tokenizer, dataset and config package every rank reads (made once)."""
+    return torchtitan_cpu.assets(str(tmp_path_factory.mktemp("tt-assets")))
+
+
+@pytest.mark.parametrize("layout,world", [("fsdp", 2), ("hsdp", 4), ("tp_fsdp", 4), ("pp", 2)])
+def test_conformance(env, layout, world):
+    out = spawn(w.conformance, world, args=(layout,), env=env, timeout=600)
+    assert all(o["name"] == "torchtitan" and o["checks"] == EXPECTED for o in out)
+    assert all(o["replay"] is None for o in out)  # AdamW over copies, bit for bit
+    mesh = {"fsdp": [("fsdp", 2, "shard")], "hsdp": [("dp_replicate", 2, "replicate"), ("fsdp", 2, "shard")],
+            "tp_fsdp": [("fsdp", 2, "shard"), ("tp", 2, "model")], "pp": [("pp", 2, "model")]}[layout]
+    assert out[0]["mesh"] == mesh
+    if layout == "pp":  # global layer keys kept on each stage; the embedding first, the head last
+        assert [o["blocks"] for o in out] == [[0], [1]]
+        assert [o["holds"] for o in out] == [[True, False], [False, True]]
+    else:
+        assert all(o["blocks"] == [0, 1] and o["holds"] == [True, True] for o in out)
+    assert (out[0]["modules"] is None) == (layout != "tp_fsdp"), out[0]["modules"]
+
+
+# layout: (world, ranks and blocks of the hidden, gradient and weight faults, layers, localized)
+CELLS = {
+    # 4 compute peers (2 replicas x 2 shards): every fault localized.
+    "hsdp": (4, (1, 2, 3), (1, 0, 1), 2, {"hidden", "gradient", "weight"}),
+    # 2 stages of 3 FSDP ranks, faults on blocks of both stages: every fault localized.
+    "pp_fsdp": (6, (1, 4, 5), (1, 3, 2), 4, {"hidden", "gradient", "weight"}),
+    # 2 peers: replay sees the hidden and gradient faults but no strict majority names a
+    # rank; the weight fault is seen at rest by its shard's owner.
+    "fsdp": (2, (1, 0, 1), (1, 0, 1), 2, {"weight"}),
+    # 2 FSDP peers per TP coordinate, and module replay is off under TP: the weight fault
+    # only, at rest.
+    "tp_fsdp": (4, (1, 2, 3), (1, 0, 1), 2, {"weight"}),
+    # One rank per stage: no peers, nothing to compare.
+    "pp": (2, (1, 0, 1), (1, 0, 1), 2, set()),
+}
+
+
+@pytest.mark.parametrize("layout", list(CELLS))
+def test_campaign_in_each_layout(env, layout, tmp_path):
+    world, ranks, blocks, layers, localized = CELLS[layout]
+    c = w.tt_campaign(ranks, blocks)
+    per_rank = spawn(w.run, world, timeout=900, env={**env, "LMR_TT_LAYERS": str(layers)},
+                     args=(layout, STEPS, ["--lmr-check-interval", "1", "--lmr-state-integrity", "on",
+                                           "--lmr-artifacts", str(tmp_path)], [], c))
+    assert all(out["clock"] == (STEPS, STEPS) for out in per_rank)
+    lmr_cli = shutil.which("lmr", path=sysconfig.get_path("scripts"))
+    artifacts = sorted(str(p) for p in tmp_path.glob("injections-rank-*.json"))
+    assert len(artifacts) == world
+    compare = subprocess.run([lmr_cli, "campaign", "compare", "--injections", *artifacts, "--localization",
+                              str(tmp_path / "localization.json"), "--format", "json"], capture_output=True, text=True)
+    report = json.loads(compare.stdout)
+    got = {o["occurrence_id"].split("@")[0] for o in report["occurrences"] if o["localized"]}
+    assert got == localized, report
+    assert report["totals"]["injected"] == 3, report["totals"]
+    assert compare.returncode == (0 if len(localized) == 3 else compare.returncode)
+    campaign = FaultCampaign.from_json(c)
+    records = [FaultInjectionRecord.from_dict(r) for out in per_rank for r in out["records"]]
+    results = [r for out in per_rank for r in replay_results(out["results"])]
+    unexplained = [a.describe() for a in explain_attributions(campaign, records, results)
+                   if a.explanation == "unexplained"]
+    assert not unexplained, unexplained
+    if layout == "fsdp":  # seen, not attributable: two peers disagree, no majority
+        hidden = next(r for r in results if r.step == 4)
+        assert hidden.status == "Inconclusive" and "no_majority" in hidden.inconclusive_reasons["hidden.1.output"]
+    if layout == "tp_fsdp":
+        assert "tensor parallel" in per_rank[0]["disabled"]["modules"]
+
+
+@pytest.mark.parametrize("layout,world", [("hsdp", 4), ("tp_fsdp", 4)])
+def test_fault_free_run_attributes_nothing(env, layout, world):
+    per_rank = spawn(w.run, world, env=env, timeout=600,
+                     args=(layout, 10, ["--lmr-check-interval", "1", "--lmr-state-integrity", "on"]))
+    for out in per_rank:
+        results = replay_results(out["results"])
+        assert len(results) == 10 and all(r.status == "Agree" for r in results), [
+            (r.step, r.status, r.inconclusive_reasons) for r in results if r.status != "Agree"]
+    recipes = {i for out in per_rank for r in replay_results(out["results"]) for i in r.checked_recipe_ids}
+    assert {"integrity", "optimizer.0"} <= recipes
+    if layout == "hsdp":
+        assert {"embedding", "hidden.0", "hidden.1", "output"} <= recipes
+
+
+def test_resume_from_torchtitan_checkpoints_keeps_the_campaign_clock(env, tmp_path):
+    first = spawn(w.resume_run, 2, args=(str(tmp_path), 6), env=env, timeout=600)
+    assert sorted(os.listdir(tmp_path / "checkpoint")) == ["step-3", "step-6"]
+    assert [(r["injection_id"], r["status"]) for r in first[1]["records"]] == [("early@2/f", "completed")]
+    second = spawn(w.resume_run, 2, args=(str(tmp_path), 12), env=env, timeout=600)
+    for out in second:
+        assert out["step"] == 12 and out["clock"] == (12, 12)
+        assert [r["step"] for r in out["results"]] == list(range(7, 13))  # counted from the resumed step
+        assert out["loaded"]["completed_iterations"] == 6 and out["loaded"]["journal"]
+    # The journal came back with the checkpoint: the early fault stays done, the late one fires at 8.
+    assert [(r["injection_id"], r["status"], r["iteration"]) for r in second[1]["records"]] == [
+        ("late@8/f", "completed", 8)]
+
+
+def test_a_plain_torchtitan_checkpoint_still_resumes(env, tmp_path):
+    """A checkpoint TorchTitan wrote without LM Resiliency has no campaign state: the clock
+    then comes from TorchTitan's train state."""
+    spawn(w.plain_run, 2, args=(str(tmp_path), 3), env=env, timeout=600)
+    second = spawn(w.resume_run, 2, args=(str(tmp_path), 6), env=env, timeout=600)
+    for out in second:
+        assert out["step"] == 6 and out["clock"] == (6, 6) and out["loaded"] is None
+        assert [r["step"] for r in out["results"]] == [4, 5, 6]
+
+
+def test_certified_checkpoints_resume_bit_for_bit(env, tmp_path):
+    first = spawn(w.certify_run, 2, args=(str(tmp_path), 10, 1), env=env, timeout=600)
+    manifest = json.loads(first[0]["manifest"])
+    verified = [c for c in manifest["checkpoints"] if c["state"] == "RECOVERY_VERIFIED"]
+    assert verified, manifest
+    newest = max(c["step"] for c in verified)
+    files = set(os.listdir(next(c["location"] for c in verified if c["step"] == newest)))
+    assert {".metadata", "lmr-checkpoint.json", "rank-0.pt", "rank-1.pt"} <= files, files
+    # Another seed, TorchTitan's own latest checkpoint present: the trusted one wins.
+    second = spawn(w.certify_run, 2, args=(str(tmp_path), 10, 2), env=env, timeout=600)
+    for before, after in zip(first, second):
+        assert after["resumed"] == newest and after["step"] == 10
+        saved = dict(before["saved"][newest], step=newest + 1)  # Trainer.step is incremented before a step
+        assert after["first"] == saved
+
+
+def test_bad_input_is_refused_with_what_is_wrong(env):
+    errors = spawn(w.refusals, 1, env=env, timeout=300)[0]
+    assert "--checkpoint.enable" in errors["durable"]
+    assert "check_interval must be an int >= 0" in errors["interval"]
+    assert "pass the Trainer alone" in errors["optimizer"]
+
+
+@pytest.mark.gpu
+def test_campaign_with_cuda_tensors_on_ranks_sharing_the_gpu(env, tmp_path):
+    """The accelerator machine: 4 ranks on GPU 0 over gloo (HSDP with replicas only: gloo
+    has no reduce-scatter of CUDA tensors), the campaign localized; the shims torch 2.11
+    still needs are recorded."""
+    c = w.tt_campaign((1, 2, 3), (1, 0, 1))
+    per_rank = spawn(w.run, 4, timeout=900, env=env,
+                     args=("ddp", STEPS, ["--lmr-check-interval", "1", "--lmr-state-integrity", "on",
+                                          "--lmr-artifacts", str(tmp_path)], [], c))
+    assert all(out["device"].startswith("cuda") for out in per_rank)
+    print("shims applied with torch", __import__("torch").__version__, per_rank[0]["shims"])
+    report = json.loads(subprocess.run(
+        [shutil.which("lmr", path=sysconfig.get_path("scripts")), "campaign", "compare", "--injections",
+         *sorted(str(p) for p in tmp_path.glob("injections-rank-*.json")), "--localization",
+         str(tmp_path / "localization.json"), "--format", "json"], capture_output=True, text=True).stdout)
+    assert report["totals"]["localized"] == 3, report
