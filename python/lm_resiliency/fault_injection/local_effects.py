@@ -69,20 +69,16 @@ class _Budget:
 class _TensorTransform:
     """Applies an action to one tensor value, returning the new value."""
 
-    def __init__(self, action: Action, history: Optional[History], clock: Callable[[], int]) -> None:
-        self.action, self.history, self.clock = action, history, clock
+    def __init__(self, action: Action, history: Optional[History], clock: Callable[[], int],
+                 adapter: Optional[FrameworkAdapter] = None) -> None:
+        self.action, self.history, self.clock, self.adapter = action, history, clock, adapter
         self.changed = 0
         self.selected = 0
 
     def __call__(self, t: torch.Tensor) -> torch.Tensor:
-        if hasattr(t, "to_local") and hasattr(t, "device_mesh"):
-            # A DTensor (a tensor-parallel activation): this rank's part, rebuilt with the
-            # same layout.
-            from torch.distributed.tensor import DTensor
-
-            local = self(t.to_local())
-            return DTensor.from_local(local, t.device_mesh, t.placements, run_check=False, shape=t.shape,
-                                      stride=t.stride())
+        if self.adapter is not None and self.adapter.is_sharded(t):
+            # A distributed activation (tensor parallel): this rank's part, in the same layout.
+            return self.adapter.with_local(t, self(self.adapter.local(t)))
         a = self.action
         check_tensor(t, needs_float=a.kind != "reorder")
         if a.kind == "reorder" and rows(t) < 2:
@@ -130,9 +126,9 @@ class ActivationEffect(_HookedEffect):
     """Module inputs (first tensor argument) or outputs (first tensor of the result)."""
 
     def __init__(self, request: FaultRequest, action: Action, target: ResolvedTarget, clock: Callable[[], int],
-                 history: Optional[History]) -> None:
+                 history: Optional[History], adapter: Optional[FrameworkAdapter] = None) -> None:
         super().__init__(request, target)
-        self.transform = _TensorTransform(action, history, clock)
+        self.transform = _TensorTransform(action, history, clock, adapter)
 
     def _apply(self, value: Any) -> Any:
         if not self.budget.take():
@@ -338,7 +334,7 @@ def make_effect(request: FaultRequest, spec: "_core.EffectSpec", target: Resolve
     if action.kind == "delay":
         return DelayEffect(request, action, target, stop)
     if target.surface in ("input", "output"):
-        return ActivationEffect(request, action, target, clock, history)
+        return ActivationEffect(request, action, target, clock, history, adapter)
     if target.surface == "gradient":
         return GradientEffect(request, action, target, adapter, clock, history)
     return StateEffect(request, action, target, adapter, history)

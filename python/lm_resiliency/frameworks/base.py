@@ -97,6 +97,11 @@ class FrameworkAdapter:
         No collectives."""
         return tensor
 
+    def with_local(self, tensor: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+        """A tensor laid out as `tensor` (a sharded activation) whose part on this rank is
+        `local` (what ``local(tensor)`` gave, edited). No collectives."""
+        return local
+
     def full_copy(self, parameter: torch.Tensor) -> torch.Tensor:
         """A full copy of a parameter this rank holds a part of. Collective over the
         parameter's shard group (every rank holding a part calls it for the same

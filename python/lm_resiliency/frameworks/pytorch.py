@@ -178,6 +178,14 @@ class PyTorchAdapter(FrameworkAdapter):
     def local(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to_local() if self.is_sharded(tensor) else tensor
 
+    def with_local(self, tensor: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+        if not self.is_sharded(tensor):
+            return local
+        from torch.distributed.tensor import DTensor
+
+        return DTensor.from_local(local, tensor.device_mesh, tensor.placements, run_check=False, shape=tensor.shape,
+                                  stride=tensor.stride())
+
     def full_copy(self, parameter: torch.Tensor) -> torch.Tensor:
         """The FSDP2/HSDP layouts (Shard(0) on one mesh dimension, Replicate on the others)
         are gathered with one c10d all_gather_into_tensor of padded shards (DTensor pads

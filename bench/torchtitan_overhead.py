@@ -1,0 +1,97 @@
+"""Step-time overhead of SCOUT on TorchTitan's Trainer, measured side by side in one run:
+blocks of train steps alternate between no harness and the harness at each cadence
+(attached for the block with state integrity on, closed after), and medians are compared.
+
+TorchTitan's llama3 debug model (dim 256, `--layers` layers) built from TorchTitan's own
+command line under `--layout` (fsdp, hsdp, tp_fsdp, pp, ddp) on `--ranks` ranks (gloo; CPU,
+or CUDA with every rank sharing GPU 0), with the tests' shims and assets
+(tests/python/torchtitan_cpu.py: on CPU TorchTitan 0.3.0 needs them).
+
+Usage: python bench/torchtitan_overhead.py [--layout fsdp] [--ranks 2] [--rounds 5] [--steps 10]
+       [--cadences 0,10,1] [--layers 2] [--seq 32] [--batch 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import torchtitan_cpu  # noqa: E402
+from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig  # noqa: E402
+from lm_resiliency.workloads import spawn  # noqa: E402
+from torchtitan_workers import LAYOUTS  # noqa: E402
+
+
+def _rank(args, dump):
+    trainer = torchtitan_cpu.build_trainer(LAYOUTS[args.layout] + [
+        "--training.steps", "100000", "--training.seq_len", str(args.seq), "--training.local_batch_size",
+        str(args.batch), "--dump_folder", dump])
+    batches = trainer.batch_generator(trainer.dataloader)
+    cuda = trainer.device.type == "cuda"
+
+    def block(steps):
+        if cuda:
+            torch.cuda.synchronize()
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            trainer.step += 1
+            trainer.train_step(batches)
+        if cuda:
+            torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / steps
+
+    block(3)  # warm up
+    times: dict[int, list[float]] = {c: [] for c in args.cadences}
+    for _ in range(args.rounds):
+        for cadence in args.cadences:
+            harness = None
+            if cadence:
+                harness = ReplayHarness(trainer, config=ReplayHarnessConfig(check_interval=cadence, state_integrity=True),
+                                        completed_iterations=int(trainer.step))
+            times[cadence].append(block(args.steps))
+            if harness is not None:
+                harness.close()
+    device = str(trainer.device)
+    trainer.close()
+    return {"device": device, **{c: statistics.median(t) for c, t in times.items()}}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--layout", choices=sorted(LAYOUTS), default="fsdp")
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--cadences", type=lambda s: [int(x) for x in s.split(",")], default=[0, 10, 1])
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--seq", type=int, default=32)
+    p.add_argument("--batch", type=int, default=2)
+    args = p.parse_args()
+    if 0 not in args.cadences:
+        args.cadences = [0] + args.cadences
+    root = tempfile.mkdtemp(prefix="lmr-tt-bench-")
+    env = {**torchtitan_cpu.assets(root), "LMR_TT_LAYERS": str(args.layers)}
+    os.environ.update(env)
+    per_rank = spawn(_rank, args.ranks, args=(args, os.path.join(root, "dump")), env=env, timeout=3000)
+    base = max(r[0] for r in per_rank)
+    print(f"TorchTitan {args.layout}, {args.ranks} ranks on {per_rank[0]['device']}, llama3 debug model dim 256 x "
+          f"{args.layers} layers, seq {args.seq} x batch {args.batch}, {args.rounds} rounds x {args.steps} steps "
+          "per cadence")
+    print(f"{'cadence':>10} {'step ms':>10} {'vs none':>10}")
+    for c in args.cadences:
+        slowest = max(r[c] for r in per_rank)  # a step takes as long as its slowest rank
+        print(f"{('none' if c == 0 else f'every {c}'):>10} {slowest * 1e3:>10.2f} {slowest / base - 1:>+10.1%}")
+
+
+if __name__ == "__main__":
+    main()
