@@ -29,6 +29,16 @@ arch=${LMR_CUDA_ARCH:-90}
 if ls .device/wheels-ds/*.whl >/dev/null 2>&1 && ! python3 -c "import deepspeed" 2>/dev/null; then
   python3 -m pip install --no-index --no-deps -q .device/wheels-ds/*.whl
 fi
+# TorchTitan and what it imports, likewise: the versions `make deps` installs here, e.g.
+#   mkdir -p .device/wheels-tt && cd .device/wheels-tt && pip download --no-deps --only-binary=:all: \
+#     --python-version 3.12 --platform manylinux2014_x86_64 torchtitan==0.3.0 torchdata torch_checkpointing \
+#     datasets tyro docstring_parser typeguard spmd_types dill multiprocess tokenizers huggingface_hub ...
+# Only the distributions missing here are installed (never one torch came with).
+for whl in .device/wheels-tt/*.whl; do
+  [ -e "$whl" ] || continue
+  python3 -c "import importlib.metadata as m, sys; m.version(sys.argv[1])" "$(basename "$whl" | cut -d- -f1)" \
+    2>/dev/null || python3 -m pip install --no-index --no-deps -q "$whl"
+done
 
 status=0
 run() {

@@ -152,6 +152,15 @@ def test_certified_checkpoints_resume_bit_for_bit(env, tmp_path):
         assert after["first"] == saved
 
 
+def test_lmr_torchtitan_is_installed_and_lists_its_options():
+    exe = shutil.which("lmr-torchtitan", path=sysconfig.get_path("scripts"))
+    assert exe, "pip install . must install lmr-torchtitan"
+    out = subprocess.run([exe, "--lmr-help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    for option in ("--lmr-check-interval", "--lmr-campaign", "--lmr-certify", "--lmr-artifacts"):
+        assert option in out.stdout
+
+
 def test_bad_input_is_refused_with_what_is_wrong(env):
     errors = spawn(w.refusals, 1, env=env, timeout=300)[0]
     assert "--checkpoint.enable" in errors["durable"]
@@ -159,11 +168,18 @@ def test_bad_input_is_refused_with_what_is_wrong(env):
     assert "pass the Trainer alone" in errors["optimizer"]
 
 
+_TORCH = tuple(int(x) for x in __import__("torch").__version__.split("+")[0].split(".")[:2])
+
+
 @pytest.mark.gpu
+@pytest.mark.xfail(_TORCH < (2, 13), strict=False,
+                   reason="torchtitan 0.3.0 does not train on torch 2.11 (the accelerator machine's): with shims 5, "
+                          "6, 8, 9, 10 and 11 it builds, then its own backward fails in torch.rms_norm (\"data is not "
+                          "allocated yet\"), on one rank and without LM Resiliency too")
 def test_campaign_with_cuda_tensors_on_ranks_sharing_the_gpu(env, tmp_path):
     """The accelerator machine: 4 ranks on GPU 0 over gloo (HSDP with replicas only: gloo
-    has no reduce-scatter of CUDA tensors), the campaign localized; the shims torch 2.11
-    still needs are recorded."""
+    has no reduce-scatter of CUDA tensors), the campaign localized; the shims the machine's
+    torch still needs are printed."""
     c = w.tt_campaign((1, 2, 3), (1, 0, 1))
     per_rank = spawn(w.run, 4, timeout=900, env=env,
                      args=("ddp", STEPS, ["--lmr-check-interval", "1", "--lmr-state-integrity", "on",

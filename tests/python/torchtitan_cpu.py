@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import types
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -49,6 +50,31 @@ def install():
         return
     _installed.append(True)
     cpu = not torch.cuda.is_available()
+    import torch.distributed.fsdp as fsdp
+
+    if not hasattr(fsdp, "DataParallelMeshDims"):
+        # Gaps 9 and 10 (torch 2.11): torchtitan imports fully_shard's DataParallelMeshDims and
+        # passes dp_mesh_dims=None to fully_shard; both are newer than torch 2.11. With
+        # spmd_backend=partial_dtensor the argument is always None.
+        import dataclasses
+        import functools
+
+        @dataclasses.dataclass
+        class DataParallelMeshDims:
+            shard: Any = None
+            replicate: Any = None
+
+        fsdp.DataParallelMeshDims = DataParallelMeshDims
+        fully_shard = fsdp.fully_shard
+
+        @functools.wraps(fully_shard)
+        def without_mesh_dims(*args, dp_mesh_dims=None, **kwargs):
+            if dp_mesh_dims is not None:
+                raise NotImplementedError("dp_mesh_dims needs a torch newer than this one")
+            return fully_shard(*args, **kwargs)
+
+        fsdp.fully_shard = without_mesh_dims
+        APPLIED.append("9-10:fsdp-mesh-dims")
     if cpu:
         # Gap 2: torchtitan.tools.utils computes device_type at import as
         # `_get_available_device_type() or "cuda"`: "cuda" on a CPU-only machine.
@@ -77,15 +103,30 @@ def install():
             setattr(stub, fn, _needs_triton)
         sys.modules[name] = stub
         APPLIED.append("1:triton-stub")
-    if cpu:
+    import torch.nn.attention.flex_attention as fa
+    import torchtitan.models.common.attention as tta
+
+    make_mask = fa.create_block_mask
+    if "separate_full_blocks" not in inspect.signature(fa.create_block_mask).parameters:
+        # Gap 11 (torch 2.11): torchtitan passes create_block_mask(separate_full_blocks=...), an
+        # argument newer than torch 2.11; True (its default) is what older versions always do.
+        create_block_mask = fa.create_block_mask
+
+        def create_block_mask_without_separate(*args, separate_full_blocks=True, **kwargs):
+            if not separate_full_blocks:
+                raise NotImplementedError("separate_full_blocks needs a torch newer than this one")
+            return create_block_mask(*args, **kwargs)
+
+        make_mask = create_block_mask_without_separate
+        tta._compiled_create_block_mask = torch.compile(make_mask)
+        APPLIED.append("11:block-mask-separate-full-blocks")
+    if cpu or os.environ.get("LMR_TT_EAGER_FLEX") == "1":
         # Gap 4: compiled FlexAttention has no CPU backward; the eager reference does.
-        import torch.nn.attention.flex_attention as fa
-        import torchtitan.models.common.attention as tta
 
         validate = fa._validate_device
         fa._validate_device = lambda q, k, v: None if q.device.type == "cpu" else validate(q, k, v)
         tta.FlexAttention._compiled_flex_attn = fa.flex_attention
-        tta._compiled_create_block_mask = fa.create_block_mask
+        tta._compiled_create_block_mask = make_mask
         APPLIED.append("4:eager-flex")
     # Gap 5: torchtitan sets gradient_divide_factor=1.0, which FSDP2 reduces with
     # ReduceOp.PREMUL_SUM: gloo has none (NCCL has). SUM with factor 1 is the same arithmetic.

@@ -17,6 +17,7 @@ LAYOUTS = {  # TorchTitan's parallelism flags of each layout the tests run
     "tp_fsdp": ["--parallelism.tensor_parallel_degree", "2"],
     "pp": ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule", "1F1B",
            "--parallelism.pipeline_parallel_microbatch_size", "1"],
+    # The GPU test's layout: replicas only (gloo has no reduce-scatter of CUDA tensors).
     "ddp": ["--parallelism.data_parallel_replicate_degree", "4", "--parallelism.data_parallel_shard_degree", "1"],
 }
 LAYOUTS["pp_fsdp"] = LAYOUTS["pp"]  # the data-parallel degree follows from the world (6 ranks: 3 a stage)
