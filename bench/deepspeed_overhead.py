@@ -14,15 +14,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import statistics
 import time
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
 from lm_resiliency.workloads import Decoder, DecoderConfig, SyntheticTokens, spawn
+from overhead_blocks import alternate
 
 
 def _engine(args):
@@ -67,19 +66,7 @@ def _rank(args):
             torch.cuda.synchronize()
         return (time.perf_counter() - t0) / steps
 
-    block(5)  # warm up
-    times: dict[int, list[float]] = {c: [] for c in args.cadences}
-    for _ in range(args.rounds):
-        for cadence in args.cadences:
-            harness = None
-            if cadence:
-                harness = ReplayHarness(engine, config=ReplayHarnessConfig(check_interval=cadence,
-                                                                           state_integrity=True),
-                                        completed_iterations=int(engine.global_steps))
-            times[cadence].append(block(args.steps))
-            if harness is not None:
-                harness.close()
-    return {c: statistics.median(t) for c, t in times.items()}
+    return alternate(engine, block, lambda: int(engine.global_steps), args.cadences, args.rounds, args.steps)
 
 
 def main() -> None:

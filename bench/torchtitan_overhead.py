@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -26,7 +25,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import torchtitan_cpu  # noqa: E402
-from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig  # noqa: E402
+from overhead_blocks import alternate  # noqa: E402
 from lm_resiliency.workloads import spawn  # noqa: E402
 from torchtitan_workers import LAYOUTS  # noqa: E402
 
@@ -50,20 +49,10 @@ def _rank(args, dump):
             torch.cuda.synchronize()
         return (time.perf_counter() - t0) / steps
 
-    block(3)  # warm up
-    times: dict[int, list[float]] = {c: [] for c in args.cadences}
-    for _ in range(args.rounds):
-        for cadence in args.cadences:
-            harness = None
-            if cadence:
-                harness = ReplayHarness(trainer, config=ReplayHarnessConfig(check_interval=cadence, state_integrity=True),
-                                        completed_iterations=int(trainer.step))
-            times[cadence].append(block(args.steps))
-            if harness is not None:
-                harness.close()
+    medians = alternate(trainer, block, lambda: int(trainer.step), args.cadences, args.rounds, args.steps)
     device = str(trainer.device)
     trainer.close()
-    return {"device": device, **{c: statistics.median(t) for c, t in times.items()}}
+    return {"device": device, **medians}
 
 
 def main() -> None:

@@ -1,0 +1,28 @@
+"""Shared by the framework overhead benchmarks: blocks of training steps alternate between
+no harness and the harness at each cadence, attached for the block (state integrity on) and
+closed after; each cadence's median step time."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Callable
+
+from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
+
+
+def alternate(job: Any, block: Callable[[int], float], completed: Callable[[], int], cadences: list[int],
+              rounds: int, steps: int) -> dict[int, float]:
+    """`block(steps)` trains `steps` steps and returns the time per step; `job` is what
+    ReplayHarness takes (an engine, a Trainer); `completed()` its completed iterations."""
+    block(3)  # warm up
+    times: dict[int, list[float]] = {c: [] for c in cadences}
+    for _ in range(rounds):
+        for cadence in cadences:
+            harness = None
+            if cadence:
+                harness = ReplayHarness(job, config=ReplayHarnessConfig(check_interval=cadence, state_integrity=True),
+                                        completed_iterations=completed())
+            times[cadence].append(block(steps))
+            if harness is not None:
+                harness.close()
+    return {c: statistics.median(t) for c, t in times.items()}
