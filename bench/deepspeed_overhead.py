@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from lm_resiliency.workloads import Decoder, DecoderConfig, SyntheticTokens, spawn
-from overhead_blocks import alternate
+from overhead_blocks import alternate, print_table
 
 
 def _engine(args):
@@ -86,13 +86,9 @@ def main() -> None:
     if 0 not in args.cadences:
         args.cadences = [0] + args.cadences
     per_rank = spawn(_rank, args.ranks, args=(args,), timeout=1800)
-    base = max(r[0] for r in per_rank)
-    print(f"DeepSpeed ZeRO-{args.stage} {'bf16' if args.bf16 else 'fp32'}, {args.ranks} ranks on {args.device}, "
-          f"dim {args.dim} x {args.layers} layers, {args.rounds} rounds x {args.steps} steps per cadence")
-    print(f"{'cadence':>10} {'step ms':>10} {'vs none':>10}")
-    for c in args.cadences:
-        slowest = max(r[c] for r in per_rank)  # a step takes as long as its slowest rank
-        print(f"{('none' if c == 0 else f'every {c}'):>10} {slowest * 1e3:>10.2f} {slowest / base - 1:>+10.1%}")
+    title = (f"DeepSpeed ZeRO-{args.stage} {'bf16' if args.bf16 else 'fp32'}, {args.ranks} ranks on {args.device}, "
+             f"dim {args.dim} x {args.layers} layers, {args.rounds} rounds x {args.steps} steps per cadence")
+    print_table(title, per_rank, args.cadences)
 
 
 if __name__ == "__main__":

@@ -26,3 +26,13 @@ def alternate(job: Any, block: Callable[[int], float], completed: Callable[[], i
             if harness is not None:
                 harness.close()
     return {c: statistics.median(t) for c, t in times.items()}
+
+
+def print_table(title: str, per_rank: list[dict], cadences: list[int]) -> None:
+    """Each cadence's step time (a step takes as long as its slowest rank) against none."""
+    base = max(r[0] for r in per_rank)
+    print(title)
+    print(f"{'cadence':>10} {'step ms':>10} {'vs none':>10}")
+    for c in cadences:
+        slowest = max(r[c] for r in per_rank)
+        print(f"{('none' if c == 0 else f'every {c}'):>10} {slowest * 1e3:>10.2f} {slowest / base - 1:>+10.1%}")

@@ -25,7 +25,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import torchtitan_cpu  # noqa: E402
-from overhead_blocks import alternate  # noqa: E402
+from overhead_blocks import alternate, print_table  # noqa: E402
 from lm_resiliency.workloads import spawn  # noqa: E402
 from torchtitan_workers import LAYOUTS  # noqa: E402
 
@@ -72,14 +72,10 @@ def main() -> None:
     env = {**torchtitan_cpu.assets(root), "LMR_TT_LAYERS": str(args.layers)}
     os.environ.update(env)
     per_rank = spawn(_rank, args.ranks, args=(args, os.path.join(root, "dump")), env=env, timeout=3000)
-    base = max(r[0] for r in per_rank)
-    print(f"TorchTitan {args.layout}, {args.ranks} ranks on {per_rank[0]['device']}, llama3 debug model dim 256 x "
-          f"{args.layers} layers, seq {args.seq} x batch {args.batch}, {args.rounds} rounds x {args.steps} steps "
-          "per cadence")
-    print(f"{'cadence':>10} {'step ms':>10} {'vs none':>10}")
-    for c in args.cadences:
-        slowest = max(r[c] for r in per_rank)  # a step takes as long as its slowest rank
-        print(f"{('none' if c == 0 else f'every {c}'):>10} {slowest * 1e3:>10.2f} {slowest / base - 1:>+10.1%}")
+    title = (f"TorchTitan {args.layout}, {args.ranks} ranks on {per_rank[0]['device']}, llama3 debug model dim 256 "
+             f"x {args.layers} layers, seq {args.seq} x batch {args.batch}, {args.rounds} rounds x {args.steps} steps "
+             "per cadence")
+    print_table(title, per_rank, args.cadences)
 
 
 if __name__ == "__main__":
