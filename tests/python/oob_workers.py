@@ -69,8 +69,15 @@ def main():
     dist.init_process_group("gloo", timeout=timedelta(seconds=HANG_S))
     rank = dist.get_rank()
     parallel = os.environ.get("OOB_PARALLEL", "ddp")
-    engine = None
-    if parallel.startswith("zero"):  # a DeepSpeed engine (deepspeed_workers.py) under ZeRO stage N
+    engine = trainer = None
+    if parallel == "torchtitan":  # TorchTitan's real Trainer (torchtitan_cpu.py), trained step by step
+        import torchtitan_cpu
+
+        trainer = torchtitan_cpu.build_trainer(["--training.steps", str(steps + 1), "--dump_folder",
+                                                os.path.join(out, f"tt-{rank}")])
+        model, opt, data = trainer, None, SyntheticTokens(64, 16, 2)
+        batches = trainer.batch_generator(trainer.dataloader)
+    elif parallel.startswith("zero"):  # a DeepSpeed engine (deepspeed_workers.py) under ZeRO stage N
         import deepspeed_workers
 
         engine = deepspeed_workers.build(int(parallel[4:]))
@@ -118,15 +125,20 @@ def main():
     loader = instrument_dataloader(Batches(data, rank, steps, stall=scenario == "dataloader" and rank == 3))
     start = time.perf_counter()
     for step, (inputs, targets) in enumerate(loader):
-        logits = model(inputs)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-        if engine is not None:
-            engine.backward(loss)
-            engine.step()
+        if trainer is not None:  # its own data; the loader only paces the scenario
+            trainer.step += 1
+            trainer.train_step(batches)
+            loss = torch.zeros(1)
         else:
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            logits = model(inputs)
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+            if engine is not None:
+                engine.backward(loss)
+                engine.step()
+            else:
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
         stalling = step == STALL_STEP
         if not (scenario == "desync" and rank == 2 and stalling):
             dist.all_reduce(loss.detach())

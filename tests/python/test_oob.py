@@ -112,6 +112,23 @@ def test_deepspeed_training(scenario, kind, rank, tmp_path):
 
 @needs_daemon
 @pytest.mark.distributed
+def test_torchtitan_training(tmp_path):
+    # TorchTitan's Trainer (FSDP2 on 4 ranks), one rank stalled in its step: a process stall.
+    # (The desync scenario is not run here: a rank skipping a collective makes TorchTitan's
+    # next FSDP2 collective fail in gloo on every rank before hang detection reports.)
+    scenario, kind, rank = "sleep", "process_stall", 1
+    pytest.importorskip("torchtitan")
+    import torchtitan_cpu
+
+    assets = torchtitan_cpu.assets(str(tmp_path / "assets"))
+    env = {k: v for k, v in assets.items() if k != "PYTHONPATH"}
+    job, report = stalled_job(scenario, tmp_path, env={"OOB_PARALLEL": "torchtitan", **env})
+    job.kill()
+    check(report, kind, [rank])
+
+
+@needs_daemon
+@pytest.mark.distributed
 def test_sigstopped_rank_is_a_process_stall(tmp_path):
     job = Job("sigstop", tmp_path)
     try:
