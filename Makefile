@@ -15,6 +15,7 @@ PY := $(VENV)/bin/python
 BUILD_DIR := build
 APT_PACKAGES := libgtest-dev nlohmann-json3-dev libgloo-dev libbenchmark-dev ccache
 JOBS ?= $(shell nproc)
+MEGATRON_CORE := megatron-core==0.19.2
 # One persistent build tree serves pip, ctest and the benchmarks, so the sources compile once.
 PIP_BASE_FLAGS := --no-build-isolation --no-deps -q \
 	-Cbuild-dir=$(BUILD_DIR) \
@@ -58,6 +59,9 @@ $(VENV)/.deps-stamp: requirements-dev.txt requirements-frameworks.txt
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements-dev.txt
 	DS_BUILD_OPS=0 $(PY) -m pip install -q --no-build-isolation -r requirements-frameworks.txt torch==2.13.0
+	# Megatron Core's metadata asks for Python >= 3.12 but its cp311 wheel runs here; its deps
+	# (torch, numpy, packaging) are already installed.
+	$(PY) -m pip install -q --ignore-requires-python --no-deps $(MEGATRON_CORE)
 	touch $@
 
 venv: $(VENV)/.deps-stamp

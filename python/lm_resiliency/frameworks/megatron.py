@@ -1,0 +1,246 @@
+"""The adapter of Megatron Core (in progress, issue 23): a list of model chunks (Megatron's
+``DistributedDataParallel`` around a ``GPTModel``, one chunk per virtual pipeline stage)
+with a Megatron optimizer (``ChainedOptimizer`` of ``FP32Optimizer``,
+``Float16OptimizerWithFloat16Params`` or ``DistributedOptimizer``: none of them a torch
+optimizer). Not registered with select_adapter yet: construct it directly. The interface
+and its contracts are in frameworks/base.py.
+
+What Megatron changes, and how the facets answer it:
+
+- The boundary is the optimizer instance's ``step``, which returns ``(update_successful,
+  grad_norm, num_zeros)``: an update that was not successful (a loss-scale overflow) is
+  not a completed iteration.
+- ``TransformerLayer.layer_number`` is 1-based and global across pipeline (and virtual
+  pipeline) stages: a block's global index is ``layer_number - 1``. The embedding is on the
+  first stage, ``output_layer`` on the last.
+- Ranks are laid out tensor-parallel fastest, then data-parallel, then pipeline: the mesh
+  is (pp, model) x (dp, replicate; shard under the DistributedOptimizer, whose fp32 main
+  parameters and optimizer state have one owner) x (tp, model).
+- Under the DistributedOptimizer a parameter's optimizer state here is its local fragment:
+  ``fp32_main`` (the main parameter's shard) and the optimizer's tensors, absent where this
+  rank owns none of it; each update rewrites the model parameters from the main ones.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from lm_resiliency.errors import InvalidArgumentError
+from lm_resiliency.frameworks.base import FrameworkAdapter, MeshDim
+from lm_resiliency.frameworks.pytorch import _replaces
+from lm_resiliency.handle import Handle, Handles
+
+__all__ = ["MAIN", "MegatronAdapter"]
+
+MAIN = "fp32_main"  # the optimizer-state key of a parameter's fp32 main fragment
+
+
+def _is_a(obj: Any, name: str) -> bool:
+    """Whether `obj` is an instance of Megatron's class `name`, without importing Megatron."""
+    return any(c.__name__ == name and c.__module__.startswith("megatron.") for c in type(obj).__mro__)
+
+
+def _chunks(model: Any) -> list:
+    return list(model) if isinstance(model, (list, tuple)) else [model]
+
+
+def _unwrap(chunk: nn.Module) -> nn.Module:
+    """The GPTModel inside Megatron's DDP and Float16Module wrappers."""
+    while _is_a(chunk, "DistributedDataParallel") or _is_a(chunk, "Float16Module"):
+        chunk = chunk.module
+    return chunk
+
+
+class MegatronAdapter(FrameworkAdapter):
+    name = "megatron"
+
+    def __init__(self, model: Any, optimizer: Any) -> None:
+        if not type(self).matches(model, optimizer):
+            raise InvalidArgumentError("expected Megatron Core model chunks (a module or a list of them) and a "
+                                       f"Megatron optimizer, got {type(model).__name__} and {type(optimizer).__name__}")
+        super().__init__(model, optimizer)
+        self.chunks = _chunks(model)
+        self.parts = [_unwrap(c) for c in self.chunks]
+        self.inner = list(getattr(optimizer, "chained_optimizers", [optimizer]))
+        self._result: Any = None
+
+    @classmethod
+    def matches(cls, model: Any, optimizer: Any) -> bool:
+        chunks = _chunks(model)
+        return (_is_a(optimizer, "MegatronOptimizer") and bool(chunks)
+                and all(isinstance(c, nn.Module) for c in chunks))
+
+    # --- structure -----------------------------------------------------------------
+
+    def model_parts(self) -> list[nn.Module]:
+        return list(self.parts)
+
+    def blocks(self, model_part: Optional[int] = None) -> dict[int, tuple[str, nn.Module]]:
+        parts = range(len(self.parts)) if model_part is None else [model_part]
+        out: dict[int, tuple[str, nn.Module]] = {}
+        for part in parts:
+            decoder = getattr(self._part(part), "decoder", None)
+            for i, layer in enumerate(getattr(decoder, "layers", ())):
+                number = getattr(layer, "layer_number", None)
+                if not isinstance(number, int) or number < 1:
+                    raise InvalidArgumentError(f"decoder.layers.{i} has no 1-based layer_number; give module_path")
+                if number - 1 in out:
+                    raise InvalidArgumentError(f"two layers claim layer_number {number}; give module_path")
+                out[number - 1] = (f"decoder.layers.{i}", layer)
+        return dict(sorted(out.items()))
+
+    def _holder(self, kind: str) -> Optional[int]:
+        attribute = {"embedding": "embedding", "output": "output_layer"}[kind]
+        for part, module in enumerate(self.parts):
+            if isinstance(getattr(module, attribute, None), nn.Module):
+                return part
+        return None
+
+    def holds(self, kind: str) -> bool:
+        return kind not in ("embedding", "output") or self._holder(kind) is not None
+
+    def component(self, kind: str, index: Optional[int] = None, model_part: int = 0,
+                  metadata: Optional[dict] = None) -> tuple[str, nn.Module]:
+        self._part(model_part)
+        if kind == "transformer_block":
+            blocks = self.blocks()
+            if index not in blocks:
+                raise InvalidArgumentError(f"no transformer block with global index {index} on this rank "
+                                           f"(its stages hold {sorted(blocks)})")
+            return blocks[index]
+        if kind == "embedding":
+            part = self._holder(kind)
+            if part is None:
+                raise InvalidArgumentError("this rank's pipeline stage holds no embedding")
+            return "embedding.word_embeddings", self.parts[part].embedding.word_embeddings
+        if kind == "output":
+            part = self._holder(kind)
+            if part is None:
+                raise InvalidArgumentError("this rank's pipeline stage holds no output_layer")
+            return "output_layer", self.parts[part].output_layer
+        raise InvalidArgumentError(f"unknown component {kind!r} for Megatron Core; give module_path")
+
+    def _distributed_optimizer(self) -> bool:
+        return any(_is_a(o, "DistributedOptimizer") for o in self.inner)
+
+    def mesh_dims(self, world_size: int) -> list[MeshDim]:
+        """(pp, dp, tp) from parallel_state, checked against its data-parallel group."""
+        from megatron.core import parallel_state as ps
+
+        if ps.get_context_parallel_world_size() > 1:
+            raise InvalidArgumentError("context parallel Megatron layouts are not supported yet")
+        pp, tp = ps.get_pipeline_model_parallel_world_size(), ps.get_tensor_model_parallel_world_size()
+        dp = ps.get_data_parallel_world_size()
+        role = "shard" if self._distributed_optimizer() else "replicate"
+        dims = [(n, int(s), r) for n, s, r in (("pp", pp, "model"), ("dp", dp, role), ("tp", tp, "model")) if s > 1]
+        if pp * dp * tp != world_size:
+            raise InvalidArgumentError(f"Megatron's parallel sizes pp {pp} x dp {dp} x tp {tp} do not cover the world "
+                                       f"of {world_size}")
+        if dist.is_available() and dist.is_initialized() and dp > 1:
+            rank = dist.get_rank()
+            expected = [rank - (rank // tp % dp) * tp + k * tp for k in range(dp)]
+            actual = sorted(dist.get_process_group_ranks(ps.get_data_parallel_group()))
+            if actual != expected:
+                raise InvalidArgumentError(f"Megatron's data-parallel group {actual} is not the layout's {expected} "
+                                           "(rank order other than tp-dp-pp)")
+        return dims or [("dp", world_size, role)]
+
+    # --- tensors ---------------------------------------------------------------------
+
+    def is_framework_hook(self, hook: Any) -> bool:
+        fn = getattr(hook, "func", hook)
+        fn = getattr(fn, "__func__", fn)
+        owner = getattr(getattr(hook, "__self__", None), "__class__", None)
+        names = [getattr(fn, "__module__", "") or "", getattr(owner, "__module__", "") or ""]
+        return any(n.startswith(("megatron.core.distributed", "torch.distributed")) for n in names)
+
+    def overwritten_by_update(self, parameter: torch.Tensor) -> bool:
+        # Mixed-precision optimizers (the DistributedOptimizer too) copy the updated main
+        # parameters into the model's (all-gathered under the DistributedOptimizer).
+        return any(_is_a(o, "MixedPrecisionOptimizer") for o in self.inner)
+
+    def state_fault_unsupported(self, parameter: torch.Tensor) -> Optional[str]:
+        if self._distributed_optimizer() and self._owner(parameter) is None:
+            rank = dist.get_rank() if dist.is_initialized() else 0
+            return f"rank {rank} owns no fragment of this parameter's fp32 main parameter or optimizer state"
+        return None
+
+    # --- optimizer -------------------------------------------------------------------
+
+    def wrap_step(self, make_wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Handle:
+        original = self.optimizer.step
+
+        def remembering(*args: Any, **kwargs: Any) -> Any:
+            self._result = original(*args, **kwargs)
+            return self._result
+
+        return _replaces(self.optimizer, "step", functools.wraps(original)(make_wrapper(remembering)))
+
+    def step_applied(self) -> bool:
+        result = self._result
+        return not (isinstance(result, tuple) and result and result[0] is False)
+
+    def watch_loads(self, on_model_load: Callable[[], None], on_optimizer_load: Callable[[], None]) -> Handle:
+        handles = Handles()
+        owners = [(c, on_model_load) for c in self.chunks] + [(self.optimizer, on_optimizer_load)]
+        for owner, callback in owners:
+            original = owner.load_state_dict
+
+            def wrapper(*args: Any, _original: Any = original, _callback: Any = callback, **kwargs: Any) -> Any:
+                try:
+                    return _original(*args, **kwargs)
+                finally:
+                    _callback()
+
+            handles.add(_replaces(owner, "load_state_dict", wrapper))
+        return Handle(handles.remove)
+
+    def optimizer_parameters(self) -> list[tuple[torch.Tensor, int]]:
+        """Every trainable model parameter of every chunk, in module order, with its group
+        index (counted across the chained optimizers)."""
+        groups: dict[int, int] = {}
+        base = 0
+        for opt in self.inner:
+            for gi, g in enumerate(opt.param_groups if not _is_a(opt, "DistributedOptimizer")
+                                   else [r["orig_group"] for r in opt.opt_group_ranges]):
+                for p in g["params"]:
+                    groups.setdefault(id(p), base + gi)
+            base += len(opt.param_groups)
+        out = []
+        for chunk in self.chunks:
+            for p in chunk.parameters():
+                if p.requires_grad:
+                    out.append((p, groups.get(id(p), 0)))
+        return out
+
+    def _owner(self, parameter: torch.Tensor) -> Optional[Any]:
+        for opt in self.inner:
+            if _is_a(opt, "DistributedOptimizer"):
+                if parameter in opt.model_param_group_index_map:
+                    return opt
+            elif any(parameter is p for g in opt.param_groups for p in g["params"]):
+                return opt
+        return None
+
+    def optimizer_state(self, parameter: torch.Tensor) -> dict[str, Any]:
+        opt = self._owner(parameter)
+        if opt is None:
+            return {}
+        if _is_a(opt, "DistributedOptimizer"):
+            tensors = dict(opt._get_main_param_and_optimizer_states(parameter))
+            main = tensors.pop("param")
+            state = opt.optimizer.state.get(main, {})
+            return {MAIN: main, **tensors} if state else {}
+        return opt.optimizer.state.get(parameter, {})
+
+    def optimizer_state_count(self) -> int:
+        return sum(len(opt.optimizer.state) for opt in self.inner)
+
+    def optimizer_replay_support(self) -> Optional[str]:
+        return ("Megatron's optimizers clip by the global gradient norm and update fp32 main parameters inside the "
+                "boundary: one slice's update cannot be replayed on isolated copies")

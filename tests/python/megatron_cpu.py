@@ -1,0 +1,104 @@
+"""What Megatron Core 0.19.2 needs to train on CPU ranks (gloo): test-only, process-global
+fake-CUDA shims (measured in ../shared/frameworks/cpu-recipes.md), each beside the gap it
+closes. Megatron Core is CUDA-first: it imports and builds models on CPU, but its forward,
+DDP and optimizers ask CUDA for devices, streams and RNG state. ``install()`` must run before
+``megatron.core`` is imported. On a machine with CUDA it installs nothing but the triton
+stub (when triton is missing).
+
+These shims exercise the adapter's logic (step wrapping, layer numbering, group lookup,
+main-parameter resolution, checkpoint wrapping); they say nothing about CUDA behaviour.
+"""
+
+import sys
+import types
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+APPLIED = []
+
+
+def _triton_stub():
+    # Gap 1: megatron.core imports the MoE paged-stash kernels, which import triton.
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        stub = types.ModuleType("megatron.core.transformer.moe.ops.paged_stash")
+        stub.GLOBAL_BLOCK_SIZE = 1024
+
+        def _needs_triton(*args, **kwargs):
+            raise NotImplementedError("needs triton")
+
+        stub.paged_stash_copy_kernel = stub.paged_stash_pop_kernel = _needs_triton
+        sys.modules[stub.__name__] = stub
+        APPLIED.append("1:triton-stub")
+
+
+class _NullStream:
+    def wait_event(self, *args, **kwargs):
+        pass
+
+    def wait_stream(self, *args, **kwargs):
+        pass
+
+    def synchronize(self):
+        pass
+
+
+def _fake_cuda_device():
+    # Gap 2: torch.cuda.current_device(), synchronize() and current_stream() in DDP's buffers,
+    # the attention's memory buffer and the gradient sync.
+    torch.cuda.current_device = lambda: torch.device("cpu")
+    torch.cuda.synchronize = lambda *args, **kwargs: None
+    torch.cuda.current_stream = lambda *args, **kwargs: _NullStream()
+    # Gap 3: the tensor-parallel RNG tracker keeps CUDA generator states: the CPU one stands in.
+    torch.cuda.get_rng_state = lambda device="cuda": torch.get_rng_state()
+    torch.cuda.random.get_rng_state = torch.cuda.get_rng_state
+    torch.cuda.manual_seed = lambda seed: torch.manual_seed(seed)
+    import megatron.core.tensor_parallel.random as mpr
+
+    mpr._get_cuda_rng_state = lambda device="cuda", clone=False, graph_safe=False: torch.get_rng_state()
+    mpr._set_cuda_rng_state = lambda new_state, device=-1, graph_safe=False: torch.set_rng_state(new_state)
+    APPLIED.append("2-3:fake-cuda-device-and-rng")
+
+
+def _is_cuda(device):
+    return ((isinstance(device, torch.device) and device.type == "cuda")
+            or (isinstance(device, str) and device.startswith("cuda")))
+
+
+class _CudaToCpu(TorchFunctionMode):
+    """Gap 4: tensors created or moved with device="cuda" (the optimizers' scalars, .cuda()
+    calls) land on the CPU, and Tensor.type() says torch.cuda.* (the gradient-clipping
+    assertion checks it)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            name = func(*args)
+            return name if name.startswith("torch.cuda.") else name.replace("torch.", "torch.cuda.", 1)
+        if func is torch.Tensor.to:
+            args = tuple("cpu" if i > 0 and _is_cuda(a) else a for i, a in enumerate(args))
+        if "device" in kwargs and (_is_cuda(kwargs["device"]) or (isinstance(kwargs["device"], int)
+                                                                  and not isinstance(kwargs["device"], bool))):
+            kwargs["device"] = "cpu"
+        return func(*args, **kwargs)
+
+
+_installed = []
+
+
+def install():
+    """Idempotent; before megatron.core is imported."""
+    if _installed:
+        return
+    _installed.append(True)
+    _triton_stub()
+    if not torch.cuda.is_available():
+        mode = _CudaToCpu()
+        mode.__enter__()
+        _installed.append(mode)
+        _fake_cuda_device()
+        APPLIED.append("4:cuda-to-cpu-mode")
