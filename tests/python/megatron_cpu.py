@@ -96,6 +96,13 @@ def install():
         return
     _installed.append(True)
     _triton_stub()
+    import multiprocessing
+
+    if multiprocessing.current_process().daemon:
+        # Gap 5 (our test launcher, not Megatron's): spawned test ranks are daemonic processes,
+        # and dist_checkpointing's file writer starts a multiprocessing Manager, a child process.
+        multiprocessing.current_process()._config.pop("daemon", None)
+        APPLIED.append("5:ranks-may-start-processes")
     if not torch.cuda.is_available():
         mode = _CudaToCpu()
         mode.__enter__()

@@ -164,3 +164,76 @@ def train(tp, pp, distributed_optimizer, steps, faults=True, ranks=(1, 2, 3), bl
             "results": [r.to_dict() for r in harness.results], "boundary_times": harness.boundary_times,
             "disabled": dict(harness.disabled_recipes), "rank": dist.get_rank(),
             "mesh": harness._adapter.mesh_dims(dist.get_world_size())}
+
+
+def _signatures(chunks, optimizer):
+    from lm_resiliency.frameworks.megatron import MegatronAdapter
+    from lm_resiliency.signature import signature
+
+    adapter = MegatronAdapter(chunks, optimizer)
+    out = {}
+    for i, (p, _) in enumerate(adapter.optimizer_parameters()):
+        out[f"p{i}"] = signature(p.detach().contiguous()).hex()
+        for k, v in sorted(adapter.optimizer_state(p).items()):
+            if torch.is_tensor(v) and v.dim() > 0:
+                out[f"p{i}[{k}]"] = signature(v.detach().contiguous()).hex()
+    return out
+
+
+def certify_run(directory, steps, distributed_optimizer):
+    """Certified checkpoints over dist_checkpointing: SCOUT every step, captures by the
+    certifier; what each rank held at each capture."""
+    from lm_resiliency.checkpoint import CheckpointCertifier
+    from lm_resiliency.frameworks import register_adapter
+    from lm_resiliency.frameworks.megatron import MegatronAdapter
+    from lm_resiliency.frameworks.megatron_checkpoint import durable_checkpoints
+    from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
+
+    register_adapter(MegatronAdapter)
+    chunks, optimizer = build(1, 1, distributed_optimizer)
+    trainer = Trainer(chunks, optimizer)
+    config = durable_checkpoints(chunks, optimizer, directory)
+    saved = {}
+    save = config.save_candidate
+
+    def save_and_remember(step, location):
+        save(step, location)
+        saved[step] = _signatures(chunks, optimizer)
+
+    config.save_candidate = save_and_remember
+    harness = ReplayHarness(chunks, optimizer, config=ReplayHarnessConfig(check_interval=1, state_integrity=True))
+    certifier = CheckpointCertifier(harness, config)
+    for _ in range(steps):
+        trainer.step()
+    manifest = certifier.manifest.to_json()
+    certifier.close()
+    harness.close()
+    return {"manifest": manifest, "saved": saved}
+
+
+def resume_run(directory, distributed_optimizer):
+    from lm_resiliency.frameworks import register_adapter
+    from lm_resiliency.frameworks.megatron import MegatronAdapter
+    from lm_resiliency.frameworks.megatron_checkpoint import durable_checkpoints
+    from lm_resiliency.recovery import resume
+
+    register_adapter(MegatronAdapter)
+    chunks, optimizer = build(1, 1, distributed_optimizer, seed=123)
+    resumed = resume(durable_checkpoints(chunks, optimizer, directory), chunks, optimizer)
+    return {"step": resumed.step if resumed else None, "state": _signatures(chunks, optimizer)}
+
+
+def load_missing(path):
+    """Loading a checkpoint with a rank's file gone: the error every rank raises, and the
+    state left as it was."""
+    from lm_resiliency.errors import InvalidArgumentError
+    from lm_resiliency.frameworks.megatron_checkpoint import MegatronCheckpointer
+
+    chunks, optimizer = build(1, 1, True, seed=5)
+    before = _signatures(chunks, optimizer)
+    try:
+        MegatronCheckpointer(chunks, optimizer).load(path)
+    except InvalidArgumentError as e:
+        assert _signatures(chunks, optimizer) == before
+        return str(e)
+    return "loaded"

@@ -6,6 +6,8 @@ two replicas (TP2 x DP2, PP2 x DP2) can and cannot show; a fault-free run attrib
 nothing."""
 
 import importlib.util
+import json
+import os
 
 import pytest
 
@@ -82,3 +84,26 @@ def test_fault_free_run_attributes_nothing():
             (r.step, r.status, r.inconclusive_reasons) for r in results if r.status != "Agree"]
     recipes = {i for r in replay_results(per_rank[0]["results"]) for i in r.checked_recipe_ids}
     assert {"embedding", "hidden.0", "hidden.1", "hidden.2", "hidden.3", "output", "integrity"} <= recipes
+
+
+@pytest.mark.parametrize("distributed_optimizer", [False, True])
+def test_certified_dist_checkpoints_resume_bit_for_bit(distributed_optimizer, tmp_path):
+    out = spawn(w.certify_run, 2, args=(str(tmp_path), 10, distributed_optimizer), timeout=600)
+    manifest = json.loads(out[0]["manifest"])
+    verified = [c for c in manifest["checkpoints"] if c["state"] == "RECOVERY_VERIFIED"]
+    assert verified, manifest
+    newest = max(verified, key=lambda c: c["step"])
+    files = set(os.listdir(newest["location"]))
+    assert {".metadata", "metadata.json", "lmr-checkpoint.json", "lmr-rank-0.pt", "lmr-rank-1.pt"} <= files, files
+    resumed = spawn(w.resume_run, 2, args=(str(tmp_path), distributed_optimizer), timeout=600)
+    for before, after in zip(out, resumed):
+        assert after["step"] == newest["step"]
+        assert after["state"] == before["saved"][newest["step"]]
+
+
+def test_an_incomplete_checkpoint_is_refused_on_every_rank(tmp_path):
+    spawn(w.certify_run, 2, args=(str(tmp_path), 4, True), timeout=600)
+    checkpoint = max(tmp_path.glob("step-*"))
+    (checkpoint / "lmr-rank-1.pt").unlink()
+    failures = spawn(w.load_missing, 2, args=(str(checkpoint),), timeout=600)
+    assert all("lmr-rank-1.pt is missing" in f for f in failures), failures
