@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import json
 import os
 from typing import Any, Callable, Optional
 
@@ -38,6 +37,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from lm_resiliency.errors import InvalidArgumentError
+from lm_resiliency.frameworks import checkpoint_files as files
 from lm_resiliency.frameworks.base import FrameworkAdapter, MeshDim
 from lm_resiliency.frameworks.pytorch import ModuleStructure, _replaces, replay_torch_update
 from lm_resiliency.handle import Handle, Handles
@@ -369,7 +369,6 @@ class DeepSpeedCheckpointer:
     A checkpoint path ``<dir>/<tag>`` is DeepSpeed's ``save_dir`` and ``tag``."""
 
     KEY = "lm_resiliency"
-    MARKER = "lmr-checkpoint.json"
 
     def __init__(self, engine: Any, data_state: Any = None) -> None:
         from lm_resiliency.checkpoint.latest import data_getter, data_setter
@@ -386,7 +385,6 @@ class DeepSpeedCheckpointer:
     def save(self, step: int, path: str) -> None:
         """Collective. DeepSpeed writes its files, each rank its RNG and data position
         (they differ by rank), then rank 0 the marker that makes the checkpoint complete."""
-        from lm_resiliency._core import write_text_atomic
         from lm_resiliency.checkpoint.latest import atomic_save, rank_and_world, rng_state
 
         root, tag = self._split(path)
@@ -394,33 +392,13 @@ class DeepSpeedCheckpointer:
         record = {"step": int(step), "world_size": world}
         if not self.engine.save_checkpoint(root, tag=tag, client_state={self.KEY: record}, save_latest=False):
             raise InvalidArgumentError(f"DeepSpeed did not save the checkpoint {path}")
-        atomic_save({"step": int(step), "rng": rng_state(), "data": self._get_data()}, self._rank_file(path, rank))
+        atomic_save({"step": int(step), "rng": rng_state(), "data": self._get_data()}, files.rank_file(path, rank))
         if dist.is_initialized():
             dist.barrier()
         if rank == 0:
-            write_text_atomic(os.path.join(path, self.MARKER), json.dumps(record) + "\n")
+            files.write_marker(path, step, world)
         if dist.is_initialized():
             dist.barrier()
-
-    @staticmethod
-    def _rank_file(path: str, rank: int) -> str:
-        return os.path.join(path, f"lmr-rank-{rank}.pt")
-
-    def problems(self, path: str) -> list[str]:
-        """What keeps `path` from being a complete checkpoint of this world (empty: none)."""
-        from lm_resiliency.checkpoint.latest import rank_and_world
-
-        rank, world = rank_and_world()
-        try:
-            with open(os.path.join(path, self.MARKER), encoding="utf-8") as f:
-                saved = json.load(f).get("world_size")
-        except (OSError, ValueError) as e:
-            return [f"{os.path.join(path, self.MARKER)} is missing or unreadable ({type(e).__name__}): the save did "
-                    "not complete"]
-        problems = [] if saved == world else [f"it was saved by a world of {saved} ranks, this one has {world}"]
-        if not os.path.isfile(self._rank_file(path, rank)):
-            problems.append(f"{self._rank_file(path, rank)} is missing")
-        return problems
 
     def load(self, path: str) -> int:
         """Collective: DeepSpeed's load, then this rank's RNG and data position; returns the
@@ -429,21 +407,14 @@ class DeepSpeedCheckpointer:
         from lm_resiliency.checkpoint.latest import load_file, set_rng_state
 
         path = os.path.normpath(os.path.abspath(os.fspath(path)))
-        problem = "; ".join(self.problems(path))
-        problems = [problem] if problem else []
-        if dist.is_initialized():
-            gathered: list[Any] = [None] * dist.get_world_size()
-            dist.all_gather_object(gathered, problem)
-            problems = [p for p in gathered if p]
-        if problems:
-            raise InvalidArgumentError(f"{path} is not a complete checkpoint: " + "; ".join(dict.fromkeys(problems)))
+        files.require_complete(path)
         root, tag = self._split(path)
         loaded, client = self.engine.load_checkpoint(root, tag=tag)
         if loaded is None or not isinstance(client, dict) or self.KEY not in client:
             raise InvalidArgumentError(f"{path} is not a checkpoint LM Resiliency saved (no {self.KEY!r} client state)")
         from lm_resiliency.checkpoint.latest import rank_and_world
 
-        record = load_file(self._rank_file(path, rank_and_world()[0]))
+        record = load_file(files.rank_file(path, rank_and_world()[0]))
         if self._has_data:
             self._set_data(record["data"])
         set_rng_state(record["rng"])  # last: nothing above may draw from it

@@ -32,8 +32,8 @@ import torch.nn as nn
 
 from lm_resiliency.errors import InvalidArgumentError
 from lm_resiliency.frameworks.base import FrameworkAdapter, MeshDim
-from lm_resiliency.frameworks.pytorch import _replaces
-from lm_resiliency.handle import Handle, Handles
+from lm_resiliency.frameworks.pytorch import _replaces, watch_load_state_dicts
+from lm_resiliency.handle import Handle
 
 __all__ = ["MAIN", "MegatronAdapter"]
 
@@ -186,19 +186,7 @@ class MegatronAdapter(FrameworkAdapter):
         return not (isinstance(result, tuple) and result and result[0] is False)
 
     def watch_loads(self, on_model_load: Callable[[], None], on_optimizer_load: Callable[[], None]) -> Handle:
-        handles = Handles()
-        owners = [(c, on_model_load) for c in self.chunks] + [(self.optimizer, on_optimizer_load)]
-        for owner, callback in owners:
-            original = owner.load_state_dict
-
-            def wrapper(*args: Any, _original: Any = original, _callback: Any = callback, **kwargs: Any) -> Any:
-                try:
-                    return _original(*args, **kwargs)
-                finally:
-                    _callback()
-
-            handles.add(_replaces(owner, "load_state_dict", wrapper))
-        return Handle(handles.remove)
+        return watch_load_state_dicts([(c, on_model_load) for c in self.chunks] + [(self.optimizer, on_optimizer_load)])
 
     def optimizer_parameters(self) -> list[tuple[torch.Tensor, int]]:
         """Every trainable model parameter of every chunk, in module order, with its group

@@ -11,18 +11,15 @@ without the marker or this rank's file is refused on every rank before anything 
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
-from lm_resiliency.errors import InvalidArgumentError
+from lm_resiliency.frameworks import checkpoint_files as files
 
 __all__ = ["MegatronCheckpointer", "durable_checkpoints"]
-
-MARKER = "lmr-checkpoint.json"
 
 
 def _barrier() -> None:
@@ -56,10 +53,6 @@ class MegatronCheckpointer:
         return {**model, "optimizer": optimizer}
 
     @staticmethod
-    def _rank_file(path: str, rank: int) -> str:
-        return os.path.join(path, f"lmr-rank-{rank}.pt")
-
-    @staticmethod
     def _rng() -> dict[str, Any]:
         from lm_resiliency.checkpoint.latest import rng_state
         from megatron.core import tensor_parallel
@@ -67,7 +60,6 @@ class MegatronCheckpointer:
         return {"torch": rng_state(), "tracker": tensor_parallel.get_cuda_rng_tracker().get_states()}
 
     def save(self, step: int, path: str) -> None:
-        from lm_resiliency._core import write_text_atomic
         from lm_resiliency.checkpoint.latest import atomic_save, rank_and_world
         from megatron.core import dist_checkpointing
 
@@ -77,46 +69,24 @@ class MegatronCheckpointer:
             os.makedirs(path, exist_ok=True)
         _barrier()
         dist_checkpointing.save(self._sharded(loading=False), path)
-        atomic_save({"step": int(step), "rng": self._rng()}, self._rank_file(path, rank))
+        atomic_save({"step": int(step), "rng": self._rng()}, files.rank_file(path, rank))
         _barrier()
         if rank == 0:
-            write_text_atomic(os.path.join(path, MARKER), json.dumps({"step": int(step), "world_size": world}) + "\n")
+            files.write_marker(path, step, world)
         _barrier()
-
-    def problems(self, path: str) -> list[str]:
-        from lm_resiliency.checkpoint.latest import rank_and_world
-
-        rank, world = rank_and_world()
-        try:
-            with open(os.path.join(path, MARKER), encoding="utf-8") as f:
-                saved = json.load(f).get("world_size")
-        except (OSError, ValueError) as e:
-            return [f"{os.path.join(path, MARKER)} is missing or unreadable ({type(e).__name__}): the save did not "
-                    "complete"]
-        problems = [] if saved == world else [f"it was saved by a world of {saved} ranks, this one has {world}"]
-        if not os.path.isfile(self._rank_file(path, rank)):
-            problems.append(f"{self._rank_file(path, rank)} is missing")
-        return problems
 
     def load(self, path: str) -> int:
         from lm_resiliency.checkpoint.latest import load_file, rank_and_world, set_rng_state
         from megatron.core import dist_checkpointing, tensor_parallel
 
         path = os.path.normpath(os.path.abspath(os.fspath(path)))
-        problem = "; ".join(self.problems(path))
-        problems = [problem] if problem else []
-        if dist.is_available() and dist.is_initialized():
-            gathered: list[Any] = [None] * dist.get_world_size()
-            dist.all_gather_object(gathered, problem)
-            problems = [p for p in gathered if p]
-        if problems:
-            raise InvalidArgumentError(f"{path} is not a complete checkpoint: " + "; ".join(dict.fromkeys(problems)))
+        files.require_complete(path)
         with torch.no_grad():  # the optimizer's load writes into views of the parameters
             loaded = dist_checkpointing.load(self._sharded(loading=True), path)
             for i, chunk in enumerate(self.chunks):
                 chunk.load_state_dict(loaded[f"model{i}"])
             self.optimizer.load_state_dict(loaded["optimizer"])
-        record = load_file(self._rank_file(path, rank_and_world()[0]))
+        record = load_file(files.rank_file(path, rank_and_world()[0]))
         tensor_parallel.get_cuda_rng_tracker().set_states(record["rng"]["tracker"])
         set_rng_state(record["rng"]["torch"])  # last: nothing above may draw from it
         return int(record["step"])

@@ -46,6 +46,24 @@ def _replaces(owner: Any, attribute: str, replacement: Any) -> Handle:
     return Handle(undo)
 
 
+def watch_load_state_dicts(owners: list[tuple[Any, Callable[[], None]]]) -> Handle:
+    """Wraps each owner's load_state_dict to call its callback after every load (also one
+    that fails part-way: values copied before the failure stay copied); the handle puts the
+    methods back."""
+    handles = Handles()
+    for owner, callback in owners:
+        original = owner.load_state_dict
+
+        def wrapper(*args, _original=original, _callback=callback, **kwargs):
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                _callback()
+
+        handles.add(_replaces(owner, "load_state_dict", wrapper))
+    return Handle(handles.remove)
+
+
 class ModuleStructure:
     """Finds the logical components of one module tree: transformer blocks in a ModuleList
     (or ModuleDict) named layers/h/blocks/layer, indexed by a global-index attribute or by
@@ -241,18 +259,7 @@ class PyTorchAdapter(FrameworkAdapter):
         return _replaces(self.optimizer, "step", functools.wraps(original)(make_wrapper(original)))
 
     def watch_loads(self, on_model_load: Callable[[], None], on_optimizer_load: Callable[[], None]) -> Handle:
-        handles = Handles()
-        for owner, callback in ((self.model, on_model_load), (self.optimizer, on_optimizer_load)):
-            original = owner.load_state_dict
-
-            def wrapper(*args, _original=original, _callback=callback, **kwargs):
-                try:
-                    return _original(*args, **kwargs)
-                finally:
-                    _callback()  # also when the load fails part-way: copied values stay copied
-
-            handles.add(_replaces(owner, "load_state_dict", wrapper))
-        return Handle(handles.remove)
+        return watch_load_state_dicts([(self.model, on_model_load), (self.optimizer, on_optimizer_load)])
 
     def optimizer_parameters(self) -> list[tuple[torch.Tensor, int]]:
         return [(p, gi) for gi, g in enumerate(self.optimizer.param_groups) for p in g["params"]]

@@ -31,8 +31,9 @@ import torch.nn as nn
 
 from lm_resiliency.errors import InvalidArgumentError, UnsupportedError
 from lm_resiliency.frameworks.base import FrameworkAdapter, MeshDim
-from lm_resiliency.frameworks.pytorch import ModuleStructure, PyTorchAdapter, _replaces, replay_torch_update
-from lm_resiliency.handle import Handle, Handles
+from lm_resiliency.frameworks.pytorch import (ModuleStructure, PyTorchAdapter, replay_torch_update,
+                                              watch_load_state_dicts)
+from lm_resiliency.handle import Handle
 
 __all__ = ["TorchTitanAdapter"]
 
@@ -184,19 +185,7 @@ class TorchTitanAdapter(PyTorchAdapter):
     def watch_loads(self, on_model_load: Callable[[], None], on_optimizer_load: Callable[[], None]) -> Handle:
         """Every model part's load_state_dict (TorchTitan's ModelWrapper loads each part)
         and the container's."""
-        handles = Handles()
-        owners = [(part, on_model_load) for part in self.parts] + [(self.optimizer, on_optimizer_load)]
-        for owner, callback in owners:
-            original = owner.load_state_dict
-
-            def wrapper(*args, _original=original, _callback=callback, **kwargs):
-                try:
-                    return _original(*args, **kwargs)
-                finally:
-                    _callback()
-
-            handles.add(_replaces(owner, "load_state_dict", wrapper))
-        return Handle(handles.remove)
+        return watch_load_state_dicts([(part, on_model_load) for part in self.parts] + [(self.optimizer, on_optimizer_load)])
 
     def publish_internal_collectives(self, run: Any, on_done: Callable[[], None]) -> tuple[Optional[Handle], Optional[str]]:
         return None, None  # FSDP2 and DTensor communicate through the public torch.distributed calls
