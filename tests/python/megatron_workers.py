@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 import megatron_cpu
+from injection_util import sdc_campaign
 
 VOCAB, SEQ, MICRO = 128, 16, 2
 
@@ -126,21 +127,8 @@ def conformance(tp, pp, distributed_optimizer):
 
 
 def mc_campaign(ranks=(1, 2, 3), blocks=(2, 0, 2)):
-    from injection_util import campaign, incident
-
-    a, b, c = ranks
-    window = {"iterations": 3}
-    return campaign(
-        incident("hidden", [3], "tensor_corruption",
-                 {"rank": a, "component": "transformer_block", "index": blocks[0], "surface": "output"},
-                 {"operation": "sign_flip", "scope": "row"}, window),
-        incident("gradient", [8], "tensor_corruption",
-                 {"rank": b, "component": "transformer_block", "index": blocks[1], "surface": "gradient"},
-                 {"operation": "noise", "std": 1.0, "scope": "1%", "parameter": "mlp.linear_fc2.weight"}, window),
-        incident("weight", [13], "tensor_corruption",
-                 {"rank": c, "component": "transformer_block", "index": blocks[2], "surface": "weight"},
-                 {"operation": "scale", "factor": 4.0, "scope": "1%", "parameter": "mlp.linear_fc1.weight"}, window),
-    )
+    """Hidden-output, gradient and weight SDC on ranks `ranks`, blocks `blocks`."""
+    return sdc_campaign(ranks, blocks, "mlp.linear_fc2.weight", "mlp.linear_fc1.weight")
 
 
 def train(tp, pp, distributed_optimizer, steps, faults=True, ranks=(1, 2, 3), blocks=(2, 0, 2)):

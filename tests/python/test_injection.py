@@ -536,3 +536,23 @@ def test_unsupported_tensors_are_recorded_not_raised():
     s.close()
     d = records(s)["int@1/f"]
     assert d["status"] == "failed" and "unsupported" in d["error"]
+
+
+def test_an_error_inside_an_effect_is_recorded_not_raised_out_of_the_step(monkeypatch):
+    # A failure in the corruption itself (it was an empty-buffer error on a DTensor
+    # activation before the adapter gave effects the local part) leaves the step running.
+    import lm_resiliency.fault_injection.tensor_ops as tensor_ops
+
+    def broken(*args, **kwargs):
+        raise lmr.InvalidArgumentError("corrupt: empty buffer")
+
+    model = nn.Sequential(nn.Linear(8, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    s = enable(model, opt, incident("out", [1], "tensor_corruption", {"module_path": "0", "surface": "output"},
+                                    {"operation": "sign_flip"}, {"iterations": 1}))
+    monkeypatch.setattr(tensor_ops._core, "corrupt", broken)
+    model(torch.randn(3, 8)).sum().backward()  # no exception from the hook
+    opt.step()
+    s.close()
+    d = records(s)["out@1/f"]
+    assert d["status"] == "failed" and "InvalidArgumentError: corrupt: empty buffer" in d["error"], d

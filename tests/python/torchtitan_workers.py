@@ -9,7 +9,7 @@ import tempfile
 import torch.distributed as dist
 
 import torchtitan_cpu
-from injection_util import campaign, incident
+from injection_util import campaign, incident, sdc_campaign
 
 LAYOUTS = {  # TorchTitan's parallelism flags of each layout the tests run
     "fsdp": [],
@@ -25,19 +25,7 @@ LAYOUTS["pp_fsdp"] = LAYOUTS["pp"]  # the data-parallel degree follows from the 
 
 def tt_campaign(ranks=(1, 2, 3), blocks=(1, 0, 1)):
     """Hidden-output, gradient and weight SDC on ranks `ranks`, blocks `blocks`."""
-    a, b, c = ranks
-    window = {"iterations": 3}
-    return campaign(
-        incident("hidden", [3], "tensor_corruption",
-                 {"rank": a, "component": "transformer_block", "index": blocks[0], "surface": "output"},
-                 {"operation": "sign_flip", "scope": "row"}, window),
-        incident("gradient", [8], "tensor_corruption",
-                 {"rank": b, "component": "transformer_block", "index": blocks[1], "surface": "gradient"},
-                 {"operation": "noise", "std": 1.0, "scope": "1%", "parameter": "feed_forward.w2.weight"}, window),
-        incident("weight", [13], "tensor_corruption",
-                 {"rank": c, "component": "transformer_block", "index": blocks[2], "surface": "weight"},
-                 {"operation": "scale", "factor": 4.0, "scope": "1%", "parameter": "feed_forward.w1.weight"}, window),
-    )
+    return sdc_campaign(ranks, blocks, "feed_forward.w2.weight", "feed_forward.w1.weight")
 
 
 def _shared_dir(prefix):

@@ -140,6 +140,9 @@ class ActivationEffect(_HookedEffect):
         except Unsupported as e:
             self.error = f"unsupported {self.target.surface} of {self.target.module_path}: {e}"
             return value
+        except Exception as e:  # noqa: BLE001 - inside the user's forward: never raise out of it
+            self.error = f"{self.target.surface} of {self.target.module_path}: {type(e).__name__}: {e}"
+            return value
 
     def _apply_tensor(self, t: torch.Tensor) -> torch.Tensor:
         new = self.transform(t)
@@ -195,6 +198,9 @@ class GradientEffect(_HookedEffect):
             new = self.transform(grad)
         except Unsupported as e:
             self.error = f"unsupported gradient of {self.target.module_path}.{self.target.parameter_name}: {e}"
+            return grad
+        except Exception as e:  # noqa: BLE001 - inside the user's backward: never raise out of it
+            self.error = f"gradient of {self.target.module_path}.{self.target.parameter_name}: {type(e).__name__}: {e}"
             return grad
         self.verified = self.verified or self.transform.changed > 0
         self.evidence = {"calls": self.budget.calls, "changed": self.transform.changed, "selected": self.transform.selected}

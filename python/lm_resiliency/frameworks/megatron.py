@@ -32,7 +32,7 @@ import torch.nn as nn
 
 from lm_resiliency.errors import InvalidArgumentError
 from lm_resiliency.frameworks.base import FrameworkAdapter, MeshDim
-from lm_resiliency.frameworks.pytorch import _replaces, watch_load_state_dicts
+from lm_resiliency.frameworks.pytorch import _replaces, part_holding, watch_load_state_dicts
 from lm_resiliency.handle import Handle
 
 __all__ = ["MAIN", "MegatronAdapter"]
@@ -95,11 +95,7 @@ class MegatronAdapter(FrameworkAdapter):
         return dict(sorted(out.items()))
 
     def _holder(self, kind: str) -> Optional[int]:
-        attribute = {"embedding": "embedding", "output": "output_layer"}[kind]
-        for part, module in enumerate(self.parts):
-            if isinstance(getattr(module, attribute, None), nn.Module):
-                return part
-        return None
+        return part_holding(self.parts, {"embedding": ("embedding",), "output": ("output_layer",)}[kind])
 
     def holds(self, kind: str) -> bool:
         return kind not in ("embedding", "output") or self._holder(kind) is not None

@@ -64,6 +64,15 @@ def watch_load_state_dicts(owners: list[tuple[Any, Callable[[], None]]]) -> Hand
     return Handle(handles.remove)
 
 
+def part_holding(parts: list[nn.Module], attributes: tuple[str, ...]) -> Optional[int]:
+    """The index of the first model part with a submodule under one of `attributes` (the
+    pipeline stage holding the embedding or the head), or None."""
+    for index, module in enumerate(parts):
+        if any(isinstance(getattr(module, a, None), nn.Module) for a in attributes):
+            return index
+    return None
+
+
 class ModuleStructure:
     """Finds the logical components of one module tree: transformer blocks in a ModuleList
     (or ModuleDict) named layers/h/blocks/layer, indexed by a global-index attribute or by

@@ -31,7 +31,7 @@ import torch.nn as nn
 
 from lm_resiliency.errors import InvalidArgumentError, UnsupportedError
 from lm_resiliency.frameworks.base import FrameworkAdapter, MeshDim
-from lm_resiliency.frameworks.pytorch import (ModuleStructure, PyTorchAdapter, replay_torch_update,
+from lm_resiliency.frameworks.pytorch import (ModuleStructure, PyTorchAdapter, part_holding, replay_torch_update,
                                               watch_load_state_dicts)
 from lm_resiliency.handle import Handle
 
@@ -88,11 +88,7 @@ class TorchTitanAdapter(PyTorchAdapter):
 
     def _holder(self, kind: str) -> Optional[int]:
         """The model part holding the embedding or the head (a stage's part), or None."""
-        names = {"embedding": ("tok_embeddings",), "output": ("lm_head", "output")}[kind]
-        for part, module in enumerate(self.parts):
-            if any(isinstance(getattr(module, n, None), nn.Module) for n in names):
-                return part
-        return None
+        return part_holding(self.parts, {"embedding": ("tok_embeddings",), "output": ("lm_head", "output")}[kind])
 
     def holds(self, kind: str) -> bool:
         return kind not in ("embedding", "output") or self._holder(kind) is not None

@@ -12,9 +12,10 @@ classes written in Python, whose state is their ``__dict__`` and ``__slots__``) 
 rebuilt around the copies; immutable atoms and code (methods, classes, functions without
 a closure) are shared. A function whose closure holds data (flex attention's
 ``mask_mod``, which closes over the batch's document positions) is rebuilt around copies
-of what its closure holds, so those tensors are replayed and broadcast like any other;
-a closure cell that cannot be copied (a module, say) stays shared. Anything else (a module, a generator, a stream, a lock, an object of a C
-extension type) cannot be copied without sharing live state: ``UnsupportedArgument``
+of what its closure holds, so those tensors are replayed and broadcast like any other; a
+closure cell that cannot be copied (a module, say) stays shared. Anything else (a module,
+a generator, a stream, a lock, an object of a C extension type) cannot be copied without
+sharing live state: ``UnsupportedArgument``
 names the argument and its type, and the recipe is skipped. ``leaves`` lists the tensors
 of a structure in a fixed order (what peers broadcast and fingerprint, wherever the
 tensors sit), and ``map_tensors`` rebuilds it with each tensor replaced.
