@@ -13,14 +13,15 @@ from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
 def alternate(job: Any, block: Callable[[int], float], completed: Callable[[], int], cadences: list[int],
               rounds: int, steps: int) -> dict[int, float]:
     """`block(steps)` trains `steps` steps and returns the time per step; `job` is what
-    ReplayHarness takes (an engine, a Trainer); `completed()` its completed iterations."""
+    ReplayHarness takes (an engine, a Trainer, or a tuple: model chunks and optimizer);
+    `completed()` its completed iterations."""
     block(3)  # warm up
     times: dict[int, list[float]] = {c: [] for c in cadences}
     for _ in range(rounds):
         for cadence in cadences:
             harness = None
             if cadence:
-                harness = ReplayHarness(job, config=ReplayHarnessConfig(check_interval=cadence, state_integrity=True),
+                harness = ReplayHarness(*(job if isinstance(job, tuple) else (job,)), config=ReplayHarnessConfig(check_interval=cadence, state_integrity=True),
                                         completed_iterations=completed())
             times[cadence].append(block(steps))
             if harness is not None:

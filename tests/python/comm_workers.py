@@ -326,6 +326,34 @@ def failing_collective():
     return {"calls": len(calls), "seen": seen, "active_after": timing._counts}
 
 
+def coalesced_collectives():
+    """Collectives issued inside torch's _coalescing_manager (Megatron's DDP issues its
+    bucket reductions so): they only run when the manager exits, so timing leaves them
+    alone; asynchronous ones hand back a Work that must not be waited on. The sums, what
+    was timed, and an uncoalesced call after."""
+    import torch
+    from torch.distributed import _coalescing_manager
+
+    from lm_resiliency.scout.comm import CollectiveTiming
+
+    timing = CollectiveTiming(1, [])
+    try:
+        out = {}
+        for async_op in (False, True):
+            a, b = torch.ones(4), torch.full((4,), 2.0)
+            with _coalescing_manager(None, async_ops=async_op) as cm:
+                dist.all_reduce(a, async_op=async_op)
+                dist.all_reduce(b, async_op=async_op)
+            if async_op:
+                cm.wait()
+            out[f"async={async_op}"] = (a.tolist(), b.tolist(), len(timing.take()))
+        dist.all_reduce(torch.ones(4))
+        out["after"] = len(timing.take())
+    finally:
+        timing.close()
+    return out
+
+
 DDP_SLOW = (4, 7)  # iterations during which rank 2 computes slowly (see ddp_run)
 
 

@@ -2,13 +2,16 @@
 fake-CUDA shims (measured in ../shared/frameworks/cpu-recipes.md), each beside the gap it
 closes. Megatron Core is CUDA-first: it imports and builds models on CPU, but its forward,
 DDP and optimizers ask CUDA for devices, streams and RNG state. ``install()`` must run before
-``megatron.core`` is imported. On a machine with CUDA it installs nothing but the triton
-stub (when triton is missing).
+``megatron.core`` is imported (and after the process group exists).
 
 These shims exercise the adapter's logic (step wrapping, layer numbering, group lookup,
-main-parameter resolution, checkpoint wrapping); they say nothing about CUDA behaviour.
+main-parameter resolution, checkpoint wrapping); they say nothing about CUDA behaviour. On
+a machine with CUDA none of them is installed: only the triton stub (when triton is
+missing) and, when several ranks share one GPU through gloo, gap 6 (a limit of torch's gloo
+backend, not of Megatron or CUDA).
 """
 
+import contextlib
 import sys
 import types
 
@@ -87,6 +90,36 @@ class _CudaToCpu(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+class _Done:
+    """What Megatron keeps of a coalescing manager: a handle to wait on."""
+
+    def append(self, work):
+        pass
+
+    def wait(self):
+        pass
+
+
+@contextlib.contextmanager
+def _one_at_a_time(group=None, device=None, async_ops=False):
+    if async_ops:
+        raise NotImplementedError("gap 6 runs bucket collectives synchronously: set overlap_grad_reduce=False")
+    yield _Done()
+
+
+def _gloo_cuda_without_coalescing():
+    # Gap 6 (the accelerator machine, where several ranks share one GPU: NCCL needs a GPU per
+    # rank, so they talk through gloo): Megatron's DDP issues each bucket group's collectives
+    # inside torch.distributed._coalescing_manager, whose fast path gloo lacks for CUDA
+    # tensors (torch 2.11: allreduce_coalesced raises "unsupported device type cuda"; the
+    # coalesced all-gather crashes the process). Here the collectives run one at a time as
+    # Megatron issues them, synchronously; gloo's single CUDA collectives are real.
+    import torch.distributed as dist
+
+    dist._coalescing_manager = _one_at_a_time
+    APPLIED.append("6:gloo-cuda-one-collective-at-a-time")
+
+
 _installed = []
 
 
@@ -103,7 +136,12 @@ def install():
         # and dist_checkpointing's file writer starts a multiprocessing Manager, a child process.
         multiprocessing.current_process()._config.pop("daemon", None)
         APPLIED.append("5:ranks-may-start-processes")
-    if not torch.cuda.is_available():
+    if torch.cuda.is_available():
+        import torch.distributed as dist
+
+        if dist.is_initialized() and dist.get_backend() == "gloo":
+            _gloo_cuda_without_coalescing()
+    else:
         mode = _CudaToCpu()
         mode.__enter__()
         _installed.append(mode)

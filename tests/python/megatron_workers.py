@@ -8,13 +8,23 @@ import torch
 import torch.distributed as dist
 
 import megatron_cpu
-from injection_util import sdc_campaign
+from injection_util import campaign, incident, sdc_campaign
 
 VOCAB, SEQ, MICRO = 128, 16, 2
 
 
-def build(tp=1, pp=1, distributed_optimizer=True, bf16=False, layers=4, seed=0, clip=1.0):
+def device():
+    """Where the ranks train: GPU 0 (shared by every rank, through gloo) when there is one."""
+    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def build(tp=1, pp=1, distributed_optimizer=True, precision="fp32", layers=4, seed=0, clip=1.0, loss_scale=None,
+          hidden=32, heads=4):
+    """Model chunks and optimizer; `precision` fp32, bf16 or fp16 (Float16Module, and for
+    fp16 Megatron's dynamic loss scaler starting at `loss_scale`)."""
     megatron_cpu.install()
+    if device().type == "cuda":
+        torch.cuda.set_device(device())
     from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -26,25 +36,30 @@ def build(tp=1, pp=1, distributed_optimizer=True, bf16=False, layers=4, seed=0, 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
     torch.manual_seed(seed)
     model_parallel_cuda_manual_seed(seed)
-    dtype = torch.bfloat16 if bf16 else torch.float32
-    cfg = TransformerConfig(num_layers=layers, hidden_size=32, num_attention_heads=4, use_cpu_initialization=True,
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    bf16, fp16 = precision == "bf16", precision == "fp16"
+    cfg = TransformerConfig(num_layers=layers, hidden_size=hidden, num_attention_heads=heads, use_cpu_initialization=True,
                             gradient_accumulation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False,
                             persist_layer_norm=False, apply_rope_fusion=False, hidden_dropout=0.0,
-                            attention_dropout=0.0, params_dtype=dtype, pipeline_dtype=dtype, bf16=bf16,
+                            attention_dropout=0.0, params_dtype=dtype, pipeline_dtype=dtype, bf16=bf16, fp16=fp16,
                             tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
     model = GPTModel(config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=VOCAB,
                      max_sequence_length=SEQ, pre_process=parallel_state.is_pipeline_first_stage(),
                      post_process=parallel_state.is_pipeline_last_stage(),
-                     position_embedding_type="learned_absolute")
-    if bf16:
+                     position_embedding_type="learned_absolute").to(device())
+    if bf16 or fp16:
         from megatron.core.transformer.module import Float16Module
 
         model = Float16Module(cfg, model)
     ddp = DistributedDataParallel(cfg, DistributedDataParallelConfig(
         grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=distributed_optimizer), model)
     cfg.finalize_model_grads_func = finalize_model_grads
-    optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-3, clip_grad=clip, bf16=bf16,
-                                                       use_distributed_optimizer=distributed_optimizer), [ddp])
+    scaling = {"initial_loss_scale": loss_scale} if loss_scale else {}
+    optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-3, clip_grad=clip, bf16=bf16, fp16=fp16,
+                                                       use_distributed_optimizer=distributed_optimizer, **scaling),
+                                       [ddp])
+    if fp16:  # what megatron.training sets: the schedules scale each microbatch's loss
+        cfg.grad_scale_func = optimizer.scale_loss
     return [ddp], optimizer
 
 
@@ -65,11 +80,11 @@ class Trainer:
         while True:
             g = torch.Generator().manual_seed(1000 * self.shard + self.batch)
             self.batch += 1
-            tokens = torch.randint(0, VOCAB, (MICRO, SEQ + 1), generator=g)
+            tokens = torch.randint(0, VOCAB, (MICRO, SEQ + 1), generator=g).to(device())
             yield tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
     def step(self):
-        positions = torch.arange(SEQ).unsqueeze(0).expand(MICRO, SEQ)
+        positions = torch.arange(SEQ, device=device()).unsqueeze(0).expand(MICRO, SEQ)
 
         def forward_step(data_iterator, model):
             tokens, labels = next(data_iterator)
@@ -90,8 +105,8 @@ class Trainer:
         return self.results[-1]
 
 
-def probe(tp, pp, distributed_optimizer, bf16=False):
-    chunks, optimizer = build(tp, pp, distributed_optimizer, bf16)
+def probe(tp, pp, distributed_optimizer, precision="fp32", loss_scale=None):
+    chunks, optimizer = build(tp, pp, distributed_optimizer, precision, loss_scale=loss_scale)
     trainer = Trainer(chunks, optimizer)
     out = [trainer.step() for _ in range(3)]
     model = chunks[0].module
@@ -126,23 +141,46 @@ def conformance(tp, pp, distributed_optimizer):
             "applied": adapter.step_applied()}
 
 
-def mc_campaign(ranks=(1, 2, 3), blocks=(2, 0, 2)):
-    """Hidden-output, gradient and weight SDC on ranks `ranks`, blocks `blocks`."""
-    return sdc_campaign(ranks, blocks, "mlp.linear_fc2.weight", "mlp.linear_fc1.weight")
+def mc_campaign(ranks=(1, 2, 3), blocks=(2, 0, 2), state=None):
+    """Hidden-output, gradient and weight SDC on ranks `ranks`, blocks `blocks`; with `state`
+    (rank, block), also Adam's exp_avg of that block's fc1 weight from iteration 16 on."""
+    c = sdc_campaign(ranks, blocks, "mlp.linear_fc2.weight", "mlp.linear_fc1.weight")
+    if state is not None:
+        c["incidents"].append(incident(
+            "adam", [16], "tensor_corruption",
+            {"rank": state[0], "component": "transformer_block", "index": state[1], "surface": "optimizer_state"},
+            {"operation": "scale", "factor": 50.0, "scope": "10%", "parameter": "mlp.linear_fc1.weight",
+             "state_key": "exp_avg"}, {"until": "campaign_end"}))
+    return c
 
 
-def train(tp, pp, distributed_optimizer, steps, faults=True, ranks=(1, 2, 3), blocks=(2, 0, 2)):
+def state_owner(adapter, block):
+    """The lowest rank whose optimizer holds state for a fragment of block `block`'s fc1
+    weight (every rank under the FP32 optimizer; its fragments' owners under the
+    DistributedOptimizer)."""
+    blocks = adapter.blocks()
+    owns = block in blocks and adapter.state_fault_unsupported(
+        blocks[block][1].get_parameter("mlp.linear_fc1.weight")) is None
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, owns)
+    return everyone.index(True)
+
+
+def train(tp, pp, distributed_optimizer, steps, faults=True, ranks=(1, 2, 3), blocks=(2, 0, 2), precision="fp32",
+          state=None):
+    """`state`: the block of an optimizer-state fault, on the first rank that owns state of it."""
     import lm_resiliency as lmr
     from lm_resiliency.frameworks import register_adapter
     from lm_resiliency.frameworks.megatron import MegatronAdapter
     from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
 
     register_adapter(MegatronAdapter)
-    chunks, optimizer = build(tp, pp, distributed_optimizer)
+    chunks, optimizer = build(tp, pp, distributed_optimizer, precision)
     trainer = Trainer(chunks, optimizer)
     harness = ReplayHarness(chunks, optimizer, config=ReplayHarnessConfig(check_interval=1, state_integrity=True))
-    session = (lmr.enable_fault_injection(chunks, optimizer, campaign=mc_campaign(ranks, blocks)) if faults
-               else None)
+    target = None if state is None else (state_owner(harness._adapter, state), state)
+    c = mc_campaign(ranks, blocks, target)
+    session = lmr.enable_fault_injection(chunks, optimizer, campaign=c) if faults else None
     for _ in range(steps):
         trainer.step()
     if session is not None:
@@ -150,8 +188,37 @@ def train(tp, pp, distributed_optimizer, steps, faults=True, ranks=(1, 2, 3), bl
     harness.close()
     return {"records": [r.to_dict() for r in session.records()] if session else [],
             "results": [r.to_dict() for r in harness.results], "boundary_times": harness.boundary_times,
-            "disabled": dict(harness.disabled_recipes), "rank": dist.get_rank(),
-            "mesh": harness._adapter.mesh_dims(dist.get_world_size())}
+            "disabled": dict(harness.disabled_recipes), "rank": dist.get_rank(), "campaign": c,
+            "mesh": harness._adapter.mesh_dims(dist.get_world_size()), "device": str(device()),
+            "shims": list(megatron_cpu.APPLIED)}
+
+
+def skipped_updates(steps, loss_scale):
+    """fp16 with Megatron's dynamic loss scaler starting high: the first updates overflow
+    and are skipped. A weight fault due at iteration 2; after each optimizer step, what it
+    returned, the campaign's completed iterations and the checks so far."""
+    import lm_resiliency as lmr
+    from lm_resiliency.frameworks import register_adapter
+    from lm_resiliency.frameworks.megatron import MegatronAdapter
+    from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
+
+    register_adapter(MegatronAdapter)
+    chunks, optimizer = build(1, 1, False, "fp16", loss_scale=loss_scale)
+    trainer = Trainer(chunks, optimizer)
+    harness = ReplayHarness(chunks, optimizer, config=ReplayHarnessConfig(check_interval=1, state_integrity=True))
+    session = lmr.enable_fault_injection(chunks, optimizer, campaign=campaign(incident(
+        "weight", [2], "tensor_corruption", {"rank": 1, "component": "transformer_block", "index": 1,
+                                             "surface": "weight"},
+        {"operation": "scale", "factor": 4.0, "scope": "1%", "parameter": "mlp.linear_fc1.weight"},
+        {"iterations": 1})))
+    seen = []
+    for _ in range(steps):
+        applied = bool(trainer.step()[0])
+        seen.append((applied, session.completed_iterations, len(harness.results)))
+    session.close()
+    harness.close()
+    return {"seen": seen, "records": [r.to_dict() for r in session.records()],
+            "checked": [r.step for r in harness.results]}
 
 
 def _signatures(chunks, optimizer):

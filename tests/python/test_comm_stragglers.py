@@ -192,6 +192,14 @@ def test_collectives_of_a_backward_pass_on_another_thread_are_timed():
         "plain thread": 0, "backward thread": 1, "training thread": 1}
 
 
+def test_collectives_inside_a_coalescing_manager_run_once_untimed():
+    # Megatron's DDP coalesces each bucket group's reduction (published by its adapter);
+    # waiting on the placeholder Work of an asynchronous one raised out of backward.
+    world = 2
+    for out in spawn(comm_workers.coalesced_collectives, world):
+        assert out == {"async=False": ([2.0] * 4, [4.0] * 4, 0), "async=True": ([2.0] * 4, [4.0] * 4, 0), "after": 1}
+
+
 @pytest.mark.parametrize("hang_detection", [False, True], ids=["alone", "with-hang-detection"])
 def test_ddp_bucket_all_reduces_are_timed_and_show_the_late_rank(tmp_path, hang_detection):
     """DDP's reducer runs its all-reduces in C++: they reach the timing through the

@@ -46,44 +46,80 @@ def test_conformance(tp, pp, distributed_optimizer, world):
         assert all(o["owned"] == o["of"] for o in out)
 
 
-# (tp, pp, distributed optimizer, fault blocks, localized): 4 ranks each.
+# (tp, pp, distributed optimizer, fault blocks, precision, optimizer-state fault block, localized): 4 ranks each.
 CELLS = {
-    "dp4-fp32": (1, 1, False, (2, 0, 2), {"hidden", "gradient", "weight"}),
-    "dp4-distopt": (1, 1, True, (2, 0, 2), {"hidden", "gradient", "weight"}),
+    "dp4-fp32": (1, 1, False, (2, 0, 2), "fp32", None, {"hidden", "gradient", "weight"}),
+    "dp4-distopt": (1, 1, True, (2, 0, 2), "fp32", None, {"hidden", "gradient", "weight"}),
+    # bf16 (Float16Module): replay in the model's dtype; Adam's state of a fragment's owner.
+    "dp4-distopt-bf16": (1, 1, True, (2, 0, 2), "bf16", 1, {"hidden", "gradient", "weight", "adam"}),
     # Two data-parallel replicas: no strict majority for replay; the DistributedOptimizer's
     # single-owner state shows the weight fault at rest.
-    "tp2-dp2": (2, 1, True, (2, 0, 2), {"weight"}),
-    "pp2-dp2": (1, 2, True, (1, 2, 3), {"weight"}),
+    "tp2-dp2": (2, 1, True, (2, 0, 2), "fp32", None, {"weight"}),
+    "pp2-dp2": (1, 2, True, (1, 2, 3), "fp32", None, {"weight"}),
 }
+
+
+def localized_by_campaign(per_rank):
+    """Which incidents the run's checks localized (and that none was blamed unexplained)."""
+    campaign = FaultCampaign.from_json(per_rank[0]["campaign"])
+    records = [FaultInjectionRecord.from_dict(r) for out in per_rank for r in out["records"]]
+    assert len(records) == len(campaign.incidents) and all(r.status == "completed" for r in records), [
+        r.to_dict() for r in records]
+    groups = _core.mesh_compute_groups(per_rank[0]["mesh"], len(per_rank))
+    results = [r for g in groups for r in replay_results(per_rank[min(g)]["results"])]
+    located = localization_results(campaign, records, results, per_rank[0]["boundary_times"])
+    report = evaluate(campaign, records, located)
+    unexplained = [a.describe() for a in explain_attributions(campaign, records, results)
+                   if a.explanation == "unexplained"]
+    assert not unexplained, unexplained
+    return {o["occurrence_id"].split("@")[0] for o in report.occurrences if o["localized"]}, report
 
 
 @pytest.mark.parametrize("cell", list(CELLS))
 def test_campaign(cell):
-    tp, pp, distributed_optimizer, blocks, localized = CELLS[cell]
-    per_rank = spawn(w.train, 4, args=(tp, pp, distributed_optimizer, 18, True, (1, 2, 3), blocks), timeout=600)
-    campaign = FaultCampaign.from_json(w.mc_campaign((1, 2, 3), blocks))
-    records = [FaultInjectionRecord.from_dict(r) for out in per_rank for r in out["records"]]
-    assert len(records) == 3 and all(r.status == "completed" for r in records), [r.to_dict() for r in records]
-    groups = _core.mesh_compute_groups(per_rank[0]["mesh"], 4)
-    results = [r for g in groups for r in replay_results(per_rank[min(g)]["results"])]
-    located = localization_results(campaign, records, results, per_rank[0]["boundary_times"])
-    report = evaluate(campaign, records, located)
-    got = {o["occurrence_id"].split("@")[0] for o in report.occurrences if o["localized"]}
+    tp, pp, distributed_optimizer, blocks, precision, state, localized = CELLS[cell]
+    steps = 18 if state is None else 20
+    per_rank = spawn(w.train, 4, args=(tp, pp, distributed_optimizer, steps, True, (1, 2, 3), blocks, precision,
+                                       state), timeout=600)
+    got, report = localized_by_campaign(per_rank)
     assert got == localized, report.table()
-    unexplained = [a.describe() for a in explain_attributions(campaign, records, results)
-                   if a.explanation == "unexplained"]
-    assert not unexplained, unexplained
     assert "optimizer" in per_rank[0]["disabled"]  # Megatron's update is not replayed (stated reason)
 
 
-def test_fault_free_run_attributes_nothing():
-    per_rank = spawn(w.train, 4, args=(1, 1, True, 10, False), timeout=600)
+def test_skipped_updates_are_not_iterations():
+    """fp16 from a loss scale of 2^20: Megatron skips the first three updates (overflow).
+    They advance neither the campaign nor the checks; the fault due at iteration 2 fires at
+    the fifth optimizer step."""
+    per_rank = spawn(w.skipped_updates, 2, args=(8, 2.0 ** 20), timeout=600)
+    for out in per_rank:
+        assert out["seen"] == [(False, 0, 0)] * 3 + [(True, i, i) for i in range(1, 6)], out["seen"]
+        assert out["checked"] == [1, 2, 3, 4, 5]
+    record = FaultInjectionRecord.from_dict(per_rank[1]["records"][0]).to_dict()
+    assert record["status"] == "completed" and record["actual_iteration"] == 2, record
+
+
+@pytest.mark.parametrize("precision", ["fp32", pytest.param("bf16", marks=pytest.mark.gpu)])
+def test_fault_free_run_attributes_nothing(precision):
+    """fp32 on CPU; bf16 on the accelerator machine, 4 ranks sharing its GPU through gloo."""
+    per_rank = spawn(w.train, 4, args=(1, 1, True, 10, False, (1, 2, 3), (2, 0, 2), precision), timeout=600)
     for out in per_rank:
         results = replay_results(out["results"])
         assert len(results) == 10 and all(r.status == "Agree" for r in results), [
             (r.step, r.status, r.inconclusive_reasons) for r in results if r.status != "Agree"]
     recipes = {i for r in replay_results(per_rank[0]["results"]) for i in r.checked_recipe_ids}
     assert {"embedding", "hidden.0", "hidden.1", "hidden.2", "hidden.3", "output", "integrity"} <= recipes
+
+
+@pytest.mark.gpu
+def test_bf16_campaign_on_ranks_sharing_the_gpu():
+    """The accelerator machine: GPTModel (local spec) in bf16 under Megatron's DDP and
+    DistributedOptimizer, 4 ranks on GPU 0 through gloo; hidden-output, gradient, weight
+    and optimizer-state SDC all localized. The test-only shims it needed are printed."""
+    per_rank = spawn(w.train, 4, args=(1, 1, True, 20, True, (1, 2, 3), (2, 0, 2), "bf16", 1), timeout=900)
+    assert all(out["device"].startswith("cuda") for out in per_rank)
+    print("shims applied with torch", __import__("torch").__version__, per_rank[0]["shims"])
+    got, report = localized_by_campaign(per_rank)
+    assert got == {"hidden", "gradient", "weight", "adam"}, report.table()
 
 
 @pytest.mark.parametrize("distributed_optimizer", [False, True])
