@@ -19,7 +19,7 @@ def device():
 
 
 def build(tp=1, pp=1, distributed_optimizer=True, precision="fp32", layers=4, seed=0, clip=1.0, loss_scale=None,
-          hidden=32, heads=4):
+          hidden=32, heads=4, overlap=False):
     """Model chunks and optimizer; `precision` fp32, bf16 or fp16 (Float16Module, and for
     fp16 Megatron's dynamic loss scaler starting at `loss_scale`)."""
     megatron_cpu.install()
@@ -52,7 +52,8 @@ def build(tp=1, pp=1, distributed_optimizer=True, precision="fp32", layers=4, se
 
         model = Float16Module(cfg, model)
     ddp = DistributedDataParallel(cfg, DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=distributed_optimizer), model)
+        grad_reduce_in_fp32=True, overlap_grad_reduce=overlap, use_distributed_optimizer=distributed_optimizer,
+        bucket_size=4096 if overlap else None), model)
     cfg.finalize_model_grads_func = finalize_model_grads
     scaling = {"initial_loss_scale": loss_scale} if loss_scale else {}
     optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-3, clip_grad=clip, bf16=bf16, fp16=fp16,
@@ -219,6 +220,57 @@ def skipped_updates(steps, loss_scale):
     harness.close()
     return {"seen": seen, "records": [r.to_dict() for r in session.records()],
             "checked": [r.step for r in harness.results]}
+
+
+SLOW = (4, 7)  # iterations during which rank 2 computes slowly (see comm_run)
+
+
+def comm_run(steps, delay_ms, hang_detection, overlap):
+    """Megatron DDP with the DistributedOptimizer on 4 ranks, every collective timed, a
+    check every step; rank 2's first layer sleeps in its forward during SLOW. The bucket
+    groups' reduce-scatters and all-gathers reach the timing (and, with `hang_detection`,
+    the out-of-band path) through the adapter's communication facet; `overlap`: issued
+    asynchronously from backward, in several buckets."""
+    import os
+    import time
+
+    from lm_resiliency.frameworks import register_adapter
+    from lm_resiliency.frameworks.megatron import MegatronAdapter
+    from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
+    from lm_resiliency.scout.oob import publisher
+    from lm_resiliency.scout.oob.config import HangDetectionConfig
+
+    register_adapter(MegatronAdapter)
+    published = {}
+    internal = publisher.Publisher.internal
+
+    def counting(self, name, group, tensor):
+        published[name] = published.get(name, 0) + 1
+        return internal(self, name, group, tensor)
+
+    publisher.Publisher.internal = counting
+    chunks, optimizer = build(1, 1, True, overlap=overlap)
+    trainer = Trainer(chunks, optimizer)
+    hang = HangDetectionConfig(hang_state_dir=os.environ["LMR_TEST_OOB_DIR"]) if hang_detection else None
+    harness = ReplayHarness(chunks, optimizer, config=ReplayHarnessConfig(
+        check_interval=1, embedding_interval=0, output_interval=0, hidden_interval=1, state_integrity=False,
+        comm_sample_every=1, comm_absolute_s=0.02, hang_detection=hang))
+
+    def pre(_module, _args):
+        if dist.get_rank() == 2 and SLOW[0] <= harness.completed_iterations + 1 <= SLOW[1]:
+            time.sleep(delay_ms / 1000.0)
+
+    slow = chunks[0].module.decoder.layers[0].register_forward_pre_hook(pre)
+    try:
+        for _ in range(steps):
+            trainer.step()
+    finally:
+        slow.remove()
+        publisher.Publisher.internal = internal
+        harness.close()
+    reports = [r.report_id for r in harness.hang_monitor.reports] if harness.hang_monitor is not None else []
+    return {"rounds": {r.step: r.cross_pg_result for r in harness.results}, "published": published,
+            "reports": reports, "buckets": len(chunks[0].bucket_groups)}
 
 
 def _signatures(chunks, optimizer):

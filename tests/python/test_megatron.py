@@ -98,6 +98,29 @@ def test_skipped_updates_are_not_iterations():
     assert record["status"] == "completed" and record["actual_iteration"] == 2, record
 
 
+@pytest.mark.parametrize("overlap,hang_detection", [(False, False), (True, True)],
+                         ids=["synchronous", "overlapped-with-hang-detection"])
+def test_bucket_reductions_are_timed_and_show_the_late_rank(overlap, hang_detection, tmp_path):
+    """Megatron's bucket reduce-scatters and parameter all-gathers run inside torch's
+    coalescing manager, out of the timing's sight: the adapter publishes them."""
+    per_rank = spawn(w.comm_run, 4, args=(11, 80.0, hang_detection, overlap), timeout=600,
+                     env={"LMR_TEST_OOB_DIR": str(tmp_path)})
+    rounds = per_rank[0]["rounds"]
+    assert all(p["rounds"] == rounds for p in per_rank[1:])  # the same verdicts, the same calls timed
+    assert sorted(rounds) == list(range(1, 12))
+    for step, v in rounds.items():
+        assert v["status"] == "Agree", (step, v)
+        assert v["timed"].get("megatron_grad_reduce", 0) >= per_rank[0]["buckets"], (step, v)
+        assert v["timed"].get("megatron_param_gather", 0) >= 1, (step, v)
+        assert v["rank"] is None and v["slow_groups"] == []
+        slow = w.SLOW[0] <= step <= w.SLOW[1]
+        assert v["late_ranks"] == ([2] if slow else []), (step, v)
+    assert (per_rank[0]["buckets"] > 1) == overlap
+    for p in per_rank:
+        assert p["reports"] == []
+        assert (p["published"].get("megatron_grad_reduce", 0) >= 11) == hang_detection, p["published"]
+
+
 @pytest.mark.parametrize("precision", ["fp32", pytest.param("bf16", marks=pytest.mark.gpu)])
 def test_fault_free_run_attributes_nothing(precision):
     """fp32 on CPU; bf16 on the accelerator machine, 4 ranks sharing its GPU through gloo."""

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from lm_resiliency import _core
 from lm_resiliency.errors import InvalidArgumentError
 from lm_resiliency.frameworks.base import FrameworkAdapter, MeshDim
 from lm_resiliency.frameworks.pytorch import _replaces, part_holding, watch_load_state_dicts
@@ -228,3 +229,63 @@ class MegatronAdapter(FrameworkAdapter):
     def optimizer_replay_support(self) -> Optional[str]:
         return ("Megatron's optimizers clip by the global gradient norm and update fp32 main parameters inside the "
                 "boundary: one slice's update cannot be replayed on isolated copies")
+
+    # --- communication ---------------------------------------------------------------
+
+    def internal_collectives(self) -> dict[str, int]:
+        first = _core.FIRST_INTERNAL_COLLECTIVE_OP
+        return {"megatron_grad_reduce": first, "megatron_param_gather": first + 1}
+
+    def publish_internal_collectives(self, run: Callable[[str, Any, Optional[torch.Tensor], Optional[Callable[[], Any]]], Any],
+                                     on_done: Callable[[], None]) -> tuple[Optional[Handle], Optional[str]]:
+        """Megatron DDP's bucket groups (dense and expert-parallel, each with its own
+        group): a group's gradient reduction (``start_grad_sync``: its buckets' all-reduce,
+        or reduce-scatter under the DistributedOptimizer, coalesced) runs through `run` as
+        ``"megatron_grad_reduce"``; the DistributedOptimizer's parameter all-gather
+        (``start_param_sync``) as ``"megatron_param_gather"``. With overlapped
+        communication the collective handed to `run` returns Megatron's handle (waiting on it
+        waits for the bucket group). ``on_done()`` after each chunk's ``finish_grad_sync``."""
+        handles: list[Handle] = []
+        distributed = self._distributed_optimizer()
+        for chunk in self.chunks:
+            if not _is_a(chunk, "DistributedDataParallel"):
+                continue
+            for bucket_group in list(chunk.bucket_groups) + list(getattr(chunk, "expert_parallel_bucket_groups", [])):
+                if not bucket_group.buckets:
+                    continue
+                opt_group = getattr(bucket_group, "intra_distributed_optimizer_instance_group", None)
+                reduce_group = opt_group if distributed and opt_group is not None else bucket_group.data_parallel_group
+                handles.append(_through(run, bucket_group, "start_grad_sync", "megatron_grad_reduce", reduce_group,
+                                        bucket_group.buckets[0].grad_data, "grad_reduce_handle"))
+                if distributed and opt_group is not None:
+                    handles.append(_through(run, bucket_group, "start_param_sync", "megatron_param_gather", opt_group,
+                                            bucket_group.buckets[0].param_data, "param_gather_handle"))
+            finish = chunk.finish_grad_sync
+
+            def finished(*args: Any, _finish: Callable[..., Any] = finish, **kwargs: Any) -> Any:
+                out = _finish(*args, **kwargs)
+                on_done()
+                return out
+
+            handles.append(_replaces(chunk, "finish_grad_sync", functools.wraps(finish)(finished)))
+        if not handles:
+            return None, None
+        return Handle(lambda: [h.remove() for h in reversed(handles)]), None
+
+
+def _through(run: Callable[..., Any], owner: Any, method: str, name: str, group: Any, tensor: torch.Tensor,
+             handle_attr: str) -> Handle:
+    """Replaces `owner.method` by one that runs the original through `run`."""
+    original = getattr(owner, method)
+
+    def collective_of(args: tuple, kwargs: dict) -> Callable[[], Any]:
+        def collective() -> Any:
+            original(*args, **kwargs)
+            return getattr(owner, handle_attr, None)  # a handle to wait on when overlapped, else None
+
+        return collective
+
+    def published(*args: Any, **kwargs: Any) -> None:
+        run(name, group, tensor, collective_of(args, kwargs))
+
+    return _replaces(owner, method, functools.wraps(original)(published))

@@ -73,6 +73,18 @@ _inside = threading.local()  # a timed call is running on this thread: nested ca
 _graph_task = getattr(torch._C, "_current_graph_task_id", None)
 
 
+def _coalescing(group: Any) -> bool:
+    """Whether `group` is inside torch's ``_coalescing_manager``: its collectives are only
+    queued (they run together when the manager exits; an asynchronous one hands back a
+    placeholder Work that must not be waited on). Megatron's DDP issues its bucket
+    reductions so; its adapter publishes them whole."""
+    state = getattr(getattr(dist, "distributed_c10d", None), "_world", None)
+    pending = getattr(state, "pg_coalesce_state", None)
+    if not pending:
+        return False
+    return (group if group is not None else dist.group.WORLD) in pending
+
+
 def _in_backward() -> bool:
     """Whether this thread is running an autograd graph (a backward pass): on CUDA that is
     one of autograd's device threads while the training thread waits in backward()."""
@@ -144,7 +156,7 @@ class CollectiveTiming:
         """Runs `fn()`, the collective, timed when it is sampled. `on_thread`: only on the
         thread that built the timing, or inside a backward pass."""
         if not self.active or getattr(_inside, "on", False) or (
-                on_thread and threading.get_ident() != self._thread and not _in_backward()):
+                on_thread and threading.get_ident() != self._thread and not _in_backward()) or _coalescing(group):
             return fn()
         try:  # deterministic on every member: all of them sample the same call, or none
             sampled = self._sample(group)
