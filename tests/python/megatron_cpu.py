@@ -54,6 +54,10 @@ def _fake_cuda_device():
     torch.cuda.current_device = lambda: torch.device("cpu")
     torch.cuda.synchronize = lambda *args, **kwargs: None
     torch.cuda.current_stream = lambda *args, **kwargs: _NullStream()
+    # Gap 2b: MoE layers keep a side stream (built with the layer; their forward needs more
+    # than these shims and is not run on CPU).
+    torch.cuda.Stream = lambda *args, **kwargs: _NullStream()
+    torch.cuda.stream = lambda stream: contextlib.nullcontext()
     # Gap 3: the tensor-parallel RNG tracker keeps CUDA generator states: the CPU one stands in.
     torch.cuda.get_rng_state = lambda device="cuda": torch.get_rng_state()
     torch.cuda.random.get_rng_state = torch.cuda.get_rng_state

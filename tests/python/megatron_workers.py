@@ -19,7 +19,7 @@ def device():
 
 
 def build(tp=1, pp=1, distributed_optimizer=True, precision="fp32", layers=4, seed=0, clip=1.0, loss_scale=None,
-          hidden=32, heads=4, overlap=False):
+          hidden=32, heads=4, overlap=False, experts=0, ep=1):
     """Model chunks and optimizer; `precision` fp32, bf16 or fp16 (Float16Module, and for
     fp16 Megatron's dynamic loss scaler starting at `loss_scale`)."""
     megatron_cpu.install()
@@ -33,17 +33,22 @@ def build(tp=1, pp=1, distributed_optimizer=True, precision="fp32", layers=4, se
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                             expert_model_parallel_size=ep)
     torch.manual_seed(seed)
     model_parallel_cuda_manual_seed(seed)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
     bf16, fp16 = precision == "bf16", precision == "fp16"
+    moe = {"num_moe_experts": experts, "moe_router_topk": 2, "moe_token_dispatcher_type": "alltoall",
+           "moe_aux_loss_coeff": 0.0} if experts else {}
     cfg = TransformerConfig(num_layers=layers, hidden_size=hidden, num_attention_heads=heads, use_cpu_initialization=True,
                             gradient_accumulation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False,
                             persist_layer_norm=False, apply_rope_fusion=False, hidden_dropout=0.0,
                             attention_dropout=0.0, params_dtype=dtype, pipeline_dtype=dtype, bf16=bf16, fp16=fp16,
-                            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
-    model = GPTModel(config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=VOCAB,
+                            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                            expert_model_parallel_size=ep, **moe)
+    spec = get_gpt_layer_local_spec(num_experts=experts or None, moe_grouped_gemm=False)
+    model = GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=VOCAB,
                      max_sequence_length=SEQ, pre_process=parallel_state.is_pipeline_first_stage(),
                      post_process=parallel_state.is_pipeline_last_stage(),
                      position_embedding_type="learned_absolute").to(device())
@@ -122,10 +127,8 @@ def probe(tp, pp, distributed_optimizer, precision="fp32", loss_scale=None):
 
 def conformance(tp, pp, distributed_optimizer):
     from adapter_conformance import check_adapter
-    from lm_resiliency.frameworks import register_adapter
     from lm_resiliency.frameworks.megatron import MegatronAdapter
 
-    register_adapter(MegatronAdapter)  # not in the default registry while it is being built
     chunks, optimizer = build(tp, pp, distributed_optimizer)
     trainer = Trainer(chunks, optimizer)
     adapter = MegatronAdapter(chunks, optimizer)
@@ -171,11 +174,8 @@ def train(tp, pp, distributed_optimizer, steps, faults=True, ranks=(1, 2, 3), bl
           state=None):
     """`state`: the block of an optimizer-state fault, on the first rank that owns state of it."""
     import lm_resiliency as lmr
-    from lm_resiliency.frameworks import register_adapter
-    from lm_resiliency.frameworks.megatron import MegatronAdapter
     from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
 
-    register_adapter(MegatronAdapter)
     chunks, optimizer = build(tp, pp, distributed_optimizer, precision)
     trainer = Trainer(chunks, optimizer)
     harness = ReplayHarness(chunks, optimizer, config=ReplayHarnessConfig(check_interval=1, state_integrity=True))
@@ -199,11 +199,8 @@ def skipped_updates(steps, loss_scale):
     and are skipped. A weight fault due at iteration 2; after each optimizer step, what it
     returned, the campaign's completed iterations and the checks so far."""
     import lm_resiliency as lmr
-    from lm_resiliency.frameworks import register_adapter
-    from lm_resiliency.frameworks.megatron import MegatronAdapter
     from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
 
-    register_adapter(MegatronAdapter)
     chunks, optimizer = build(1, 1, False, "fp16", loss_scale=loss_scale)
     trainer = Trainer(chunks, optimizer)
     harness = ReplayHarness(chunks, optimizer, config=ReplayHarnessConfig(check_interval=1, state_integrity=True))
@@ -222,6 +219,19 @@ def skipped_updates(steps, loss_scale):
             "checked": [r.step for r in harness.results]}
 
 
+def expert_layout(ep):
+    """GPTModel with 4 experts a layer under expert model parallel `ep` (built, not
+    trained): the mesh the adapter reads, or its refusal."""
+    from lm_resiliency.errors import InvalidArgumentError
+    from lm_resiliency.frameworks import select_adapter
+
+    chunks, optimizer = build(1, 1, True, experts=4, ep=ep)
+    try:
+        return select_adapter(chunks, optimizer).mesh_dims(dist.get_world_size())
+    except InvalidArgumentError as e:
+        return str(e)
+
+
 SLOW = (4, 7)  # iterations during which rank 2 computes slowly (see comm_run)
 
 
@@ -234,13 +244,10 @@ def comm_run(steps, delay_ms, hang_detection, overlap):
     import os
     import time
 
-    from lm_resiliency.frameworks import register_adapter
-    from lm_resiliency.frameworks.megatron import MegatronAdapter
     from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
     from lm_resiliency.scout.oob import publisher
     from lm_resiliency.scout.oob.config import HangDetectionConfig
 
-    register_adapter(MegatronAdapter)
     published = {}
     internal = publisher.Publisher.internal
 
@@ -291,12 +298,9 @@ def certify_run(directory, steps, distributed_optimizer):
     """Certified checkpoints over dist_checkpointing: SCOUT every step, captures by the
     certifier; what each rank held at each capture."""
     from lm_resiliency.checkpoint import CheckpointCertifier
-    from lm_resiliency.frameworks import register_adapter
-    from lm_resiliency.frameworks.megatron import MegatronAdapter
     from lm_resiliency.frameworks.megatron_checkpoint import durable_checkpoints
     from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
 
-    register_adapter(MegatronAdapter)
     chunks, optimizer = build(1, 1, distributed_optimizer)
     trainer = Trainer(chunks, optimizer)
     config = durable_checkpoints(chunks, optimizer, directory)
@@ -319,12 +323,9 @@ def certify_run(directory, steps, distributed_optimizer):
 
 
 def resume_run(directory, distributed_optimizer):
-    from lm_resiliency.frameworks import register_adapter
-    from lm_resiliency.frameworks.megatron import MegatronAdapter
     from lm_resiliency.frameworks.megatron_checkpoint import durable_checkpoints
     from lm_resiliency.recovery import resume
 
-    register_adapter(MegatronAdapter)
     chunks, optimizer = build(1, 1, distributed_optimizer, seed=123)
     resumed = resume(durable_checkpoints(chunks, optimizer, directory), chunks, optimizer)
     return {"step": resumed.step if resumed else None, "state": _signatures(chunks, optimizer)}

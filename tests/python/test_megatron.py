@@ -27,6 +27,28 @@ pytestmark = pytest.mark.distributed
 EXPECTED = ["matches", "structure", "tensors", "optimizer", "loads", "communication"]
 
 
+def test_completed_iterations_come_from_megatron_training(monkeypatch):
+    """When megatron.training drives the run its arguments say where a resumed job is."""
+    import sys
+    import types
+
+    import torch
+
+    from lm_resiliency.frameworks import select_adapter
+
+    optimizer = type("MegatronOptimizer", (), {"__module__": "megatron.core.optimizer.optimizer"})()
+    adapter = select_adapter([torch.nn.Linear(2, 2)], optimizer)
+    assert adapter.name == "megatron" and adapter.completed_iterations() is None
+    global_vars = types.ModuleType("megatron.training.global_vars")
+    global_vars._GLOBAL_ARGS = types.SimpleNamespace(iteration=7)  # loaded from its checkpoint
+    monkeypatch.setitem(sys.modules, "megatron.training.global_vars", global_vars)
+    assert adapter.completed_iterations() == 7
+    global_vars._GLOBAL_ARGS.curr_iteration = 0  # pretrain() sets it before train() starts
+    assert adapter.completed_iterations() == 7
+    global_vars._GLOBAL_ARGS.curr_iteration = 9  # inside train()
+    assert adapter.completed_iterations() == 9
+
+
 @pytest.mark.parametrize("tp,pp,distributed_optimizer,world", [(1, 1, False, 2), (1, 1, True, 2), (2, 1, True, 4),
                                                                (1, 2, True, 4)])
 def test_conformance(tp, pp, distributed_optimizer, world):
@@ -44,6 +66,14 @@ def test_conformance(tp, pp, distributed_optimizer, world):
         assert all(0 < o["owned"] < o["of"] for o in out), [(o["owned"], o["of"]) for o in out]
     else:
         assert all(o["owned"] == o["of"] for o in out)
+
+
+def test_expert_parallel_layouts_are_refused():
+    """Experts laid out as the dense layers (expert model parallel 1) share their mesh;
+    under expert parallelism they are not replicas across the data-parallel group."""
+    assert spawn(w.expert_layout, 4, args=(1,), timeout=600)[0] == [("dp", 4, "shard")]
+    refusals = spawn(w.expert_layout, 4, args=(2,), timeout=600)
+    assert all("expert model parallel 2, expert data parallel 2, data parallel 4" in r for r in refusals), refusals
 
 
 # (tp, pp, distributed optimizer, fault blocks, precision, optimizer-state fault block, localized): 4 ranks each.

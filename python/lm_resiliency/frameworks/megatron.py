@@ -1,9 +1,9 @@
-"""The adapter of Megatron Core (in progress, issue 23): a list of model chunks (Megatron's
+"""The adapter of Megatron Core: a list of model chunks (Megatron's
 ``DistributedDataParallel`` around a ``GPTModel``, one chunk per virtual pipeline stage)
 with a Megatron optimizer (``ChainedOptimizer`` of ``FP32Optimizer``,
 ``Float16OptimizerWithFloat16Params`` or ``DistributedOptimizer``: none of them a torch
-optimizer). Not registered with select_adapter yet: construct it directly. The interface
-and its contracts are in frameworks/base.py.
+optimizer). select_adapter picks it from those two. The interface and its contracts are in
+frameworks/base.py.
 
 What Megatron changes, and how the facets answer it:
 
@@ -19,11 +19,17 @@ What Megatron changes, and how the facets answer it:
 - Under the DistributedOptimizer a parameter's optimizer state here is its local fragment:
   ``fp32_main`` (the main parameter's shard) and the optimizer's tensors, absent where this
   rank owns none of it; each update rewrites the model parameters from the main ones.
+- Megatron's DDP reduces gradients per bucket group inside torch's coalescing manager, out
+  of sight of the torch.distributed wrappers: the communication facet publishes each group's
+  reduction and parameter all-gather.
+- Experts (MoE layers) are supported where they are laid out as the dense layers (expert
+  model parallel 1, expert data parallel = data parallel); other expert layouts are refused.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Any, Callable, Optional
 
 import torch
@@ -133,6 +139,12 @@ class MegatronAdapter(FrameworkAdapter):
             raise InvalidArgumentError("context parallel Megatron layouts are not supported yet")
         pp, tp = ps.get_pipeline_model_parallel_world_size(), ps.get_tensor_model_parallel_world_size()
         dp = ps.get_data_parallel_world_size()
+        if any(_is_a(m, "MoELayer") for part in self.parts for m in part.modules()):
+            ep, edp = ps.get_expert_model_parallel_world_size(), ps.get_expert_data_parallel_world_size()
+            if ep > 1 or edp != dp:
+                raise InvalidArgumentError(
+                    f"Megatron's experts are laid out differently from its dense layers (expert model parallel {ep}, "
+                    f"expert data parallel {edp}, data parallel {dp}): expert-parallel layouts are not supported yet")
         role = "shard" if self._distributed_optimizer() else "replicate"
         dims = [(n, int(s), r) for n, s, r in (("pp", pp, "model"), ("dp", dp, role), ("tp", tp, "model")) if s > 1]
         if pp * dp * tp != world_size:
@@ -146,6 +158,17 @@ class MegatronAdapter(FrameworkAdapter):
                 raise InvalidArgumentError(f"Megatron's data-parallel group {actual} is not the layout's {expected} "
                                            "(rank order other than tp-dp-pp)")
         return dims or [("dp", world_size, role)]
+
+    def completed_iterations(self) -> Optional[int]:
+        """Megatron's own count when megatron.training drives the run: its args'
+        ``iteration`` (the loaded checkpoint's) or, once ``train()`` runs, the larger
+        ``curr_iteration``. Megatron counts skipped (overflowed) updates too. None without
+        megatron.training's arguments."""
+        gv = sys.modules.get("megatron.training.global_vars")
+        args = getattr(gv, "_GLOBAL_ARGS", None)
+        counts = [getattr(args, k, None) for k in ("iteration", "curr_iteration")]
+        counts = [c for c in counts if isinstance(c, int) and not isinstance(c, bool) and c >= 0]
+        return max(counts) if counts else None
 
     # --- tensors ---------------------------------------------------------------------
 
