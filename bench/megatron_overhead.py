@@ -29,10 +29,6 @@ from lm_resiliency.workloads import spawn  # noqa: E402
 
 
 def _rank(args):
-    from lm_resiliency.frameworks import register_adapter
-    from lm_resiliency.frameworks.megatron import MegatronAdapter
-
-    register_adapter(MegatronAdapter)
     w.VOCAB, w.SEQ, w.MICRO = args.vocab, args.seq, args.micro_batch
     chunks, optimizer = w.build(1, 1, args.dist_opt, args.precision, layers=args.layers, hidden=args.hidden,
                                 heads=max(1, args.hidden // 64))

@@ -39,6 +39,12 @@ for whl in .device/wheels-tt/*.whl; do
   python3 -c "import importlib.metadata as m, sys; m.version(sys.argv[1])" "$(basename "$whl" | cut -d- -f1)" \
     2>/dev/null || python3 -m pip install --no-index --no-deps -q "$whl"
 done
+# Megatron Core for its adapter's GPU tests (pure Python but one small native module):
+#   mkdir -p .device/wheels-mc && cd .device/wheels-mc && pip download --no-deps --only-binary=:all: \
+#     --python-version 3.12 --platform manylinux_2_28_x86_64 megatron-core==0.19.2
+if ls .device/wheels-mc/*.whl >/dev/null 2>&1 && ! python3 -c "import megatron.core" 2>/dev/null; then
+  python3 -m pip install --no-index --no-deps -q .device/wheels-mc/*.whl
+fi
 
 status=0
 run() {

@@ -114,6 +114,7 @@ def test_campaign(cell):
     got, report = localized_by_campaign(per_rank)
     assert got == localized, report.table()
     assert "optimizer" in per_rank[0]["disabled"]  # Megatron's update is not replayed (stated reason)
+    assert ("modules" in per_rank[0]["disabled"]) == (tp > 1)  # TP collectives inside blocks: not replayed
 
 
 def test_skipped_updates_are_not_iterations():
