@@ -14,14 +14,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import time
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from lm_resiliency.workloads import Decoder, DecoderConfig, SyntheticTokens, spawn
-from overhead_blocks import alternate, print_table
+from overhead_blocks import alternate, print_table, step_block
 
 
 def _engine(args):
@@ -50,23 +49,15 @@ def _rank(args):
     cuda = engine.device.type == "cuda"
     batch = [0]
 
-    def block(steps):
-        if cuda:
-            torch.cuda.synchronize()
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            x, y = data.batch(batch[0], shard=dist.get_rank())
-            batch[0] += 1
-            x, y = x.to(engine.device), y.to(engine.device)
-            logits = engine(x)
-            engine.backward(F.cross_entropy(logits.reshape(-1, 128).float(), y.reshape(-1)))
-            engine.step()
-        if cuda:
-            torch.cuda.synchronize()
-        return (time.perf_counter() - t0) / steps
+    def step():
+        x, y = data.batch(batch[0], shard=dist.get_rank())
+        batch[0] += 1
+        x, y = x.to(engine.device), y.to(engine.device)
+        logits = engine(x)
+        engine.backward(F.cross_entropy(logits.reshape(-1, 128).float(), y.reshape(-1)))
+        engine.step()
 
-    return alternate(engine, block, lambda: int(engine.global_steps), args.cadences, args.rounds, args.steps)
+    return alternate(engine, step_block(step, cuda), lambda: int(engine.global_steps), args.cadences, args.rounds, args.steps)
 
 
 def main() -> None:

@@ -16,15 +16,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
 
 import megatron_workers as w  # noqa: E402
-from overhead_blocks import alternate, print_table  # noqa: E402
+from overhead_blocks import alternate, print_table, step_block  # noqa: E402
 from lm_resiliency.workloads import spawn  # noqa: E402
 
 
@@ -36,18 +33,10 @@ def _rank(args):
     cuda = w.device().type == "cuda"
     done = [0]
 
-    def block(steps):
-        if cuda:
-            torch.cuda.synchronize()
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            done[0] += bool(trainer.step()[0])
-        if cuda:
-            torch.cuda.synchronize()
-        return (time.perf_counter() - t0) / steps
+    def step():
+        done[0] += bool(trainer.step()[0])
 
-    medians = alternate((chunks, optimizer), block, lambda: done[0], args.cadences, args.rounds, args.steps)
+    medians = alternate((chunks, optimizer), step_block(step, cuda), lambda: done[0], args.cadences, args.rounds, args.steps)
     return {"device": str(w.device()), **medians}
 
 

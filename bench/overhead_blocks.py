@@ -5,9 +5,30 @@ closed after; each cadence's median step time."""
 from __future__ import annotations
 
 import statistics
+import time
 from typing import Any, Callable
 
+import torch
+import torch.distributed as dist
+
 from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
+
+
+def step_block(step: Callable[[], Any], cuda: bool) -> Callable[[int], float]:
+    """block(steps): `step()` `steps` times, started together on every rank (a barrier; on
+    CUDA the device synchronised around), timed; the seconds per step."""
+    def block(steps: int) -> float:
+        if cuda:
+            torch.cuda.synchronize()
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        if cuda:
+            torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / steps
+
+    return block
 
 
 def alternate(job: Any, block: Callable[[int], float], completed: Callable[[], int], cadences: list[int],

@@ -17,15 +17,12 @@ import argparse
 import os
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
 
 import torchtitan_cpu  # noqa: E402
-from overhead_blocks import alternate, print_table  # noqa: E402
+from overhead_blocks import alternate, print_table, step_block  # noqa: E402
 from lm_resiliency.workloads import spawn  # noqa: E402
 from torchtitan_workers import LAYOUTS  # noqa: E402
 
@@ -37,19 +34,11 @@ def _rank(args, dump):
     batches = trainer.batch_generator(trainer.dataloader)
     cuda = trainer.device.type == "cuda"
 
-    def block(steps):
-        if cuda:
-            torch.cuda.synchronize()
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            trainer.step += 1
-            trainer.train_step(batches)
-        if cuda:
-            torch.cuda.synchronize()
-        return (time.perf_counter() - t0) / steps
+    def step():
+        trainer.step += 1
+        trainer.train_step(batches)
 
-    medians = alternate(trainer, block, lambda: int(trainer.step), args.cadences, args.rounds, args.steps)
+    medians = alternate(trainer, step_block(step, cuda), lambda: int(trainer.step), args.cadences, args.rounds, args.steps)
     device = str(trainer.device)
     trainer.close()
     return {"device": device, **medians}

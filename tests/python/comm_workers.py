@@ -357,14 +357,11 @@ def coalesced_collectives():
 DDP_SLOW = (4, 7)  # iterations during which rank 2 computes slowly (see ddp_run)
 
 
-def ddp_run(out_dir, steps, delay_ms, hang_detection):
-    """DDP on 4 ranks, every collective timed, a check every step; rank 2's first block
-    sleeps in its forward during DDP_SLOW. DDP's bucket all-reduces run in its C++ reducer:
-    the timing sees them through the adapter's communication facet only. With
-    `hang_detection`, the out-of-band path shares that facet; the calls it publishes are
-    counted."""
+def slow_rank_run(harness, module, window, delay_ms, steps, step):
+    """`steps` calls of `step()` while rank 2's `module` sleeps `delay_ms` in its forward
+    during iterations `window`; the internal collectives the out-of-band path was told of,
+    by name. The verdicts of the rounds, those counts and the hang reports."""
     from lm_resiliency.scout.oob import publisher
-    from lm_resiliency.scout.oob.config import HangDetectionConfig
 
     published: dict = {}
     internal = publisher.Publisher.internal
@@ -373,21 +370,15 @@ def ddp_run(out_dir, steps, delay_ms, hang_detection):
         published[name] = published.get(name, 0) + 1
         return internal(self, name, group, tensor)
 
-    publisher.Publisher.internal = counting
-    model, opt, data, device = build(TrainConfig(parallel="ddp", steps=steps))
-    hang = HangDetectionConfig(hang_state_dir=os.path.join(out_dir, "oob")) if hang_detection else None
-    harness = ReplayHarness(model, opt, ReplayHarnessConfig(
-        check_interval=1, embedding_interval=0, output_interval=0, optimizer_interval=0, hidden_interval=1,
-        state_integrity=False, comm_sample_every=1, comm_absolute_s=0.02, hang_detection=hang))
-
     def pre(_module, _args):
-        if dist.get_rank() == 2 and DDP_SLOW[0] <= harness.completed_iterations + 1 <= DDP_SLOW[1]:
+        if dist.get_rank() == 2 and window[0] <= harness.completed_iterations + 1 <= window[1]:
             time.sleep(delay_ms / 1000.0)
 
-    slow = model.module.layers[0].register_forward_pre_hook(pre)
+    publisher.Publisher.internal = counting
+    slow = module.register_forward_pre_hook(pre)
     try:
-        for step in range(steps):
-            train_step(model, opt, data, device, step)
+        for i in range(steps):
+            step(i)
     finally:
         slow.remove()
         publisher.Publisher.internal = internal
@@ -395,3 +386,20 @@ def ddp_run(out_dir, steps, delay_ms, hang_detection):
     reports = [r.report_id for r in harness.hang_monitor.reports] if harness.hang_monitor is not None else []
     return {"rounds": {r.step: r.cross_pg_result for r in harness.results}, "published": published,
             "reports": reports}
+
+
+def ddp_run(out_dir, steps, delay_ms, hang_detection):
+    """DDP on 4 ranks, every collective timed, a check every step; rank 2's first block
+    sleeps in its forward during DDP_SLOW. DDP's bucket all-reduces run in its C++ reducer:
+    the timing sees them through the adapter's communication facet only. With
+    `hang_detection`, the out-of-band path shares that facet; the calls it publishes are
+    counted."""
+    from lm_resiliency.scout.oob.config import HangDetectionConfig
+
+    model, opt, data, device = build(TrainConfig(parallel="ddp", steps=steps))
+    hang = HangDetectionConfig(hang_state_dir=os.path.join(out_dir, "oob")) if hang_detection else None
+    harness = ReplayHarness(model, opt, ReplayHarnessConfig(
+        check_interval=1, embedding_interval=0, output_interval=0, optimizer_interval=0, hidden_interval=1,
+        state_integrity=False, comm_sample_every=1, comm_absolute_s=0.02, hang_detection=hang))
+    return slow_rank_run(harness, model.module.layers[0], DDP_SLOW, delay_ms, steps,
+                         lambda step: train_step(model, opt, data, device, step))

@@ -242,42 +242,20 @@ def comm_run(steps, delay_ms, hang_detection, overlap):
     the out-of-band path) through the adapter's communication facet; `overlap`: issued
     asynchronously from backward, in several buckets."""
     import os
-    import time
 
+    from comm_workers import slow_rank_run
     from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
-    from lm_resiliency.scout.oob import publisher
     from lm_resiliency.scout.oob.config import HangDetectionConfig
 
-    published = {}
-    internal = publisher.Publisher.internal
-
-    def counting(self, name, group, tensor):
-        published[name] = published.get(name, 0) + 1
-        return internal(self, name, group, tensor)
-
-    publisher.Publisher.internal = counting
     chunks, optimizer = build(1, 1, True, overlap=overlap)
     trainer = Trainer(chunks, optimizer)
     hang = HangDetectionConfig(hang_state_dir=os.environ["LMR_TEST_OOB_DIR"]) if hang_detection else None
     harness = ReplayHarness(chunks, optimizer, config=ReplayHarnessConfig(
         check_interval=1, embedding_interval=0, output_interval=0, hidden_interval=1, state_integrity=False,
         comm_sample_every=1, comm_absolute_s=0.02, hang_detection=hang))
-
-    def pre(_module, _args):
-        if dist.get_rank() == 2 and SLOW[0] <= harness.completed_iterations + 1 <= SLOW[1]:
-            time.sleep(delay_ms / 1000.0)
-
-    slow = chunks[0].module.decoder.layers[0].register_forward_pre_hook(pre)
-    try:
-        for _ in range(steps):
-            trainer.step()
-    finally:
-        slow.remove()
-        publisher.Publisher.internal = internal
-        harness.close()
-    reports = [r.report_id for r in harness.hang_monitor.reports] if harness.hang_monitor is not None else []
-    return {"rounds": {r.step: r.cross_pg_result for r in harness.results}, "published": published,
-            "reports": reports, "buckets": len(chunks[0].bucket_groups)}
+    out = slow_rank_run(harness, chunks[0].module.decoder.layers[0], SLOW, delay_ms, steps,
+                        lambda _: trainer.step())
+    return {**out, "buckets": len(chunks[0].bucket_groups)}
 
 
 def _signatures(chunks, optimizer):
