@@ -72,11 +72,11 @@ def build(tp=1, pp=1, distributed_optimizer=True, precision="fp32", layers=4, se
 class Trainer:
     """The user's loop: each data-parallel replica its own data, `micro` microbatches a step."""
 
-    def __init__(self, chunks, optimizer, micro=2):
+    def __init__(self, chunks, optimizer, micro=2, scheduler=None):
         from megatron.core import parallel_state
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        self.chunks, self.optimizer, self.micro = chunks, optimizer, micro
+        self.chunks, self.optimizer, self.micro, self.scheduler = chunks, optimizer, micro, scheduler
         self.fb = get_forward_backward_func()
         self.shard = parallel_state.get_data_parallel_rank()
         self.batch = 0
@@ -108,6 +108,8 @@ class Trainer:
         self.fb(forward_step_func=forward_step, data_iterator=self._batches(), model=self.chunks,
                 num_microbatches=self.micro, seq_length=SEQ, micro_batch_size=MICRO, forward_only=False)
         self.results.append(self.optimizer.step())
+        if self.scheduler is not None and self.results[-1][0]:
+            self.scheduler.step(increment=1)
         return self.results[-1]
 
 
@@ -272,22 +274,67 @@ def _signatures(chunks, optimizer):
     return out
 
 
-def certify_run(directory, steps, distributed_optimizer):
-    """Certified checkpoints over dist_checkpointing: SCOUT every step, captures by the
-    certifier; what each rank held at each capture."""
+def training_arguments(distributed_optimizer):
+    """megatron.training's global arguments for this model (what initialize_megatron sets),
+    and pretrain's LR scheduler over `optimizer`: for its checkpointing."""
+    import sys
+    import typing
+
+    if not hasattr(typing, "override"):  # megatron.training on Python 3.11 (it needs 3.12)
+        import typing_extensions
+
+        typing.override = typing_extensions.override
+    from megatron.training import arguments, global_vars
+
+    argv, sys.argv = sys.argv, ["pretrain", "--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4",
+                                "--seq-length", str(SEQ), "--max-position-embeddings", str(SEQ),
+                                "--micro-batch-size", str(MICRO), "--lr", "1e-3", "--train-iters", "100",
+                                "--save-interval", "1000", "--save", "unused", "--load", "unused",
+                                "--ckpt-format", "torch_dist"] + (["--use-distributed-optimizer"]
+                                                                  if distributed_optimizer else [])
+    try:
+        args = arguments.parse_args()
+    finally:
+        sys.argv = argv
+    arguments.validate_args(args)
+    global_vars.set_global_variables(args, build_tokenizer=False)
+    return args
+
+
+def scheduler_of(optimizer):
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    for group in optimizer.param_groups:  # what get_megatron_optimizer takes from OptimizerConfig(min_lr=...)
+        group["max_lr"], group["min_lr"] = 1e-3, 1e-4
+    return OptimizerParamScheduler(optimizer, init_lr=0.0, max_lr=1e-3, min_lr=1e-4, lr_warmup_steps=5,
+                                   lr_decay_steps=100, lr_decay_style="cosine", start_wd=0.0, end_wd=0.0,
+                                   wd_incr_steps=100, wd_incr_style="constant")
+
+
+def certify_run(directory, steps, distributed_optimizer, training=False):
+    """Certified checkpoints over dist_checkpointing (`training`: megatron.training's
+    checkpointing, with an LR scheduler): SCOUT every step, captures by the certifier; what
+    each rank held at each capture."""
     from lm_resiliency.checkpoint import CheckpointCertifier
     from lm_resiliency.frameworks.megatron_checkpoint import durable_checkpoints
     from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
 
     chunks, optimizer = build(1, 1, distributed_optimizer)
-    trainer = Trainer(chunks, optimizer)
-    config = durable_checkpoints(chunks, optimizer, directory)
+    scheduler = None
+    if training:
+        training_arguments(distributed_optimizer)
+        scheduler = scheduler_of(optimizer)
+    trainer = Trainer(chunks, optimizer, scheduler=scheduler)
+    config = (durable_checkpoints(chunks, optimizer, directory, training=True, scheduler=scheduler) if training
+              else durable_checkpoints(chunks, optimizer, directory))
     saved = {}
     save = config.save_candidate
 
     def save_and_remember(step, location):
         save(step, location)
         saved[step] = _signatures(chunks, optimizer)
+        if scheduler is not None:
+            saved[step]["lr"] = scheduler.get_lr(optimizer.param_groups[0])
 
     config.save_candidate = save_and_remember
     harness = ReplayHarness(chunks, optimizer, config=ReplayHarnessConfig(check_interval=1, state_integrity=True))
@@ -300,13 +347,23 @@ def certify_run(directory, steps, distributed_optimizer):
     return {"manifest": manifest, "saved": saved}
 
 
-def resume_run(directory, distributed_optimizer):
+def resume_run(directory, distributed_optimizer, training=False):
     from lm_resiliency.frameworks.megatron_checkpoint import durable_checkpoints
     from lm_resiliency.recovery import resume
 
     chunks, optimizer = build(1, 1, distributed_optimizer, seed=123)
-    resumed = resume(durable_checkpoints(chunks, optimizer, directory), chunks, optimizer)
-    return {"step": resumed.step if resumed else None, "state": _signatures(chunks, optimizer)}
+    if training:
+        args = training_arguments(distributed_optimizer)
+        scheduler = scheduler_of(optimizer)
+        config = durable_checkpoints(chunks, optimizer, directory, training=True, scheduler=scheduler)
+    else:
+        config = durable_checkpoints(chunks, optimizer, directory)
+    resumed = resume(config, chunks, optimizer)
+    state = _signatures(chunks, optimizer)
+    if training:
+        state["lr"] = scheduler.get_lr(optimizer.param_groups[0])
+    return {"step": resumed.step if resumed else None, "state": state,
+            "iteration": args.iteration if training else None}
 
 
 def load_missing(path):
@@ -323,3 +380,17 @@ def load_missing(path):
         assert _signatures(chunks, optimizer) == before
         return str(e)
     return "loaded"
+
+
+def training_without_arguments(path):
+    """megatron.training's checkpointing asked for in a job that never set its arguments:
+    the error, and nothing written."""
+    from lm_resiliency.errors import InvalidArgumentError
+    from lm_resiliency.frameworks.megatron_checkpoint import MegatronTrainingCheckpointer
+
+    chunks, optimizer = build(1, 1, True)
+    try:
+        MegatronTrainingCheckpointer(chunks, optimizer).save(1, path)
+    except InvalidArgumentError as e:
+        return str(e)
+    return "saved"

@@ -176,19 +176,36 @@ def test_bf16_campaign_on_ranks_sharing_the_gpu():
     assert got == {"hidden", "gradient", "weight", "adam"}, report.table()
 
 
-@pytest.mark.parametrize("distributed_optimizer", [False, True])
-def test_certified_dist_checkpoints_resume_bit_for_bit(distributed_optimizer, tmp_path):
-    out = spawn(w.certify_run, 2, args=(str(tmp_path), 10, distributed_optimizer), timeout=600)
+@pytest.mark.parametrize("distributed_optimizer,training", [(False, False), (True, False), (True, True)],
+                         ids=["fp32-dist-checkpointing", "distopt-dist-checkpointing", "distopt-megatron-training"])
+def test_certified_checkpoints_resume_bit_for_bit(distributed_optimizer, training, tmp_path):
+    """Over dist_checkpointing, or megatron.training's checkpointing (what pretrain saves,
+    with its LR scheduler): the newest trusted checkpoint restores every parameter and
+    optimizer fragment bit for bit in a job started from another seed."""
+    out = spawn(w.certify_run, 2, args=(str(tmp_path), 10, distributed_optimizer, training), timeout=600)
     manifest = json.loads(out[0]["manifest"])
     verified = [c for c in manifest["checkpoints"] if c["state"] == "RECOVERY_VERIFIED"]
     assert verified, manifest
     newest = max(verified, key=lambda c: c["step"])
     files = set(os.listdir(newest["location"]))
-    assert {".metadata", "metadata.json", "lmr-checkpoint.json", "lmr-rank-0.pt", "lmr-rank-1.pt"} <= files, files
-    resumed = spawn(w.resume_run, 2, args=(str(tmp_path), distributed_optimizer), timeout=600)
+    assert {"lmr-checkpoint.json", "lmr-rank-0.pt", "lmr-rank-1.pt"} <= files, files
+    if training:  # Megatron's own layout: pretrain --load reads it as it is
+        assert {f"iter_{newest['step']:07d}", "latest_checkpointed_iteration.txt"} <= files, files
+        assert {".metadata", "metadata.json"} <= set(os.listdir(os.path.join(newest["location"],
+                                                                             f"iter_{newest['step']:07d}")))
+    else:
+        assert {".metadata", "metadata.json"} <= files, files
+    resumed = spawn(w.resume_run, 2, args=(str(tmp_path), distributed_optimizer, training), timeout=600)
     for before, after in zip(out, resumed):
         assert after["step"] == newest["step"]
         assert after["state"] == before["saved"][newest["step"]]
+        assert after["iteration"] == (newest["step"] if training else None)
+
+
+def test_megatron_training_checkpoints_need_its_arguments(tmp_path):
+    errors = spawn(w.training_without_arguments, 2, args=(str(tmp_path / "c"),), timeout=600)
+    assert all("megatron.training's arguments are not set" in e for e in errors), errors
+    assert not (tmp_path / "c" / "lmr-checkpoint.json").exists()
 
 
 def test_an_incomplete_checkpoint_is_refused_on_every_rank(tmp_path):
