@@ -62,10 +62,16 @@ def check_structure(adapter) -> None:
     blocks = adapter.blocks()
     assert blocks and sorted(blocks) == list(blocks), "blocks are keyed by global layer index, in order"
     modules = {}
-    for part in range(len(parts)):
-        modules.update(adapter.named_modules(part))
+    union = {}
+    for part in range(len(parts)):  # paths are per part: virtual pipeline chunks repeat them
+        named = adapter.named_modules(part)
+        for index, (path, block) in adapter.blocks(part).items():
+            assert named.get(path) is block, f"block {index} path {path!r} is not in named_modules({part})"
+            assert index not in union, f"block {index} in two model parts"
+            union[index] = (path, block)
+        modules.update(named)
+    assert {i: b for i, (_, b) in union.items()} == {i: b for i, (_, b) in blocks.items()}, "blocks() is every part's"
     for index, (path, block) in blocks.items():
-        assert modules.get(path) is block, f"block {index} path {path!r} is not in named_modules()"
         assert adapter.component("transformer_block", index)[1] is block
     for kind in ("embedding", "output"):
         if not adapter.holds(kind):  # a pipeline stage without it

@@ -19,9 +19,10 @@ def device():
 
 
 def build(tp=1, pp=1, distributed_optimizer=True, precision="fp32", layers=4, seed=0, clip=1.0, loss_scale=None,
-          hidden=32, heads=4, overlap=False, experts=0, ep=1):
+          hidden=32, heads=4, overlap=False, experts=0, ep=1, vpp=None):
     """Model chunks and optimizer; `precision` fp32, bf16 or fp16 (Float16Module, and for
-    fp16 Megatron's dynamic loss scaler starting at `loss_scale`)."""
+    fp16 Megatron's dynamic loss scaler starting at `loss_scale`); `vpp`: virtual pipeline
+    stages per rank (a chunk each)."""
     megatron_cpu.install()
     if device().type == "cuda":
         torch.cuda.set_device(device())
@@ -34,7 +35,8 @@ def build(tp=1, pp=1, distributed_optimizer=True, precision="fp32", layers=4, se
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                                             expert_model_parallel_size=ep)
+                                             expert_model_parallel_size=ep,
+                                             virtual_pipeline_model_parallel_size=vpp)
     torch.manual_seed(seed)
     model_parallel_cuda_manual_seed(seed)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
@@ -46,27 +48,30 @@ def build(tp=1, pp=1, distributed_optimizer=True, precision="fp32", layers=4, se
                             persist_layer_norm=False, apply_rope_fusion=False, hidden_dropout=0.0,
                             attention_dropout=0.0, params_dtype=dtype, pipeline_dtype=dtype, bf16=bf16, fp16=fp16,
                             tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                            expert_model_parallel_size=ep, **moe)
+                            expert_model_parallel_size=ep, virtual_pipeline_model_parallel_size=vpp, **moe)
     spec = get_gpt_layer_local_spec(num_experts=experts or None, moe_grouped_gemm=False)
-    model = GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=VOCAB,
-                     max_sequence_length=SEQ, pre_process=parallel_state.is_pipeline_first_stage(),
-                     post_process=parallel_state.is_pipeline_last_stage(),
-                     position_embedding_type="learned_absolute").to(device())
-    if bf16 or fp16:
-        from megatron.core.transformer.module import Float16Module
+    chunks = []
+    for stage in range(vpp or 1):
+        vp = stage if vpp else None
+        model = GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=VOCAB, max_sequence_length=SEQ,
+                         pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=vpp is None, vp_stage=vp),
+                         post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=vpp is None, vp_stage=vp),
+                         position_embedding_type="learned_absolute", vp_stage=vp).to(device())
+        if bf16 or fp16:
+            from megatron.core.transformer.module import Float16Module
 
-        model = Float16Module(cfg, model)
-    ddp = DistributedDataParallel(cfg, DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True, overlap_grad_reduce=overlap, use_distributed_optimizer=distributed_optimizer,
-        bucket_size=4096 if overlap else None), model)
+            model = Float16Module(cfg, model)
+        chunks.append(DistributedDataParallel(cfg, DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=overlap, use_distributed_optimizer=distributed_optimizer,
+            bucket_size=4096 if overlap else None), model, disable_bucketing=stage > 0))
     cfg.finalize_model_grads_func = finalize_model_grads
     scaling = {"initial_loss_scale": loss_scale} if loss_scale else {}
     optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-3, clip_grad=clip, bf16=bf16, fp16=fp16,
                                                        use_distributed_optimizer=distributed_optimizer, **scaling),
-                                       [ddp])
+                                       chunks)
     if fp16:  # what megatron.training sets: the schedules scale each microbatch's loss
         cfg.grad_scale_func = optimizer.scale_loss
-    return [ddp], optimizer
+    return chunks, optimizer
 
 
 class Trainer:
@@ -105,7 +110,11 @@ class Trainer:
         for chunk in self.chunks:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
-        self.fb(forward_step_func=forward_step, data_iterator=self._batches(), model=self.chunks,
+        batches = self._batches()
+        step_batches = [next(batches) for _ in range(self.micro)]
+        # Interleaved pipelines take an iterator per model chunk.
+        data = [iter(step_batches) for _ in self.chunks] if len(self.chunks) > 1 else iter(step_batches)
+        self.fb(forward_step_func=forward_step, data_iterator=data, model=self.chunks,
                 num_microbatches=self.micro, seq_length=SEQ, micro_batch_size=MICRO, forward_only=False)
         self.results.append(self.optimizer.step())
         if self.scheduler is not None and self.results[-1][0]:
@@ -127,11 +136,11 @@ def probe(tp, pp, distributed_optimizer, precision="fp32", loss_scale=None):
                            for p in list(chunks[0].parameters())[:3]]}
 
 
-def conformance(tp, pp, distributed_optimizer):
+def conformance(tp, pp, distributed_optimizer, vpp=None):
     from adapter_conformance import check_adapter
     from lm_resiliency.frameworks.megatron import MegatronAdapter
 
-    chunks, optimizer = build(tp, pp, distributed_optimizer)
+    chunks, optimizer = build(tp, pp, distributed_optimizer, vpp=vpp)
     trainer = Trainer(chunks, optimizer)
     adapter = MegatronAdapter(chunks, optimizer)
 
@@ -143,6 +152,7 @@ def conformance(tp, pp, distributed_optimizer):
     checks = check_adapter(adapter, trainer.step, reload=reload)
     owned = [adapter.state_fault_unsupported(p) is None for p, _ in adapter.optimizer_parameters()]
     return {"checks": checks, "mesh": adapter.mesh_dims(dist.get_world_size()), "blocks": sorted(adapter.blocks()),
+            "part_blocks": [sorted(adapter.blocks(i)) for i in range(len(adapter.model_parts()))],
             "holds": [adapter.holds(k) for k in ("embedding", "output")], "owned": sum(owned), "of": len(owned),
             "applied": adapter.step_applied()}
 

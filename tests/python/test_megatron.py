@@ -76,6 +76,17 @@ def test_expert_parallel_layouts_are_refused():
     assert all("expert model parallel 2, expert data parallel 2, data parallel 4" in r for r in refusals), refusals
 
 
+def test_conformance_with_virtual_pipeline_stages():
+    """PP2 x VPP2 x DP2: two model chunks a rank, layer_number global across virtual stages
+    (rank 0's chunks hold layers 1 and 3), the embedding on the first chunk of the first
+    stage, the head on the last chunk of the last."""
+    out = spawn(w.conformance, 4, args=(1, 2, True, 2), timeout=600)
+    assert all(o["checks"] == EXPECTED and o["applied"] for o in out)
+    assert out[0]["mesh"] == [("pp", 2, "model"), ("dp", 2, "shard")]
+    assert [o["part_blocks"] for o in out] == [[[0], [2]]] * 2 + [[[1], [3]]] * 2
+    assert [o["holds"] for o in out] == [[True, False]] * 2 + [[False, True]] * 2
+
+
 # (tp, pp, distributed optimizer, fault blocks, precision, optimizer-state fault block, localized): 4 ranks each.
 CELLS = {
     "dp4-fp32": (1, 1, False, (2, 0, 2), "fp32", None, {"hidden", "gradient", "weight"}),
