@@ -406,3 +406,40 @@ def training_without_arguments(path):
     except InvalidArgumentError as e:
         return str(e)
     return "saved"
+
+
+def weight_fault_retired(distributed_optimizer):
+    """bf16: a weight fault on block 1's fc1 for iterations 2 and 3, retired at the end of
+    3. Megatron rewrites the model parameters from the fp32 main ones at each update: right
+    after retirement (before another update could hide it) every model parameter (this rank's fragment under the DistributedOptimizer)
+    still equals its main parameter in bf16, and the main parameters never saw the fault."""
+    import lm_resiliency as lmr
+    from lm_resiliency.frameworks import select_adapter
+
+    chunks, optimizer = build(1, 1, distributed_optimizer, "bf16")
+    trainer = Trainer(chunks, optimizer)
+    session = lmr.enable_fault_injection(chunks, optimizer, campaign=campaign(incident(
+        "weight", [2], "tensor_corruption", {"rank": 1, "component": "transformer_block", "index": 1,
+                                             "surface": "weight"},
+        {"operation": "scale", "factor": 4.0, "scope": "10%", "parameter": "mlp.linear_fc1.weight"},
+        {"iterations": 2})))
+    for _ in range(3):
+        trainer.step()
+    adapter = select_adapter(chunks, optimizer)
+    mismatched, compared = [], 0
+    for i, (p, _) in enumerate(adapter.optimizer_parameters()):
+        main = adapter.optimizer_state(p).get("fp32_main") if distributed_optimizer else getattr(p, "main_param", None)
+        if main is None:
+            continue
+        if distributed_optimizer:  # the fragment this rank owns, at its place in the flat parameter
+            opt = adapter._owner(p)
+            start, end = opt._get_model_param_range_map(p)["param"].start, opt._get_model_param_range_map(p)["param"].end
+            model = p.detach().reshape(-1)[start:end]
+        else:
+            model = p.detach()
+        compared += 1
+        if not torch.equal(model, main.detach().to(p.dtype).reshape(model.shape)):
+            mismatched.append(i)
+    session.close()
+    return {"records": [r.to_dict()["status"] for r in session.records()], "compared": compared,
+            "mismatched": mismatched}

@@ -128,6 +128,16 @@ def test_campaign(cell):
     assert ("modules" in per_rank[0]["disabled"]) == (tp > 1)  # TP collectives inside blocks: not replayed
 
 
+@pytest.mark.parametrize("distributed_optimizer", [False, True])
+def test_a_retired_weight_fault_keeps_what_the_update_wrote(distributed_optimizer):
+    """Megatron's mixed-precision optimizers copy the fp32 main parameters into the model's
+    after each update: retiring a weight fault must not put back a pre-update value."""
+    per_rank = spawn(w.weight_fault_retired, 2, args=(distributed_optimizer,), timeout=600)
+    for out in per_rank:
+        assert out["compared"] > 0 and out["mismatched"] == [], out
+    assert per_rank[1]["records"] == ["completed"]
+
+
 def test_skipped_updates_are_not_iterations():
     """fp16 from a loss scale of 2^20: Megatron skips the first three updates (overflow).
     They advance neither the campaign nor the checks; the fault due at iteration 2 fires at
