@@ -388,7 +388,7 @@ def slow_rank_run(harness, module, window, delay_ms, steps, step):
             "reports": reports}
 
 
-def ddp_run(out_dir, steps, delay_ms, hang_detection):
+def ddp_run(out_dir, steps, delay_ms, hang_detection, pipelined=None):
     """DDP on 4 ranks, every collective timed, a check every step; rank 2's first block
     sleeps in its forward during DDP_SLOW. DDP's bucket all-reduces run in its C++ reducer:
     the timing sees them through the adapter's communication facet only. With
@@ -400,6 +400,6 @@ def ddp_run(out_dir, steps, delay_ms, hang_detection):
     hang = HangDetectionConfig(hang_state_dir=os.path.join(out_dir, "oob")) if hang_detection else None
     harness = ReplayHarness(model, opt, ReplayHarnessConfig(
         check_interval=1, embedding_interval=0, output_interval=0, optimizer_interval=0, hidden_interval=1,
-        state_integrity=False, comm_sample_every=1, comm_absolute_s=0.02, hang_detection=hang))
+        state_integrity=False, comm_sample_every=1, comm_absolute_s=0.02, hang_detection=hang, pipelined=pipelined))
     return slow_rank_run(harness, model.module.layers[0], DDP_SLOW, delay_ms, steps,
                          lambda step: train_step(model, opt, data, device, step))

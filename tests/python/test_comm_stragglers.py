@@ -200,11 +200,16 @@ def test_collectives_inside_a_coalescing_manager_run_once_untimed():
         assert out == {"async=False": ([2.0] * 4, [4.0] * 4, 0), "async=True": ([2.0] * 4, [4.0] * 4, 0), "after": 1}
 
 
-@pytest.mark.parametrize("hang_detection", [False, True], ids=["alone", "with-hang-detection"])
-def test_ddp_bucket_all_reduces_are_timed_and_show_the_late_rank(tmp_path, hang_detection):
+@pytest.mark.parametrize("hang_detection,pipelined", [(False, None), (True, None), (False, True)],
+                         ids=["alone", "with-hang-detection", "pipelined"])
+def test_ddp_bucket_all_reduces_are_timed_and_show_the_late_rank(tmp_path, hang_detection, pipelined):
     """DDP's reducer runs its all-reduces in C++: they reach the timing through the
-    adapter's communication facet, shared with hang detection when it is on."""
-    per_rank = spawn(comm_workers.ddp_run, 4, args=(str(tmp_path), 11, 80.0, hang_detection), timeout=300)
+    adapter's communication facet, shared with hang detection when it is on. Pipelined
+    (CUDA's default: a check concludes at the next boundary) each round still holds its own
+    step's collectives: the late rank is named only at steps it was late. (Not at all of
+    them there: the pipelined check's work after the boundary's last vote differs by rank,
+    and it can hide an 80 ms lateness.)"""
+    per_rank = spawn(comm_workers.ddp_run, 4, args=(str(tmp_path), 11, 80.0, hang_detection, pipelined), timeout=300)
     rounds = per_rank[0]["rounds"]
     assert all(p["rounds"] == rounds for p in per_rank[1:])  # the same verdicts, the same calls timed
     assert sorted(rounds) == list(range(1, 12))
@@ -212,7 +217,12 @@ def test_ddp_bucket_all_reduces_are_timed_and_show_the_late_rank(tmp_path, hang_
         assert v["status"] == "Agree" and v["timed"].get("ddp_bucket", 0) >= 1, (step, v)
         assert v["rank"] is None and v["slow_groups"] == []
         slow = comm_workers.DDP_SLOW[0] <= step <= comm_workers.DDP_SLOW[1]
-        assert v["late_ranks"] == ([2] if slow else []), (step, v)
+        if pipelined:
+            assert v["late_ranks"] in (([2], []) if slow else ([],)), (step, v)
+        else:
+            assert v["late_ranks"] == ([2] if slow else []), (step, v)
+    if pipelined:
+        assert any(v["late_ranks"] == [2] for v in rounds.values()), rounds
     for p in per_rank:
         assert p["reports"] == []
         assert (p["published"].get("ddp_bucket", 0) >= 11) == hang_detection, p["published"]

@@ -248,6 +248,7 @@ class CommRounds:
         self._tracker = _core.CommTracker(config.confirmation_rounds, config.confirmation_checks,
                                           absolute_threshold=float(absolute))
         self.timing = CollectiveTiming(config.comm_sample_every, excluded)
+        self._window: Optional[tuple[list, Optional[str]]] = None
         self._internal, why_not = attachment.on_internal_collective(self.timing.around)
         if why_not:
             log.warning("SCOUT collective timing: %s", why_not)
@@ -274,15 +275,25 @@ class CommRounds:
         self.timing.close()
         self._internal.remove()
 
+    def _take(self) -> tuple[list, Optional[str]]:
+        try:
+            return self.timing.take(), None
+        except Exception as e:  # noqa: BLE001 - the gather in conclude must still happen
+            return [], describe(e)
+
+    def cut(self) -> None:
+        """Ends the round's window at this boundary (where its check starts): the timings
+        since the last round are this one's, however late it concludes. A pipelined check
+        concludes at the next boundary, after another step's collectives, which belong to
+        the next round."""
+        self._window = self._take()
+
     def conclude(self, step: int) -> dict[str, Any]:
         """This round's verdict (collective over the world: every rank calls it at the same
-        check). A failure is an Inconclusive verdict on every rank, with a warning."""
-        try:
-            mine = self.timing.take()
-        except Exception as e:  # noqa: BLE001 - the gather below must still happen
-            mine, error = [], describe(e)
-        else:
-            error = None
+        check): the timings up to its cut, or up to now. A failure is an Inconclusive
+        verdict on every rank, with a warning."""
+        window, self._window = getattr(self, "_window", None), None
+        mine, error = window if window is not None else self._take()
         gathered: list[Any] = [None] * self._world
         try:
             dist.all_gather_object(gathered, (mine, error, self._findings()), group=self._votes)

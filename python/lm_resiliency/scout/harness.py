@@ -194,6 +194,8 @@ class ReplayHarness:
             integrity = self._finish_pending(integrity)
             if self.config.check_interval != 0 and any(x is not None and x is not False for x in plan):
                 self.checked_at = step
+                if self._comm is not None:
+                    self._comm.cut()  # this step's collectives are the round's, not the next step's
                 started = self._contained(step, lambda: self._start(step, plan, captures, self._snapshot))
                 if started is not None and self._pipelined:
                     self._pending = started
