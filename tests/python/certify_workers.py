@@ -14,7 +14,7 @@ from lm_resiliency.recovery import resume
 from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
 from lm_resiliency.signature import signature
 from lm_resiliency.workloads import TrainConfig, build, train_step
-from injection_util import campaign, incident
+from injection_util import campaign, incident, remember_saves
 
 STEPS = 20
 BLOCK0 = {"component": "transformer_block", "index": 0}
@@ -128,19 +128,7 @@ def sdc_run(parallel, directory):
     """A permanent SDC at step 11; certification over 20 steps. Returns what the
     manifest says and what each rank saw."""
     job = Job(parallel, directory).certify(campaign_=SDC_FAULT[parallel](11), state_dir=directory)
-    saved = {}
-
-    def remember(step):
-        saved[step] = job.state_signatures()
-
-    original = job.config.save_candidate
-
-    def save_and_remember(step, location):
-        handle = original(step, location)  # a future: the built-in adapter saves asynchronously
-        remember(step)
-        return handle
-
-    job.config.save_candidate = save_and_remember
+    saved = remember_saves(job.config, job.state_signatures)  # the built-in adapter saves asynchronously
     job.train(0, STEPS)
     manifest = job.certifier.manifest
     results = [(r.step, r.status, r.sdc_ranks or (["split"] if any(v.startswith("no_majority") for v in

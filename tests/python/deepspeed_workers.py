@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import lm_resiliency as lmr
 from adapter_conformance import check_adapter
-from injection_util import campaign, incident
+from injection_util import campaign, incident, remember_saves
 from lm_resiliency.frameworks import select_adapter
 from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
 from lm_resiliency.workloads import Decoder, DecoderConfig, SyntheticTokens
@@ -219,14 +219,7 @@ def certify_run(stage, directory, steps):
     engine = build(stage)
     trainer = Trainer(engine)
     config = durable_checkpoints(engine, directory)
-    saved = {}
-    save = config.save_candidate
-
-    def save_and_remember(step, location):
-        save(step, location)
-        saved[step] = _state(engine)
-
-    config.save_candidate = save_and_remember
+    saved = remember_saves(config, lambda: _state(engine))
     harness = ReplayHarness(engine, config=ReplayHarnessConfig(check_interval=2, state_integrity=True))
     certifier = CheckpointCertifier(harness, config)
     for _ in range(steps):

@@ -10,6 +10,21 @@ from lm_resiliency import _core
 from lm_resiliency.workloads import Decoder, DecoderConfig, SyntheticTokens
 
 
+def remember_saves(config, state):
+    """Wraps `config.save_candidate` (a DurableCheckpointConfig) so that each capture also
+    records `state()` under its step, once the save call returned; returns that dict."""
+    saved = {}
+    save = config.save_candidate
+
+    def save_and_remember(step, location):
+        handle = save(step, location)  # a future where the save is asynchronous
+        saved[step] = state()
+        return handle
+
+    config.save_candidate = save_and_remember
+    return saved
+
+
 def campaign(*incidents, seed=5, **extra):
     return {"name": "test", "seed": seed, "incidents": list(incidents), **extra}
 

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 import megatron_cpu
-from injection_util import campaign, incident, sdc_campaign
+from injection_util import campaign, incident, remember_saves, sdc_campaign
 
 VOCAB, SEQ, MICRO = 128, 16, 2
 
@@ -340,16 +340,13 @@ def certify_run(directory, steps, distributed_optimizer, training=False):
     trainer = Trainer(chunks, optimizer, scheduler=scheduler)
     config = (durable_checkpoints(chunks, optimizer, directory, training=True, scheduler=scheduler) if training
               else durable_checkpoints(chunks, optimizer, directory))
-    saved = {}
-    save = config.save_candidate
-
-    def save_and_remember(step, location):
-        save(step, location)
-        saved[step] = _signatures(chunks, optimizer)
+    def state():
+        out = _signatures(chunks, optimizer)
         if scheduler is not None:
-            saved[step]["lr"] = scheduler.get_lr(optimizer.param_groups[0])
+            out["lr"] = scheduler.get_lr(optimizer.param_groups[0])
+        return out
 
-    config.save_candidate = save_and_remember
+    saved = remember_saves(config, state)
     harness = ReplayHarness(chunks, optimizer, config=ReplayHarnessConfig(check_interval=1, state_integrity=True))
     certifier = CheckpointCertifier(harness, config)
     for _ in range(steps):

@@ -9,7 +9,7 @@ import tempfile
 import torch.distributed as dist
 
 import torchtitan_cpu
-from injection_util import campaign, incident, sdc_campaign
+from injection_util import campaign, incident, remember_saves, sdc_campaign
 
 LAYOUTS = {  # TorchTitan's parallelism flags of each layout the tests run
     "fsdp": [],
@@ -134,15 +134,7 @@ def certify_run(dump, steps, seed):
     trainer = torchtitan_cpu.build_trainer(["--training.steps", str(steps), "--dump_folder", dump,
                                             "--checkpoint.enable", "--debug.seed", str(seed)])
     job = instrument(trainer, check_interval=1, state_integrity=True, certify=os.path.join(dump, "certified"))
-    saved = {}
-    save = job.durable.save_candidate
-
-    def save_and_remember(step, location):
-        result = save(step, location)
-        saved[step] = _signatures(trainer)
-        return result
-
-    job.durable.save_candidate = save_and_remember
+    saved = remember_saves(job.durable, lambda: _signatures(trainer))
     start = []
     trainer.train_step = _recording(trainer.train_step, lambda: start or start.append(_signatures(trainer)))
     trainer.train()
