@@ -211,6 +211,17 @@ class FrameworkAdapter:
 
     # --- helpers -----------------------------------------------------------------------
 
+    def _block(self, index: Optional[int]) -> tuple[str, nn.Module]:
+        """The block of global index `index` from ``blocks()``, or InvalidArgumentError
+        naming the indices this rank holds."""
+        blocks = self.blocks()
+        if index not in blocks:
+            from lm_resiliency.errors import InvalidArgumentError
+
+            raise InvalidArgumentError(f"no transformer block with global index {index} on this rank "
+                                       f"(its pipeline stages hold {sorted(blocks)})")
+        return blocks[index]
+
     def _part(self, model_part: int) -> nn.Module:
         parts = self.model_parts()
         if isinstance(model_part, bool) or not isinstance(model_part, int) or not 0 <= model_part < len(parts):

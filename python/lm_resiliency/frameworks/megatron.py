@@ -111,11 +111,7 @@ class MegatronAdapter(FrameworkAdapter):
                   metadata: Optional[dict] = None) -> tuple[str, nn.Module]:
         self._part(model_part)
         if kind == "transformer_block":
-            blocks = self.blocks()
-            if index not in blocks:
-                raise InvalidArgumentError(f"no transformer block with global index {index} on this rank "
-                                           f"(its stages hold {sorted(blocks)})")
-            return blocks[index]
+            return self._block(index)
         if kind == "embedding":
             part = self._holder(kind)
             if part is None:

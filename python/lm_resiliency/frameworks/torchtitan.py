@@ -99,11 +99,7 @@ class TorchTitanAdapter(PyTorchAdapter):
         (on any of its model parts: paths are unique across parts)."""
         self._part(model_part)
         if kind == "transformer_block":
-            blocks = self.blocks()
-            if index not in blocks:
-                raise InvalidArgumentError(f"no transformer block with global index {index} on this rank "
-                                           f"(its pipeline stages hold {sorted(blocks)})")
-            return blocks[index]
+            return self._block(index)
         if kind in ("embedding", "output"):
             part = self._holder(kind)
             if part is None:
