@@ -285,14 +285,17 @@ class CommRounds:
         """Ends the round's window at this boundary (where its check starts): the timings
         since the last round are this one's, however late it concludes. A pipelined check
         concludes at the next boundary, after another step's collectives, which belong to
-        the next round."""
-        self._window = self._take()
+        the next round. A window no round concluded (its check failed to start) stays in."""
+        mine, error = self._take()
+        if self._window is not None:
+            mine, error = self._window[0] + mine, self._window[1] or error
+        self._window = (mine, error)
 
     def conclude(self, step: int) -> dict[str, Any]:
         """This round's verdict (collective over the world: every rank calls it at the same
         check): the timings up to its cut, or up to now. A failure is an Inconclusive
         verdict on every rank, with a warning."""
-        window, self._window = getattr(self, "_window", None), None
+        window, self._window = self._window, None
         mine, error = window if window is not None else self._take()
         gathered: list[Any] = [None] * self._world
         try:
