@@ -19,5 +19,6 @@ void registerOobReport(nanobind::module_& m);
 void registerCkpt(nanobind::module_& m);
 void registerIntegrity(nanobind::module_& m);
 void registerMesh(nanobind::module_& m);
+void registerMoe(nanobind::module_& m);
 
 }  // namespace lmr::python

@@ -20,4 +20,5 @@ NB_MODULE(_core, m) {
   lmr::python::registerHealth(m);
   lmr::python::registerFiles(m);
   lmr::python::registerCkpt(m);
+  lmr::python::registerMoe(m);
 }

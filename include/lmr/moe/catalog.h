@@ -1,0 +1,77 @@
+// MoE execution-regime catalog: the expert-kernel shapes training admitted, compressed to
+// the smallest set of representatives that covers them (scout-paper-summary, "coverage-based
+// compression").
+//
+// A shape is a kernel configuration (`fingerprint`: an opaque name the caller builds from
+// layer, dtype, sizes) and a path-count vector (`paths`: tokens on each route through the
+// kernel). Shape a covers shape b when their fingerprints match, they have as many paths,
+// and a's count is no smaller on any path. The smallest covering set is exactly the
+// non-dominated shapes of each fingerprint (a skyline): a dominated shape is covered by a
+// shape that dominates it, and a non-dominated one only by itself.
+//
+// Pure functions, and Catalog, which owns its shapes; not thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+namespace lmr::moe {
+
+struct Shape {
+  std::string fingerprint;
+  std::vector<std::int64_t> paths;
+  bool operator==(const Shape&) const = default;
+  auto operator<=>(const Shape&) const = default;
+};
+
+bool covers(const Shape& a, const Shape& b) noexcept;
+
+// The non-dominated shapes, duplicates removed, sorted by (fingerprint, paths) so every
+// process lists them alike. Sort-filter-skyline per (fingerprint, path count): shapes sorted
+// by path sum, largest first, so a dominator always precedes what it dominates; a shape is
+// kept when no kept shape covers it. O(n log n + n r) for r representatives. InvalidArgument
+// for an empty fingerprint or a negative count (naming the shape's index).
+std::vector<Shape> skyline(std::vector<Shape> shapes);
+// Every pair compared: the reference for tests and the benchmark's baseline. O(n^2).
+std::vector<Shape> skylineNaive(const std::vector<Shape>& shapes);
+
+class Catalog {
+ public:
+  Catalog() = default;
+  Catalog(const Catalog&) = delete;
+  Catalog& operator=(const Catalog&) = delete;
+
+  // Admits a shape; true when it was not admitted before. The representatives are kept
+  // incrementally: a shape no representative covers joins them and evicts those it covers.
+  // InvalidArgument (as skyline) leaves the catalog unchanged.
+  bool admit(const Shape& shape);
+  std::size_t admitted() const { return admitted_.size(); }
+  // Sorted as skyline() sorts.
+  std::vector<Shape> representatives() const;
+  std::size_t representativeCount() const { return reps_.size(); }
+  // 1 - representatives / admitted; 0 when nothing was admitted.
+  double compression() const;
+  // The first admitted shape (in sorted order) no representative covers; nullopt when the
+  // representatives cover the catalog, as they must.
+  std::optional<Shape> uncovered() const;
+  // Approximate bytes held.
+  std::size_t memoryBytes() const;
+
+ private:
+  struct Hash {
+    std::size_t operator()(const Shape& s) const noexcept;
+  };
+  std::unordered_set<Shape, Hash> admitted_;
+  std::vector<Shape> reps_;
+};
+
+// Which representatives the `check`-th check replays: `per_check` consecutive indices of
+// `count`, rotating (check n starts at n * per_check mod count); every index when per_check
+// <= 0 or >= count; none when count is 0.
+std::vector<std::size_t> rotation(std::int64_t check, std::size_t count, std::int64_t per_check);
+
+}  // namespace lmr::moe

@@ -1,0 +1,78 @@
+// Bindings of lmr::moe's execution-regime catalog (include/lmr/moe/catalog.h).
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "bindings.h"
+#include "lmr/moe/catalog.h"
+
+namespace nb = nanobind;
+
+namespace lmr::python {
+
+namespace {
+
+// A shape as Python holds it: (fingerprint, path counts).
+using ShapeSpec = std::pair<std::string, std::vector<std::int64_t>>;
+
+moe::Shape toShape(const ShapeSpec& s) { return {s.first, s.second}; }
+ShapeSpec fromShape(const moe::Shape& s) { return {s.fingerprint, s.paths}; }
+
+std::vector<ShapeSpec> fromShapes(const std::vector<moe::Shape>& shapes) {
+  std::vector<ShapeSpec> out;
+  out.reserve(shapes.size());
+  for (const auto& s : shapes) out.push_back(fromShape(s));
+  return out;
+}
+
+}  // namespace
+
+void registerMoe(nb::module_& m) {
+  nb::class_<moe::Catalog>(m, "MoeCatalog",
+                           "Admitted expert-kernel shapes and the non-dominated representatives covering them "
+                           "(lmr::moe::Catalog).")
+      .def(nb::init<>())
+      .def(
+          "admit", [](moe::Catalog& c, const std::string& fingerprint, std::vector<std::int64_t> paths) {
+            return c.admit({fingerprint, std::move(paths)});
+          },
+          nb::arg("fingerprint"), nb::arg("paths"), "True when the shape is new; InvalidArgumentError for bad counts.")
+      .def(
+          "admit_many",
+          [](moe::Catalog& c, const std::vector<ShapeSpec>& shapes) {
+            std::size_t fresh = 0;
+            for (const auto& s : shapes) fresh += c.admit(toShape(s)) ? 1 : 0;
+            return fresh;
+          },
+          nb::arg("shapes"), "Admits (fingerprint, paths) pairs in order; returns how many were new.")
+      .def_prop_ro("admitted", &moe::Catalog::admitted)
+      .def("representatives", [](const moe::Catalog& c) { return fromShapes(c.representatives()); })
+      .def_prop_ro("compression", &moe::Catalog::compression)
+      .def(
+          "uncovered",
+          [](const moe::Catalog& c) -> std::optional<ShapeSpec> {
+            auto s = c.uncovered();
+            if (!s) return std::nullopt;
+            return fromShape(*s);
+          },
+          "The first admitted shape no representative covers, or None.")
+      .def("memory_bytes", &moe::Catalog::memoryBytes);
+
+  m.def(
+      "moe_skyline",
+      [](const std::vector<ShapeSpec>& shapes) {
+        std::vector<moe::Shape> in;
+        in.reserve(shapes.size());
+        for (const auto& s : shapes) in.push_back(toShape(s));
+        return fromShapes(moe::skyline(std::move(in)));
+      },
+      nb::arg("shapes"), "The exact smallest covering set of (fingerprint, paths) shapes, sorted.");
+  m.def(
+      "moe_covers", [](const ShapeSpec& a, const ShapeSpec& b) { return moe::covers(toShape(a), toShape(b)); },
+      nb::arg("a"), nb::arg("b"));
+  m.def("moe_rotation", &moe::rotation, nb::arg("check"), nb::arg("count"), nb::arg("per_check"),
+        "The representative indices the check-th check replays.");
+}
+
+}  // namespace lmr::python

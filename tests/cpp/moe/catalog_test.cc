@@ -1,0 +1,111 @@
+#include "lmr/moe/catalog.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+
+#include "lmr/common/error.h"
+
+namespace lmr::moe {
+namespace {
+
+std::vector<Shape> randomShapes(std::uint64_t seed, std::size_t n) {
+  std::mt19937_64 rng(seed);
+  std::vector<Shape> out;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::size_t fp = rng() % 3;
+    const std::size_t k = 1 + fp;  // each fingerprint has its own path count
+    Shape s;
+    s.fingerprint = "L";
+    s.fingerprint += std::to_string(fp);
+    for (std::size_t j = 0; j < k; ++j) s.paths.push_back(static_cast<std::int64_t>(rng() % 12));
+    out.push_back(s);
+  }
+  return out;
+}
+
+TEST(MoeCatalog, CoverRules) {
+  const Shape a{"L1", {4, 3}};
+  EXPECT_TRUE(covers(a, a));
+  EXPECT_TRUE(covers(a, Shape{"L1", {4, 0}}));
+  EXPECT_FALSE(covers(a, Shape{"L1", {5, 0}}));
+  EXPECT_FALSE(covers(a, Shape{"L2", {1, 1}}));
+  EXPECT_FALSE(covers(a, Shape{"L1", {1}}));
+}
+
+TEST(MoeCatalog, SkylineIsTheExactNonDominatedSet) {
+  for (std::uint64_t seed = 1; seed <= 40; ++seed) {
+    std::vector<Shape> shapes = randomShapes(seed, 300);
+    const std::vector<Shape> fast = skyline(shapes);
+    EXPECT_EQ(fast, skylineNaive(shapes)) << "seed " << seed;
+    for (const Shape& s : shapes)
+      EXPECT_TRUE(std::any_of(fast.begin(), fast.end(), [&](const Shape& r) { return covers(r, s); }));
+    for (const Shape& a : fast)
+      for (const Shape& b : fast)
+        if (!(a == b)) {
+          EXPECT_FALSE(covers(a, b));
+        }
+    std::shuffle(shapes.begin(), shapes.end(), std::mt19937_64(seed * 7));
+    EXPECT_EQ(skyline(shapes), fast);
+  }
+}
+
+TEST(MoeCatalog, IncrementalRepresentativesMatchTheSkyline) {
+  for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+    const std::vector<Shape> shapes = randomShapes(seed, 500);
+    Catalog c;
+    std::size_t fresh = 0;
+    for (const Shape& s : shapes) fresh += c.admit(s) ? 1 : 0;
+    EXPECT_EQ(fresh, c.admitted());
+    EXPECT_EQ(c.representatives(), skyline(shapes));
+    EXPECT_FALSE(c.uncovered().has_value());
+    EXPECT_DOUBLE_EQ(c.compression(), 1.0 - double(c.representativeCount()) / double(c.admitted()));
+    EXPECT_GT(c.memoryBytes(), 0u);
+  }
+}
+
+TEST(MoeCatalog, AdmitCountsNewShapesOnly) {
+  Catalog c;
+  EXPECT_DOUBLE_EQ(c.compression(), 0.0);
+  EXPECT_TRUE(c.admit({"L0", {2, 2}}));
+  EXPECT_FALSE(c.admit({"L0", {2, 2}}));
+  EXPECT_TRUE(c.admit({"L0", {1, 2}}));
+  EXPECT_TRUE(c.admit({"L0", {3, 0}}));
+  EXPECT_EQ(c.admitted(), 3u);
+  EXPECT_EQ(c.representatives(), (std::vector<Shape>{{"L0", {2, 2}}, {"L0", {3, 0}}}));
+  EXPECT_TRUE(c.admit({"L0", {3, 3}}));  // covers both: the only representative left
+  EXPECT_EQ(c.representatives(), (std::vector<Shape>{{"L0", {3, 3}}}));
+  EXPECT_DOUBLE_EQ(c.compression(), 0.75);
+}
+
+TEST(MoeCatalog, BadShapesAreRefusedAndChangeNothing) {
+  Catalog c;
+  c.admit({"L0", {1}});
+  try {
+    c.admit({"L0", {1, -2}});
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("negative count -2 on path 1"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(c.admit({"", {1}}), InvalidArgument);
+  EXPECT_EQ(c.admitted(), 1u);
+  try {
+    skyline({{"L0", {1}}, {"L0", {-1}}});
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("shape 1"), std::string::npos) << e.what();
+  }
+}
+
+TEST(MoeCatalog, RotationVisitsEveryRepresentative) {
+  EXPECT_EQ(rotation(0, 5, 2), (std::vector<std::size_t>{0, 1}));
+  EXPECT_EQ(rotation(1, 5, 2), (std::vector<std::size_t>{2, 3}));
+  EXPECT_EQ(rotation(2, 5, 2), (std::vector<std::size_t>{4, 0}));
+  EXPECT_EQ(rotation(7, 3, 0), (std::vector<std::size_t>{0, 1, 2}));
+  EXPECT_EQ(rotation(7, 3, 5), (std::vector<std::size_t>{0, 1, 2}));
+  EXPECT_TRUE(rotation(3, 0, 2).empty());
+}
+
+}  // namespace
+}  // namespace lmr::moe
