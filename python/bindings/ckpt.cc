@@ -115,8 +115,8 @@ void bindCertifier(nb::module_& m) {
       .def_ro("promoted", &Changes::promoted)
       .def_ro("rejected", &Changes::rejected);
   nb::class_<Certifier>(m, "Certifier", "Checkpoint trust from the job-wide outcome of each check (lmr::ckpt).")
-      .def(nb::init<std::vector<std::string>, Manifest, std::int64_t>(), nb::arg("catalog"), nb::arg("manifest"),
-           nb::arg("completed") = 0)
+      .def(nb::init<std::vector<std::string>, Manifest, std::int64_t, bool>(), nb::arg("catalog"), nb::arg("manifest"),
+           nb::arg("completed") = 0, nb::arg("dynamic") = false)
       .def_prop_ro("abandoned", &Certifier::abandoned)
       .def(
           "observe",

@@ -34,7 +34,8 @@ void registerMoe(nb::module_& m) {
                            "(lmr::moe::Catalog).")
       .def(nb::init<>())
       .def(
-          "admit", [](moe::Catalog& c, const std::string& fingerprint, std::vector<std::int64_t> paths) {
+          "admit",
+          [](moe::Catalog& c, const std::string& fingerprint, std::vector<std::int64_t> paths) {
             return c.admit({fingerprint, std::move(paths)});
           },
           nb::arg("fingerprint"), nb::arg("paths"), "True when the shape is new; InvalidArgumentError for bad counts.")

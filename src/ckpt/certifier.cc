@@ -61,8 +61,11 @@ LocalOutcome classify(const CheckEvidence& e, const std::vector<std::string>& ca
   return out;
 }
 
-Certifier::Certifier(std::vector<std::string> catalog, Manifest manifest, std::int64_t completed)
-    : catalog_(std::move(catalog)), catalog_set_(catalog_.begin(), catalog_.end()), manifest_(std::move(manifest)) {
+Certifier::Certifier(std::vector<std::string> catalog, Manifest manifest, std::int64_t completed, bool dynamic)
+    : catalog_(std::move(catalog)),
+      catalog_set_(catalog_.begin(), catalog_.end()),
+      dynamic_(dynamic),
+      manifest_(std::move(manifest)) {
   if (catalog_set_.empty()) throw InvalidArgument("a certification catalog needs at least one recipe");
   if (catalog_set_.size() != catalog_.size()) throw InvalidArgument("the certification catalog repeats a recipe");
   if (completed < 0) throw InvalidArgument("completed steps must be >= 0");
@@ -117,7 +120,7 @@ Changes Certifier::observe(const CheckOutcome& o) {
       ++this_check;
     }
   }
-  const bool dense = this_check == catalog_set_.size();
+  const bool dense = !dynamic_ && this_check == catalog_set_.size();
   if (covered_.size() < catalog_set_.size()) {
     cap.latest = true;
     cap.reason = "accepted" + at + "; cycle " + std::to_string(covered_.size()) + "/" +

@@ -50,8 +50,7 @@ std::vector<Shape> skyline(std::vector<Shape> shapes) {
   std::size_t group_start = 0;  // first kept shape of the current group in `out`
   for (std::size_t k = 0; k < order.size(); ++k) {
     Shape& s = shapes[order[k].second];
-    if (!out.empty() &&
-        (out.back().fingerprint != s.fingerprint || out.back().paths.size() != s.paths.size()))
+    if (!out.empty() && (out.back().fingerprint != s.fingerprint || out.back().paths.size() != s.paths.size()))
       group_start = out.size();
     bool covered = false;
     for (std::size_t r = group_start; r < out.size() && !covered; ++r) covered = covers(out[r], s);

@@ -12,7 +12,10 @@
 //   check accepted count towards the cycle. When the accepted recipes since the cycle began
 //   cover the catalog, the cycle is complete: a CANDIDATE captured at the previous cycle's
 //   end is promoted to RECOVERY_VERIFIED, and the state now is captured as a CANDIDATE, or
-//   as RECOVERY_VERIFIED when this one check covered the whole catalog (a dense check).
+//   as RECOVERY_VERIFIED when this one check covered the whole catalog (a dense check) of a
+//   static catalog. A dynamic catalog (MoE execution regimes, which grow as training admits
+//   shapes) never verifies at once: its first complete accepted cycle makes a CANDIDATE and
+//   the next one promotes it.
 // - Between those boundaries the state may be captured to the fast tier as LATEST.
 #pragma once
 
@@ -84,7 +87,8 @@ class Certifier {
   // is the state to continue from (an empty one for a new job) and `completed` the job's
   // completed steps: checkpoints after it are dropped (continueFrom, recovery.h; abandoned()
   // lists them), so a job that starts over never promotes or resumes another timeline's.
-  Certifier(std::vector<std::string> catalog, Manifest manifest, std::int64_t completed = 0);
+  // `dynamic`: the catalog is a dynamic one (see above).
+  Certifier(std::vector<std::string> catalog, Manifest manifest, std::int64_t completed = 0, bool dynamic = false);
   const std::vector<Checkpoint>& abandoned() const { return abandoned_; }
 
   // A check concluded after step `outcome.step`. Steps never go back (InvalidArgument).
@@ -113,6 +117,7 @@ class Certifier {
   std::set<std::string> catalog_set_;
   std::set<std::string> covered_;
   std::int64_t last_step_ = -1;
+  bool dynamic_ = false;
   Manifest manifest_;
   std::vector<Checkpoint> abandoned_;
 };

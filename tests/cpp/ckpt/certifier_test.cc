@@ -56,6 +56,20 @@ TEST(Certifier, DenseAcceptedCheckVerifiesImmediately) {
   EXPECT_EQ(c.manifest().find("durable-10")->certified_at, 10);
 }
 
+// A dynamic catalog (MoE regimes): even a check covering all of it makes only a candidate,
+// which the next complete accepted cycle promotes.
+TEST(Certifier, DynamicCatalogNeedsTwoCompleteCycles) {
+  Certifier c(kCatalog, Manifest{}, 0, /*dynamic=*/true);
+  auto ch = c.observe(ok(10, kCatalog));
+  ASSERT_TRUE(ch.capture.durable);
+  EXPECT_EQ(ch.capture.state, TrustState::kCandidate);
+  c.captured(durable(10, ch.capture.state));
+  ch = c.observe(ok(20, kCatalog));
+  EXPECT_EQ(ch.promoted, std::vector<std::string>{"durable-10"});
+  EXPECT_EQ(stateOf(c, "durable-10"), TrustState::kRecoveryVerified);
+  EXPECT_EQ(ch.capture.state, TrustState::kCandidate);
+}
+
 TEST(Certifier, SdcRejectsEveryUnvalidatedCheckpointAndTaintsUntilRecovery) {
   Certifier c(kCatalog, Manifest{});
   c.captured(durable(4, c.observe(ok(4, kCatalog)).capture.state));  // verified
