@@ -2,9 +2,11 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include "bindings.h"
+#include "lmr/moe/alltoall.h"
 #include "lmr/moe/catalog.h"
 
 namespace nb = nanobind;
@@ -72,6 +74,24 @@ void registerMoe(nb::module_& m) {
   m.def(
       "moe_covers", [](const ShapeSpec& a, const ShapeSpec& b) { return moe::covers(toShape(a), toShape(b)); },
       nb::arg("a"), nb::arg("b"));
+  m.def("moe_default_matrices", &moe::defaultMatrices, nb::arg("ranks"), nb::arg("rows"),
+        "The default bounded AllToAll replay policy: the balanced matrix, then the cyclic permutations.");
+  m.def(
+      "moe_validate_matrix",
+      [](const moe::Matrix& matrix, std::int64_t ranks, const std::string& what) {
+        moe::validateMatrix(matrix, ranks, what);
+      },
+      nb::arg("matrix"), nb::arg("ranks"), nb::arg("what") = "matrix",
+      "InvalidArgumentError naming the entry unless `matrix` is ranks x ranks, non-negative, not all zero.");
+  m.def("moe_routing_vote", &moe::routingVote, nb::arg("matrices"), nb::arg("me"), nb::arg("bad"),
+        "A receiver's routing vote: per matrix and sender, '-' no segment, '0' intact, '1' corrupted.");
+  m.def(
+      "moe_decide_routing",
+      [](const std::vector<std::string>& votes) {
+        const moe::RoutingVerdict v = moe::decideRouting(votes);
+        return std::make_tuple(v.status, v.bitmap, v.reason);
+      },
+      nb::arg("votes"), "(status, blamed by expert-parallel position, reason) from each receiver's routing vote.");
   m.def("moe_rotation", &moe::rotation, nb::arg("check"), nb::arg("count"), nb::arg("per_check"),
         "The representative indices the check-th check replays.");
 }

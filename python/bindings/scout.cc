@@ -26,9 +26,11 @@ using DimSpec = std::tuple<std::string, std::int64_t, std::string>;  // (name, s
 using VoteSpec = std::tuple<std::map<std::string, nb::bytes>, std::map<std::string, std::vector<double>>,
                             std::map<std::string, std::string>>;
 
-replay::PeerLayout peerLayout(const std::vector<std::int64_t>& ranks,
-                              const std::vector<std::vector<std::int64_t>>& state_groups) {
-  return replay::PeerLayout{ranks, state_groups};
+using Groups = std::vector<std::vector<std::int64_t>>;
+
+replay::PeerLayout peerLayout(const std::vector<std::int64_t>& ranks, const Groups& state_groups,
+                              const Groups& expert_groups = {}, const Groups& ep_groups = {}) {
+  return replay::PeerLayout{ranks, state_groups, expert_groups, ep_groups};
 }
 
 nb::bytes asBytes(const std::string& s) { return nb::bytes(s.data(), s.size()); }
@@ -40,15 +42,23 @@ mesh::Layout layout(const std::vector<DimSpec>& dims, std::int64_t world) {
     if (role == "replicate") r = mesh::Role::kReplicate;
     else if (role == "shard") r = mesh::Role::kShard;
     else if (role == "model") r = mesh::Role::kModel;
-    else throw InvalidArgument("mesh role must be replicate, shard or model, got '" + role + "'");
+    else if (role == "expert") r = mesh::Role::kExpert;
+    else throw InvalidArgument("mesh role must be replicate, shard, model or expert, got '" + role + "'");
     out.push_back(mesh::Dim{name, size, r});
   }
   return mesh::Layout(std::move(out), world);
 }
 
-replay::Cadence cadence(std::int64_t check, std::int64_t embedding, std::int64_t hidden, std::int64_t output,
-                        std::int64_t optimizer) {
-  return replay::Cadence{check, embedding, hidden, output, optimizer};
+// (check, embedding, hidden, output, optimizer, moe) intervals, as ReplayHarnessConfig.cadence() gives them.
+using CadenceSpec = std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t>;
+
+replay::Cadence cadence(const CadenceSpec& c) {
+  const auto& [check, embedding, hidden, output, optimizer, moe] = c;
+  return replay::Cadence{check, embedding, hidden, output, optimizer, moe};
+}
+
+auto planTuple(const replay::Plan& p) {
+  return std::make_tuple(p.embedding, p.hidden_layer, p.output, p.optimizer_slice, p.moe_layer);
 }
 
 }  // namespace
@@ -58,35 +68,47 @@ void registerScout(nb::module_& m) {
         [](const std::vector<DimSpec>& dims, std::int64_t world) { return layout(dims, world).peerGroups(); });
   m.def("mesh_compute_groups",
         [](const std::vector<DimSpec>& dims, std::int64_t world) { return layout(dims, world).computeGroups(); });
+  m.def("mesh_expert_groups",
+        [](const std::vector<DimSpec>& dims, std::int64_t world) { return layout(dims, world).expertGroups(); });
+  m.def("mesh_expert_parallel_groups", [](const std::vector<DimSpec>& dims, std::int64_t world) {
+    return layout(dims, world).expertParallelGroups();
+  });
+  m.def("mesh_has_experts",
+        [](const std::vector<DimSpec>& dims, std::int64_t world) { return layout(dims, world).hasExperts(); });
   m.def("mesh_needs_materialization", [](const std::vector<DimSpec>& dims, std::int64_t world) {
     return layout(dims, world).needsMaterialization();
   });
 
   m.def(
       "replay_plan",
-      [](std::int64_t check, std::int64_t embedding, std::int64_t hidden, std::int64_t output, std::int64_t optimizer,
-         std::int64_t step, std::int64_t layers, std::int64_t slices) {
-        const replay::Plan p =
-            replay::planAt(cadence(check, embedding, hidden, output, optimizer), step, layers, slices);
-        return std::make_tuple(p.embedding, p.hidden_layer, p.output, p.optimizer_slice);
+      [](const CadenceSpec& c, std::int64_t step, std::int64_t layers, std::int64_t slices, std::int64_t moe_layers) {
+        return planTuple(replay::planAt(cadence(c), step, layers, slices, moe_layers));
       },
-      "(embedding, hidden layer or None, output, optimizer slice or None) due after `step`.");
-  m.def("replay_full_plan", [](std::int64_t step, std::int64_t layers, std::int64_t slices) {
-    const replay::Plan p = replay::fullPlan(step, layers, slices);
-    return std::make_tuple(p.embedding, p.hidden_layer, p.output, p.optimizer_slice);
-  });
+      nb::arg("cadence"), nb::arg("step"), nb::arg("layers"), nb::arg("slices"), nb::arg("moe_layers") = 0,
+      "(embedding, hidden layer or None, output, optimizer slice or None, MoE layer position or None) due after "
+      "`step`.");
+  m.def(
+      "replay_full_plan",
+      [](std::int64_t step, std::int64_t layers, std::int64_t slices, std::int64_t moe_layers) {
+        return planTuple(replay::fullPlan(step, layers, slices, moe_layers));
+      },
+      nb::arg("step"), nb::arg("layers"), nb::arg("slices"), nb::arg("moe_layers") = 0);
   m.def(
       "replay_catalog",
-      [](std::int64_t check, std::int64_t embedding, std::int64_t hidden, std::int64_t output, std::int64_t optimizer,
-         const std::vector<std::int64_t>& layer_ids, std::int64_t slices) {
-        return replay::catalog(cadence(check, embedding, hidden, output, optimizer), layer_ids, slices);
+      [](const CadenceSpec& c, const std::vector<std::int64_t>& layer_ids, std::int64_t slices,
+         const std::vector<std::int64_t>& moe_layer_ids) {
+        return replay::catalog(cadence(c), layer_ids, slices, moe_layer_ids);
       },
+      nb::arg("cadence"), nb::arg("layer_ids"), nb::arg("slices"),
+      nb::arg("moe_layer_ids") = std::vector<std::int64_t>{},
       "The recipe ids a complete cycle covers (lmr::replay::catalog).");
-  m.def("replay_intervals", [](std::int64_t check, std::int64_t embedding, std::int64_t hidden, std::int64_t output,
-                               std::int64_t optimizer, std::int64_t layers) {
-    const auto iv = replay::effectiveIntervals(cadence(check, embedding, hidden, output, optimizer), layers);
-    return std::make_tuple(iv.embedding, iv.hidden, iv.output, iv.optimizer);
-  });
+  m.def(
+      "replay_intervals",
+      [](const CadenceSpec& c, std::int64_t layers, std::int64_t moe_layers) {
+        const auto iv = replay::effectiveIntervals(cadence(c), layers, moe_layers);
+        return std::make_tuple(iv.embedding, iv.hidden, iv.output, iv.optimizer, iv.moe);
+      },
+      nb::arg("cadence"), nb::arg("layers"), nb::arg("moe_layers") = 0);
   m.def(
       "replay_seed",
       [](const std::string& recipe, std::int64_t step) {
@@ -137,8 +159,7 @@ void registerScout(nb::module_& m) {
       .def_ro("straggler_candidates", &replay::CheckVerdict::straggler_candidates);
   m.def(
       "replay_readiness",
-      [](const std::vector<std::int64_t>& ranks, const std::vector<std::vector<std::int64_t>>& state_groups,
-         const std::vector<std::string>& recipes,
+      [](const std::vector<std::int64_t>& ranks, const Groups& state_groups, const std::vector<std::string>& recipes,
          const std::vector<std::pair<std::map<std::string, nb::bytes>, std::map<std::string, std::string>>>& votes) {
         std::vector<replay::ReadinessVote> in;
         for (const auto& [contracts, reasons] : votes) {
@@ -154,10 +175,10 @@ void registerScout(nb::module_& m) {
       "(ready by recipe, {recipe: reason}) from every peer's ({recipe: contract}, {recipe: reason}).");
   m.def(
       "replay_decide_check",
-      [](const std::vector<std::int64_t>& ranks, const std::vector<std::vector<std::int64_t>>& state_groups,
-         std::int64_t step, const std::vector<std::string>& checked,
-         const std::vector<std::pair<std::string, std::string>>& not_ready, const std::vector<VoteSpec>& votes,
-         replay::StragglerTracker& tracker) {
+      [](const std::vector<std::int64_t>& ranks, const Groups& state_groups, std::int64_t step,
+         const std::vector<std::string>& checked, const std::vector<std::pair<std::string, std::string>>& not_ready,
+         const std::vector<VoteSpec>& votes, replay::StragglerTracker& tracker, const Groups& expert_groups,
+         const Groups& ep_groups) {
         std::vector<replay::CheckVote> in;
         for (const auto& [surfaces, repetitions, errors] : votes) {
           replay::CheckVote v;
@@ -166,10 +187,11 @@ void registerScout(nb::module_& m) {
           v.errors = errors;
           in.push_back(std::move(v));
         }
-        return replay::decideCheck(peerLayout(ranks, state_groups), step, checked, not_ready, in, tracker);
+        return replay::decideCheck(peerLayout(ranks, state_groups, expert_groups, ep_groups), step, checked, not_ready,
+                                   in, tracker);
       },
       nb::arg("ranks"), nb::arg("state_groups"), nb::arg("step"), nb::arg("checked"), nb::arg("not_ready"),
-      nb::arg("votes"), nb::arg("tracker"),
+      nb::arg("votes"), nb::arg("tracker"), nb::arg("expert_groups") = Groups{}, nb::arg("ep_groups") = Groups{},
       "The verdict of a check from every peer's vote (lmr::replay::decideCheck).");
   m.def("replay_source_rank", [](const std::vector<std::int64_t>& ranks, std::int64_t step) {
     return replay::sourceRank(replay::PeerLayout{ranks, {}}, step);

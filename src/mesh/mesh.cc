@@ -55,6 +55,22 @@ std::vector<std::vector<std::int64_t>> Layout::computeGroups() const {
   return groupsVarying(data);
 }
 
+std::vector<std::vector<std::int64_t>> Layout::expertGroups() const {
+  std::vector<bool> data;
+  for (const Dim& d : dims_) data.push_back(d.role == Role::kReplicate || d.role == Role::kShard);
+  return groupsVarying(data);
+}
+
+std::vector<std::vector<std::int64_t>> Layout::expertParallelGroups() const {
+  std::vector<bool> expert;
+  for (const Dim& d : dims_) expert.push_back(d.role == Role::kExpert);
+  return groupsVarying(expert);
+}
+
+bool Layout::hasExperts() const {
+  return std::any_of(dims_.begin(), dims_.end(), [](const Dim& d) { return d.role == Role::kExpert; });
+}
+
 std::vector<std::vector<std::int64_t>> Layout::groupsVarying(const std::vector<bool>& varying) const {
   // Key each rank by its coordinates on the fixed (non-varying) dimensions.
   std::map<std::vector<std::int64_t>, std::vector<std::int64_t>> groups;

@@ -13,11 +13,13 @@ std::vector<std::string> Plan::recipeIds() const {
   if (hidden_layer) ids.push_back("hidden." + std::to_string(*hidden_layer));
   if (output) ids.push_back("output");
   if (optimizer_slice) ids.push_back("optimizer." + std::to_string(*optimizer_slice));
+  if (moe_layer) ids.push_back("moe." + std::to_string(*moe_layer));
   return ids;
 }
 
-Intervals effectiveIntervals(const Cadence& c, std::int64_t layers) {
+Intervals effectiveIntervals(const Cadence& c, std::int64_t layers, std::int64_t moe_layers) {
   if (layers < 1) throw InvalidArgument("replay needs at least one hidden layer");
+  if (moe_layers < 0) throw InvalidArgument("MoE layers must be >= 0");
   auto check = [](std::int64_t v, const char* name) {
     if (v < -1) throw InvalidArgument(std::string(name) + " must be -1 (inherit), 0 (off) or positive");
   };
@@ -26,41 +28,52 @@ Intervals effectiveIntervals(const Cadence& c, std::int64_t layers) {
   check(c.hidden_interval, "hidden_interval");
   check(c.output_interval, "output_interval");
   check(c.optimizer_interval, "optimizer_interval");
+  check(c.moe_interval, "moe_interval");
   auto pick = [&](std::int64_t v) { return v == -1 ? c.check_interval : v; };
-  std::int64_t hidden = pick(c.hidden_interval);
-  if (c.hidden_interval == -1 && hidden > 0) hidden = std::max<std::int64_t>(1, std::min(hidden, 100 / layers));
-  return Intervals{pick(c.embedding_interval), hidden, pick(c.output_interval), pick(c.optimizer_interval)};
+  // A rotating recipe's default interval visits each of its `count` items within 100 steps.
+  auto rotating = [&](std::int64_t v, std::int64_t count) {
+    std::int64_t k = pick(v);
+    if (v == -1 && k > 0) k = std::max<std::int64_t>(1, std::min(k, 100 / count));
+    return k;
+  };
+  return Intervals{pick(c.embedding_interval), rotating(c.hidden_interval, layers), pick(c.output_interval),
+                   pick(c.optimizer_interval), moe_layers > 0 ? rotating(c.moe_interval, moe_layers) : 0};
 }
 
-Plan planAt(const Cadence& cadence, std::int64_t step, std::int64_t layers, std::int64_t slices) {
+Plan planAt(const Cadence& cadence, std::int64_t step, std::int64_t layers, std::int64_t slices,
+            std::int64_t moe_layers) {
   if (step < 1) throw InvalidArgument("replay steps are 1-based");
   if (slices < 1) throw InvalidArgument("optimizer replay needs at least one slice");
-  const Intervals iv = effectiveIntervals(cadence, layers);
+  const Intervals iv = effectiveIntervals(cadence, layers, moe_layers);
   Plan p;
   p.embedding = iv.embedding > 0 && step % iv.embedding == 0;
   if (iv.hidden > 0 && step % iv.hidden == 0) p.hidden_layer = (step / iv.hidden - 1) % layers;
   p.output = iv.output > 0 && step % iv.output == 0;
   if (iv.optimizer > 0 && step % iv.optimizer == 0) p.optimizer_slice = (step / iv.optimizer - 1) % slices;
+  if (iv.moe > 0 && step % iv.moe == 0) p.moe_layer = (step / iv.moe - 1) % moe_layers;
   return p;
 }
 
-Plan fullPlan(std::int64_t step, std::int64_t layers, std::int64_t slices) {
+Plan fullPlan(std::int64_t step, std::int64_t layers, std::int64_t slices, std::int64_t moe_layers) {
   if (layers < 1 || slices < 1) throw InvalidArgument("a full plan needs layers and slices");
+  if (moe_layers < 0) throw InvalidArgument("MoE layers must be >= 0");
   Plan p;
   p.embedding = true;
   p.hidden_layer = std::max<std::int64_t>(step - 1, 0) % layers;
   p.output = true;
   p.optimizer_slice = std::max<std::int64_t>(step - 1, 0) % slices;
+  if (moe_layers > 0) p.moe_layer = std::max<std::int64_t>(step - 1, 0) % moe_layers;
   return p;
 }
 
 std::vector<std::string> catalog(const Cadence& cadence, const std::vector<std::int64_t>& layer_ids,
-                                 std::int64_t slices) {
+                                 std::int64_t slices, const std::vector<std::int64_t>& moe_layer_ids) {
   if (layer_ids.empty()) throw InvalidArgument("a catalog needs at least one layer");
   if (slices < 0) throw InvalidArgument("optimizer slices must be >= 0");
   const bool manual = cadence.check_interval == 0;
-  const Intervals iv =
-      manual ? Intervals{1, 1, 1, 1} : effectiveIntervals(cadence, static_cast<std::int64_t>(layer_ids.size()));
+  const auto moe_layers = static_cast<std::int64_t>(moe_layer_ids.size());
+  const Intervals iv = manual ? Intervals{1, 1, 1, 1, moe_layers > 0 ? 1 : 0}
+                              : effectiveIntervals(cadence, static_cast<std::int64_t>(layer_ids.size()), moe_layers);
   std::vector<std::string> out;
   if (iv.embedding > 0) out.emplace_back("embedding");
   if (iv.hidden > 0)
@@ -68,6 +81,8 @@ std::vector<std::string> catalog(const Cadence& cadence, const std::vector<std::
   if (iv.output > 0) out.emplace_back("output");
   if (iv.optimizer > 0)
     for (std::int64_t s = 0; s < slices; ++s) out.push_back("optimizer." + std::to_string(s));
+  if (iv.moe > 0)
+    for (std::int64_t id : moe_layer_ids) out.push_back("moe." + std::to_string(id));
   return out;
 }
 

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "lmr/common/error.h"
+#include "lmr/moe/alltoall.h"
 
 namespace lmr::replay {
 
@@ -42,14 +43,19 @@ void validate(const PeerLayout& layout) {
   if (layout.ranks.empty()) throw InvalidArgument("a peer layout needs at least one compute peer");
   std::set<std::int64_t> seen(layout.ranks.begin(), layout.ranks.end());
   if (seen.size() != layout.ranks.size()) throw InvalidArgument("compute peers repeat a rank");
-  std::set<std::int64_t> grouped;
-  for (const auto& group : layout.state_groups) {
-    if (group.empty()) throw InvalidArgument("a state group is empty");
-    for (std::int64_t r : group) {
-      positionOf(layout, r);
-      if (!grouped.insert(r).second) throw InvalidArgument("rank " + std::to_string(r) + " is in two state groups");
+  const auto partition = [&](const std::vector<std::vector<std::int64_t>>& groups, const std::string& kind) {
+    std::set<std::int64_t> grouped;
+    for (const auto& group : groups) {
+      if (group.empty()) throw InvalidArgument("a " + kind + " is empty");
+      for (std::int64_t r : group) {
+        positionOf(layout, r);
+        if (!grouped.insert(r).second) throw InvalidArgument("rank " + std::to_string(r) + " is in two " + kind + "s");
+      }
     }
-  }
+  };
+  partition(layout.state_groups, "state group");
+  partition(layout.expert_groups, "expert group");
+  partition(layout.ep_groups, "expert-parallel group");
 }
 
 std::int64_t sourceRank(const PeerLayout& layout, std::int64_t step) {
@@ -62,8 +68,10 @@ SurfaceName parseSurface(std::string_view name) {
   const std::size_t dot = name.rfind('.');
   if (dot == std::string_view::npos || dot == 0 || dot + 1 == name.size())
     throw InvalidArgument("surface name \"" + std::string(name) + "\" is not <recipe>.<evidence>");
-  SurfaceName s{std::string(name.substr(0, dot)), std::string(name.substr(dot + 1)), false};
+  SurfaceName s{std::string(name.substr(0, dot)), std::string(name.substr(dot + 1))};
   s.state = isStateSource(name);
+  s.routing = s.evidence == "routing";
+  s.expert = s.recipe.find(".expert.") != std::string::npos;
   return s;
 }
 
@@ -110,47 +118,99 @@ CheckVerdict decideCheck(const PeerLayout& layout, std::int64_t step, const std:
       if (failed.insert(recipe).second)
         inconclusive(recipe, "replay_error: " + text + " (rank " + std::to_string(layout.ranks[i]) + ")");
 
-  std::vector<std::vector<std::size_t>> state_groups;
-  for (const auto& group : layout.state_groups) {
-    state_groups.emplace_back();
-    for (std::int64_t r : group) state_groups.back().push_back(positionOf(layout, r));
-  }
+  const auto positions = [&](const std::vector<std::vector<std::int64_t>>& groups) {
+    std::vector<std::vector<std::size_t>> out;
+    for (const auto& group : groups) {
+      out.emplace_back();
+      for (std::int64_t r : group) out.back().push_back(positionOf(layout, r));
+    }
+    return out;
+  };
   std::vector<std::size_t> everyone(n);
   for (std::size_t i = 0; i < n; ++i) everyone[i] = i;
+  const std::vector<std::vector<std::size_t>> state_groups = positions(layout.state_groups);
+  const std::vector<std::vector<std::size_t>> expert_groups =
+      layout.expert_groups.empty() ? std::vector<std::vector<std::size_t>>{everyone} : positions(layout.expert_groups);
+  const std::vector<std::vector<std::size_t>> ep_groups = positions(layout.ep_groups);
+  // The state groups inside each expert group (an expert's held state).
+  std::vector<std::vector<std::size_t>> expert_state_groups;
+  for (const auto& e : expert_groups) {
+    for (const auto& g : state_groups) {
+      std::vector<std::size_t> both;
+      for (std::size_t i : g)
+        if (std::find(e.begin(), e.end(), i) != e.end()) both.push_back(i);
+      if (!both.empty()) expert_state_groups.push_back(std::move(both));
+    }
+  }
+  const auto failedRecipe = [&failed](const std::string& surface) {
+    for (const std::string& recipe : failed)
+      if (surface.size() > recipe.size() && surface.compare(0, recipe.size(), recipe) == 0 &&
+          surface[recipe.size()] == '.')
+        return true;
+    return false;
+  };
 
   std::set<std::string> names;
   for (const CheckVote& vote : votes)
     for (const auto& [name, _] : vote.surfaces)
-      if (!failed.count(parseSurface(name).recipe)) names.insert(name);
+      if (!failedRecipe(name)) names.insert(name);
   for (const std::string& name : names) {
     const SurfaceName surface = parseSurface(name);
-    const std::vector<std::vector<std::size_t>> groups =
-        surface.state ? state_groups : std::vector<std::vector<std::size_t>>{everyone};
+    const auto evidenceOf = [&](std::size_t i) {
+      auto it = votes[i].surfaces.find(name);
+      return it == votes[i].surfaces.end() ? std::string() : it->second;
+    };
+    const auto voted = [&](const std::vector<std::size_t>& group) {
+      return std::any_of(group.begin(), group.end(), [&](std::size_t i) { return votes[i].surfaces.count(name) > 0; });
+    };
     SurfaceVerdict s;
     s.bitmap.assign(n, false);
     s.evidence.assign(n, std::string());
-    for (const auto& positions : groups) {
-      std::vector<std::string> evidence;
-      std::vector<std::int64_t> ranks;
-      for (std::size_t i : positions) {
-        auto it = votes[i].surfaces.find(name);
-        evidence.push_back(it == votes[i].surfaces.end() ? std::string() : it->second);
-        ranks.push_back(layout.ranks[i]);
+    std::string why;
+    if (surface.routing) {
+      for (const auto& group : ep_groups) {
+        if (!voted(group)) continue;
+        std::vector<std::string> group_votes;
+        for (std::size_t i : group) group_votes.push_back(evidenceOf(i));
+        const moe::RoutingVerdict r = moe::decideRouting(group_votes);
+        for (std::size_t k = 0; k < group.size(); ++k) {
+          s.bitmap[group[k]] = r.bitmap[k];
+          s.evidence[group[k]] = group_votes[k];
+        }
+        if (!r.reason.empty() && why.empty()) why = r.reason;
+        if (r.status == Status::kAttributed || (r.status == Status::kInconclusive && s.status == Status::kAgree))
+          s.status = r.status;
       }
-      const consensus::ExactResult r = consensus::exact(evidence, ranks);
-      for (std::size_t k = 0; k < positions.size(); ++k) {
-        s.bitmap[positions[k]] = r.bitmap[k];
-        s.evidence[positions[k]] = evidence[k];
+      if (ep_groups.empty()) why = "alltoall_unverified: the peer layout has no expert-parallel groups";
+      s.split = !why.empty();
+    } else {
+      const std::vector<std::vector<std::size_t>>& groups =
+          surface.expert ? (surface.state ? expert_state_groups : expert_groups)
+                         : (surface.state ? state_groups : std::vector<std::vector<std::size_t>>{everyone});
+      for (const auto& group : groups) {
+        if (surface.expert && !voted(group)) continue;  // another expert group's expert
+        std::vector<std::string> evidence;
+        std::vector<std::int64_t> ranks;
+        for (std::size_t i : group) {
+          evidence.push_back(evidenceOf(i));
+          ranks.push_back(layout.ranks[i]);
+        }
+        const consensus::ExactResult r = consensus::exact(evidence, ranks);
+        for (std::size_t k = 0; k < group.size(); ++k) {
+          s.bitmap[group[k]] = r.bitmap[k];
+          s.evidence[group[k]] = evidence[k];
+        }
+        s.split = s.split || r.status == Status::kInconclusive;
+        if (r.status == Status::kAttributed || (r.status == Status::kInconclusive && s.status == Status::kAgree))
+          s.status = r.status;
       }
-      s.split = s.split || r.status == Status::kInconclusive;
-      if (r.status == Status::kAttributed || (r.status == Status::kInconclusive && s.status == Status::kAgree))
-        s.status = r.status;
+      if (s.split) why = "no_majority: the peers disagree and no strict majority agrees";
     }
     if (std::any_of(s.bitmap.begin(), s.bitmap.end(), [](bool b) { return b; })) {
       for (std::size_t i = 0; i < n; ++i) v.sdc_bitmap[i] = v.sdc_bitmap[i] || s.bitmap[i];
       v.sdc_sources.push_back(name);
     }
-    if (s.split) inconclusive(name, "no_majority: the peers disagree and no strict majority agrees");
+    if (s.split) inconclusive(name, why);
     v.surfaces.emplace(name, std::move(s));
   }
 

@@ -3,7 +3,9 @@
 // decides which ranks are equivalent peers for consensus: ranks with equal coordinates on
 // every dimension except the replicated data dimensions. With no replicated dimension
 // (pure FSDP / ZeRO-3), the data-sharded dimensions form the peer groups and the evidence
-// must be materialized (gathered) before peers can compare it.
+// must be materialized (gathered) before peers can compare it. An expert dimension (MoE
+// expert parallelism) replicates dense state but not experts: its ranks are compute peers,
+// not state peers.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +17,11 @@ namespace lmr::mesh {
 enum class Role : std::uint8_t {
   kReplicate,  // data-parallel replicas holding identical state (DDP, HSDP dp_replicate)
   kShard,      // data-parallel shards (FSDP dp_shard)
-  kModel,      // TP / PP / CP / EP: peers must share this coordinate
+  kModel,      // TP / PP / CP: peers must share this coordinate
+  // Expert parallelism (MoE): dense state is replicated along it, experts are not. Ranks
+  // along it compute the same dense modules (compute peers) but hold different experts, so
+  // they are not state peers; expert replay compares ranks that share this coordinate.
+  kExpert,
 };
 
 struct Dim {
@@ -44,6 +50,15 @@ class Layout {
   // coordinates fixed: the ranks that compute identical results when they replay the same
   // module on the same inputs with the same (materialized) parameters.
   std::vector<std::vector<std::int64_t>> computeGroups() const;
+  // Groups varying along the data-parallel dimensions with the expert (and model)
+  // coordinates fixed: the ranks holding the same experts, which compare expert replay.
+  // Without an expert dimension, the compute groups.
+  std::vector<std::vector<std::int64_t>> expertGroups() const;
+  // Groups varying along the expert dimensions only: the ranks exchanging tokens in one
+  // expert-parallel AllToAll, each in expert-parallel rank order. Without an expert
+  // dimension, every rank alone.
+  std::vector<std::vector<std::int64_t>> expertParallelGroups() const;
+  bool hasExperts() const;
   // True when peers hold different shards of the state (no replicated dimension): their
   // parameters must be gathered into full tensors before comparison.
   bool needsMaterialization() const;

@@ -24,6 +24,8 @@ struct Cadence {
   std::int64_t hidden_interval = -1;
   std::int64_t output_interval = -1;
   std::int64_t optimizer_interval = -1;
+  // moe_interval -1: the base interval, shortened as hidden_interval is over the MoE layers.
+  std::int64_t moe_interval = -1;
 };
 
 struct Plan {
@@ -31,8 +33,10 @@ struct Plan {
   std::optional<std::int64_t> hidden_layer;    // global layer index, rotating
   bool output = false;
   std::optional<std::int64_t> optimizer_slice;  // rotating slice of the parameters
-  bool empty() const { return !embedding && !hidden_layer && !output && !optimizer_slice; }
-  // "embedding", "hidden.<i>", "output", "optimizer.<s>", in that order.
+  std::optional<std::int64_t> moe_layer;        // position in the MoE layer list, rotating
+  bool empty() const { return !embedding && !hidden_layer && !output && !optimizer_slice && !moe_layer; }
+  // "embedding", "hidden.<i>", "output", "optimizer.<s>", "moe.<position>", in that order
+  // (callers name the MoE recipe by the layer's global index instead).
   std::vector<std::string> recipeIds() const;
 };
 
@@ -40,23 +44,27 @@ struct Plan {
 // negative values other than -1, or no layers.
 struct Intervals {
   std::int64_t embedding, hidden, output, optimizer;
+  std::int64_t moe = 0;  // 0 as well when there are no MoE layers
 };
-Intervals effectiveIntervals(const Cadence& cadence, std::int64_t layers);
+Intervals effectiveIntervals(const Cadence& cadence, std::int64_t layers, std::int64_t moe_layers = 0);
 
 // What runs after optimizer step `step` (1-based) completes. A recipe with interval k runs
 // at every multiple of k; the hidden recipe visits layer ((step / k) - 1) mod layers, the
-// optimizer recipe slice ((step / k) - 1) mod slices.
-Plan planAt(const Cadence& cadence, std::int64_t step, std::int64_t layers, std::int64_t slices);
+// optimizer recipe slice ((step / k) - 1) mod slices, the MoE recipe MoE layer
+// ((step / k) - 1) mod moe_layers.
+Plan planAt(const Cadence& cadence, std::int64_t step, std::int64_t layers, std::int64_t slices,
+            std::int64_t moe_layers = 0);
 // Every recipe once (manual checks).
-Plan fullPlan(std::int64_t step, std::int64_t layers, std::int64_t slices);
+Plan fullPlan(std::int64_t step, std::int64_t layers, std::int64_t slices, std::int64_t moe_layers = 0);
 
 // The recipe ids a complete cycle of `cadence` covers (every recipe a manual check runs
 // when check_interval is 0): "embedding", "hidden.<id>" for each of `layer_ids` (global
 // indices), "output", "optimizer.<s>" for s < slices (slices 0: no optimizer recipe).
+// "moe.<id>" for each of `moe_layer_ids` (global indices of the blocks holding an MoE layer).
 // Disabled recipe classes are left out. Checkpoint certification completes a cycle when
 // accepted checks have covered all of them.
 std::vector<std::string> catalog(const Cadence& cadence, const std::vector<std::int64_t>& layer_ids,
-                                 std::int64_t slices);
+                                 std::int64_t slices, const std::vector<std::int64_t>& moe_layer_ids = {});
 
 // Whether the evidence surface `source` ("hidden.1.params", "optimizer.0.state", ...)
 // compares held state (parameters, optimizer state) rather than recomputed values. State

@@ -20,23 +20,34 @@ namespace lmr::replay {
 // Who compares with whom in a check. Compute peers replay the same thing; state peers
 // (subsets of them) hold the same state: DDP replicas, HSDP's replicate peers of a shard,
 // or, with no replica at all, every shard peer comparing materialized tensors.
+// With MoE expert parallelism (lmr::mesh's expert role) two more: expert groups hold the
+// same experts and compare expert replay; expert-parallel groups exchange tokens and judge
+// the AllToAll replay's routing.
 struct PeerLayout {
   std::vector<std::int64_t> ranks;                      // compute peers, in position order
   std::vector<std::vector<std::int64_t>> state_groups;  // each a subset of `ranks`
+  std::vector<std::vector<std::int64_t>> expert_groups = {};  // empty: no experts
+  std::vector<std::vector<std::int64_t>> ep_groups = {};      // each in expert-parallel rank order
 };
 
-// Throws InvalidArgument when ranks repeat, a state group is empty or holds a rank that is
-// not a compute peer, or a compute peer is in two state groups.
+// Throws InvalidArgument when ranks repeat, a group is empty or holds a rank that is not a
+// compute peer, or a compute peer is in two groups of one kind.
 void validate(const PeerLayout& layout);
 
 // The peer whose captured inputs and parameters everyone replays after `step` (rotating).
 std::int64_t sourceRank(const PeerLayout& layout, std::int64_t step);
 
 // An evidence surface by name: "hidden.1.output" is recipe "hidden.1", evidence "output".
+// Two MoE families: an expert's surfaces ("moe.1.expert.5.output", recipe part containing
+// ".expert.") are compared within the expert group that voted them (its state surfaces
+// within the state groups inside it); "routing" surfaces ("moe.1.alltoall.routing") are
+// judged per expert-parallel group by lmr::moe::decideRouting.
 struct SurfaceName {
   std::string recipe;
   std::string evidence;
-  bool state = false;  // held state (params, state), compared among state peers
+  bool state = false;    // held state (params, state), compared among state peers
+  bool expert = false;   // an expert's evidence
+  bool routing = false;  // AllToAll routing verification
 };
 SurfaceName parseSurface(std::string_view name);
 
@@ -93,7 +104,9 @@ struct CheckVerdict {
 // A recipe with an error on any peer is Inconclusive on every peer (`replay_error: <text>
 // (rank R)`, the first peer by position) and its surfaces and timings are dropped. State
 // surfaces are compared within each state group, compute surfaces among all compute
-// peers; a surface whose group has no strict majority is Inconclusive (`no_majority`).
+// peers (the MoE families as SurfaceName says); a surface whose group has no strict majority
+// is Inconclusive (`no_majority`). A surface belongs to the recipe its name starts with
+// ("moe.1.expert.5.output" to "moe.1").
 // Timings of a recipe every peer timed go to `tracker`.
 CheckVerdict decideCheck(const PeerLayout& layout, std::int64_t step, const std::vector<std::string>& checked,
                          const std::vector<std::pair<std::string, std::string>>& not_ready,

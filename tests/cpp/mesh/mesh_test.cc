@@ -40,6 +40,24 @@ TEST(Mesh, ModelParallelCoordinatesSplitGroups) {
   EXPECT_EQ(l.computeGroups(), (std::vector<std::vector<std::int64_t>>{{0, 2}, {1, 3}}));
 }
 
+TEST(Mesh, ExpertParallelismSplitsStateButNotDenseCompute) {
+  // dp=4 x ep=2 (ep innermost): rank = d * 2 + e.
+  Layout l({{"dp", 4, Role::kReplicate}, {"ep", 2, Role::kExpert}}, 8);
+  EXPECT_TRUE(l.hasExperts());
+  EXPECT_FALSE(l.needsMaterialization());
+  // Dense modules: every rank replays the same thing.
+  EXPECT_EQ(l.computeGroups(), (std::vector<std::vector<std::int64_t>>{{0, 1, 2, 3, 4, 5, 6, 7}}));
+  // Held state (dense and expert): the ranks holding the same experts.
+  EXPECT_EQ(l.peerGroups(), (std::vector<std::vector<std::int64_t>>{{0, 2, 4, 6}, {1, 3, 5, 7}}));
+  EXPECT_EQ(l.expertGroups(), l.peerGroups());
+  EXPECT_EQ(l.expertParallelGroups(), (std::vector<std::vector<std::int64_t>>{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  // Without experts: expert groups are the compute groups, every rank its own EP group.
+  Layout dp({{"dp", 2, Role::kReplicate}, {"tp", 2, Role::kModel}}, 4);
+  EXPECT_FALSE(dp.hasExperts());
+  EXPECT_EQ(dp.expertGroups(), dp.computeGroups());
+  EXPECT_EQ(dp.expertParallelGroups(), (std::vector<std::vector<std::int64_t>>{{0}, {1}, {2}, {3}}));
+}
+
 TEST(Mesh, RejectsBadLayouts) {
   EXPECT_THROW(Layout({{"dp", 3, Role::kReplicate}}, 4), InvalidArgument);
   EXPECT_THROW(Layout({}, 1), InvalidArgument);

@@ -43,6 +43,27 @@ TEST(Replay, CadenceAndRotation) {
   EXPECT_THROW(replay::planAt(bad, 1, 4, 1), InvalidArgument);
 }
 
+TEST(Replay, MoeLayersRotateLikeHiddenLayers) {
+  replay::Cadence c;
+  c.check_interval = 10;
+  EXPECT_EQ(replay::effectiveIntervals(c, 4).moe, 0);  // no MoE layers: no MoE recipe
+  EXPECT_FALSE(replay::planAt(c, 10, 4, 1).moe_layer);
+  EXPECT_EQ(replay::effectiveIntervals(c, 4, 2).moe, 10);
+  EXPECT_EQ(replay::effectiveIntervals(c, 40, 40).moe, 2);  // every MoE layer within 100 steps
+  EXPECT_EQ(replay::planAt(c, 10, 4, 1, 2).moe_layer, 0);
+  EXPECT_EQ(replay::planAt(c, 20, 4, 1, 2).moe_layer, 1);
+  EXPECT_EQ(replay::planAt(c, 30, 4, 1, 2).recipeIds().back(), "moe.0");
+  c.moe_interval = 0;
+  EXPECT_FALSE(replay::planAt(c, 10, 4, 1, 2).moe_layer);
+  c.moe_interval = 5;
+  EXPECT_EQ(replay::planAt(c, 5, 4, 1, 2).recipeIds(), (std::vector<std::string>{"moe.0"}));
+  EXPECT_EQ(replay::fullPlan(4, 4, 1, 3).moe_layer, 0);
+  EXPECT_FALSE(replay::fullPlan(4, 4, 1).moe_layer);
+  c.moe_interval = -3;
+  EXPECT_THROW(replay::planAt(c, 5, 4, 1, 2), InvalidArgument);
+  EXPECT_THROW(replay::planAt(replay::Cadence{}, 5, 4, 1, -1), InvalidArgument);
+}
+
 TEST(Replay, CatalogListsWhatACycleCovers) {
   using V = std::vector<std::string>;
   EXPECT_EQ(replay::catalog(replay::Cadence{}, {0, 2}, 2),
@@ -53,6 +74,11 @@ TEST(Replay, CatalogListsWhatACycleCovers) {
   EXPECT_EQ(replay::catalog(replay::Cadence{.check_interval = 0}, {1}, 1),
             (V{"embedding", "hidden.1", "output", "optimizer.0"}));
   EXPECT_THROW(replay::catalog(replay::Cadence{}, {}, 1), InvalidArgument);
+  EXPECT_EQ(replay::catalog(replay::Cadence{}, {0, 1}, 0, {1}),
+            (V{"embedding", "hidden.0", "hidden.1", "output", "moe.1"}));
+  EXPECT_EQ(replay::catalog(replay::Cadence{.check_interval = 0}, {0}, 0, {0}),
+            (V{"embedding", "hidden.0", "output", "moe.0"}));
+  EXPECT_EQ(replay::catalog(replay::Cadence{.moe_interval = 0}, {0}, 0, {0}), (V{"embedding", "hidden.0", "output"}));
 }
 
 TEST(Replay, StateSourcesAreParamsAndState) {

@@ -199,6 +199,96 @@ TEST(Readiness, LayoutsAndSurfacesAreChecked) {
   EXPECT_THROW(parseSurface("output"), InvalidArgument);
   StragglerTracker t(StragglerOptions{});
   EXPECT_THROW(decideCheck(layoutOf(Shape::kDdp, 3), 1, {}, {}, std::vector<CheckVote>(2), t), InvalidArgument);
+  EXPECT_THROW(validate(PeerLayout{{0, 1}, {{0, 1}}, {{0}, {0, 1}}}), InvalidArgument);
+  EXPECT_THROW(validate(PeerLayout{{0, 1}, {{0, 1}}, {}, {{0, 3}}}), InvalidArgument);
+  EXPECT_TRUE(parseSurface("moe.1.expert.5.params").expert);
+  EXPECT_TRUE(parseSurface("moe.1.expert.5.params").state);
+  EXPECT_FALSE(parseSurface("moe.1.router.output").expert);
+  EXPECT_TRUE(parseSurface("moe.1.alltoall.routing").routing);
+}
+
+// MoE, dp=4 x ep=2 (ep innermost: rank = d * 2 + e): experts 0, 1 on even ranks, 2, 3 on odd ones.
+PeerLayout moeLayout() {
+  return PeerLayout{{0, 1, 2, 3, 4, 5, 6, 7},
+                    {{0, 2, 4, 6}, {1, 3, 5, 7}},
+                    {{0, 2, 4, 6}, {1, 3, 5, 7}},
+                    {{0, 1}, {2, 3}, {4, 5}, {6, 7}}};
+}
+
+// What rank `r` votes at a healthy MoE check: the router (compared by all), its own experts
+// (by the ranks holding them), and the routing of the AllToAll replay (balanced, then the two
+// cyclic permutations of an expert-parallel pair: every segment intact).
+CheckVote moeVote(std::size_t r) {
+  CheckVote v;
+  v.surfaces["moe.1.router.output"] = std::string(16, 'r');
+  v.surfaces["moe.1.router.params"] = std::string(16, 'p');
+  for (int e : r % 2 == 0 ? std::vector<int>{0, 1} : std::vector<int>{2, 3}) {
+    v.surfaces["moe.1.expert." + std::to_string(e) + ".output"] = std::string(16, static_cast<char>('a' + e));
+    v.surfaces["moe.1.expert." + std::to_string(e) + ".params"] = std::string(16, static_cast<char>('k' + e));
+  }
+  // Per matrix (balanced, identity, swap), per sender: '-' no segment, '0' intact.
+  v.surfaces["moe.1.alltoall.routing"] = r % 2 == 0 ? "000--0" : "00-00-";
+  v.repetitions["moe.1"] = {0.004};
+  return v;
+}
+
+TEST(MoeVerdict, HealthyExpertsAndRoutingAgree) {
+  const auto all = asPeers(moeLayout(), {"moe.1"}, moeVote);
+  expectSameEverywhere(all);
+  EXPECT_EQ(all[0].status, Status::kAgree) << (all[0].inconclusive.empty() ? "" : all[0].inconclusive[0]);
+  EXPECT_EQ(all[0].surfaces.size(), 2u + 8u + 1u);
+}
+
+TEST(MoeVerdict, AnExpertFaultIsAttributedWithinItsExpertGroup) {
+  const auto all = asPeers(moeLayout(), {"moe.1"}, [](std::size_t r) {
+    CheckVote v = moeVote(r);
+    if (r == 5) v.surfaces["moe.1.expert.3.output"] = std::string(16, 'x');
+    if (r == 2) v.surfaces["moe.1.expert.1.params"] = std::string(16, 'x');
+    return v;
+  });
+  expectSameEverywhere(all);
+  const CheckVerdict& v = all[0];
+  EXPECT_EQ(v.status, Status::kAttributed);
+  EXPECT_EQ(v.sdc_sources, (std::vector<std::string>{"moe.1.expert.1.params", "moe.1.expert.3.output"}));
+  EXPECT_EQ(v.surfaces.at("moe.1.expert.3.output").bitmap, (std::vector<bool>{0, 0, 0, 0, 0, 1, 0, 0}));
+  EXPECT_EQ(v.surfaces.at("moe.1.expert.1.params").bitmap, (std::vector<bool>{0, 0, 1, 0, 0, 0, 0, 0}));
+}
+
+TEST(MoeVerdict, ACorruptedSenderIsBlamedByItsReceivers) {
+  // Rank 5 (expert-parallel position 1 of group {4, 5}) corrupts everything it sends.
+  const auto all = asPeers(moeLayout(), {"moe.1"}, [](std::size_t r) {
+    CheckVote v = moeVote(r);
+    if (r == 4) v.surfaces["moe.1.alltoall.routing"] = "010--1";
+    if (r == 5) v.surfaces["moe.1.alltoall.routing"] = "01-10-";
+    return v;
+  });
+  expectSameEverywhere(all);
+  EXPECT_EQ(all[0].status, Status::kAttributed);
+  EXPECT_EQ(all[0].sdc_sources, (std::vector<std::string>{"moe.1.alltoall.routing"}));
+  EXPECT_EQ(all[0].sdc_bitmap, (std::vector<bool>{0, 0, 0, 0, 0, 1, 0, 0}));
+  // One bad link is no one's majority: Inconclusive, naming the segment.
+  const auto link = asPeers(moeLayout(), {"moe.1"}, [](std::size_t r) {
+    CheckVote v = moeVote(r);
+    if (r == 2) v.surfaces["moe.1.alltoall.routing"] = "010--1";  // from rank 3 only, not 3's own copy
+    return v;
+  });
+  EXPECT_EQ(link[0].status, Status::kInconclusive);
+  EXPECT_EQ(link[0].reasons.at("moe.1.alltoall.routing").rfind("alltoall_segment:", 0), 0u);
+}
+
+TEST(MoeVerdict, AFailedMoeRecipeDropsEverySurfaceOfIt) {
+  const auto all = asPeers(moeLayout(), {"moe.1"}, [](std::size_t r) {
+    CheckVote v = moeVote(r);
+    if (r == 3) {
+      v.errors["moe.1"] = "RuntimeError: boom";
+      v.surfaces["moe.1.expert.2.output"] = std::string(16, 'x');
+    }
+    return v;
+  });
+  expectSameEverywhere(all);
+  EXPECT_EQ(all[0].status, Status::kInconclusive);
+  EXPECT_TRUE(all[0].surfaces.empty());
+  EXPECT_EQ(all[0].reasons.at("moe.1"), "replay_error: RuntimeError: boom (rank 3)");
 }
 
 }  // namespace
