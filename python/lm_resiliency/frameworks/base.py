@@ -10,6 +10,7 @@ then run torch.distributed collectives); methods that install something return a
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Optional
 
 import torch
@@ -18,9 +19,29 @@ import torch.nn as nn
 from lm_resiliency.errors import UnsupportedError
 from lm_resiliency.handle import Handle
 
-# (name, size, role) of one mesh dimension, role "replicate", "shard" or "model" (lmr::mesh).
+# (name, size, role) of one mesh dimension, role "replicate", "shard", "model" or "expert"
+# (MoE expert parallelism: dense state replicated along it, experts not) (lmr::mesh).
 MeshDim = tuple[str, int, str]
 COMPONENTS = ("embedding", "transformer_block", "output", "expert")
+
+
+@dataclasses.dataclass
+class MoeLayer:
+    """One mixture-of-experts layer as an adapter finds it (``moe_layers()``)."""
+
+    layer: int  # the global index of the transformer block holding it
+    path: str
+    module: nn.Module
+    router: tuple[str, nn.Module]  # (path, module): returns gating logits over num_experts
+    experts: list[tuple[str, nn.Module, int]]  # this rank's experts: (path, module, global expert index)
+    top_k: int
+    num_experts: int
+    ep_size: int = 1
+    ep_rank: int = 0
+    ep_group: Any = None  # the expert-parallel process group (None when ep_size is 1)
+    # What the hidden recipe replays instead of the whole block when ep_size > 1 (the block's
+    # MoE layer communicates inside its forward): the block's dense part, or None to skip it.
+    dense: Optional[tuple[str, nn.Module]] = None
 
 
 class FrameworkAdapter:
@@ -70,6 +91,11 @@ class FrameworkAdapter:
         "output"): False on pipeline stages without it, whose replay checks then leave its
         recipe out."""
         return True
+
+    def moe_layers(self) -> list[MoeLayer]:
+        """The mixture-of-experts layers of this rank's model parts, by ascending global layer
+        index; empty for a dense model. No collectives."""
+        return []
 
     def mesh_dims(self, world_size: int) -> list[MeshDim]:
         """The data-parallel layout of the job for lmr::mesh: which dimensions hold

@@ -13,7 +13,7 @@ import torch.nn as nn
 
 from lm_resiliency import _core
 from lm_resiliency.errors import InvalidArgumentError
-from lm_resiliency.frameworks.base import FrameworkAdapter, MeshDim
+from lm_resiliency.frameworks.base import FrameworkAdapter, MeshDim, MoeLayer
 from lm_resiliency.handle import Handle, Handles
 
 _LAYER_LISTS = ("layers", "h", "blocks", "layer")
@@ -21,6 +21,7 @@ _LAYER_INDEX_ATTRS = ("layer_id", "global_layer_index", "global_layer_idx")
 _EXPERT_INDEX_ATTRS = ("global_expert_index", "global_expert_id")
 _TOKEN_EMBEDDING_HINTS = ("tok", "word", "vocab", "wte", "embed_tokens")
 _OUTPUT_NAMES = ("output", "lm_head", "head")
+_ATTENTION_NAMES = ("attention", "self_attn", "attn")
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
@@ -133,24 +134,73 @@ class ModuleStructure:
                                            "give module_path")
             return heads[0]
         if component == "expert":
-            for p, m in self.module.named_modules():
-                if any(getattr(m, a, None) == index for a in _EXPERT_INDEX_ATTRS):
-                    return p, m
-            experts = [(p, m) for p, m in self.module.named_modules()
-                       if isinstance(m, nn.ModuleList) and p.rsplit(".", 1)[-1] == "experts"]
-            ep_rank, local_count = metadata.get("expert_parallel_rank"), metadata.get("num_local_experts")
-            if len(experts) != 1 or not isinstance(ep_rank, int) or not isinstance(local_count, int):
-                raise InvalidArgumentError("cannot map global expert index: give experts a global_expert_index, or "
-                                           "target.metadata expert_parallel_rank and num_local_experts, or module_path")
-            local = index - ep_rank * local_count
-            if not 0 <= local < min(local_count, len(experts[0][1])):
-                raise InvalidArgumentError(f"global expert {index} is not on expert-parallel rank {ep_rank}")
-            return f"{experts[0][0]}.{local}", experts[0][1][local]
+            return self._expert(index, metadata)
         raise InvalidArgumentError(f"unknown component {component!r}; give module_path")
 
     def blocks(self) -> dict[int, tuple[str, nn.Module]]:
         _, blocks = self._layers()
         return {i: (self._path_of(b), b) for i, b in sorted(blocks.items())}
+
+    def _expert(self, index: Optional[int], metadata: dict) -> tuple[str, nn.Module]:
+        """The expert of global index `index`; ``metadata.layer`` (a global layer index)
+        picks its layer when several MoE layers number their experts alike."""
+        layer = metadata.get("layer")
+        if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int)):
+            raise InvalidArgumentError(f"target.metadata.layer must be a global layer index, got {layer!r}")
+        within = self.module
+        if layer is not None:
+            blocks = self.blocks()
+            if layer not in blocks:
+                raise InvalidArgumentError(f"target.metadata.layer {layer} is not a transformer block on this rank "
+                                           f"(have {sorted(blocks)[:8]})")
+            within = blocks[layer][1]
+        prefix = "" if within is self.module else self._path_of(within) + "."
+        found = [(prefix + p if p else prefix[:-1], m) for p, m in within.named_modules()
+                 if any(getattr(m, a, None) == index for a in _EXPERT_INDEX_ATTRS)]
+        if len(found) > 1:
+            raise InvalidArgumentError(f"experts of several layers have global index {index} "
+                                       f"({', '.join(p for p, _ in found[:4])}): give target.metadata.layer or "
+                                       "module_path")
+        if found:
+            return found[0]
+        experts = [(prefix + p, m) for p, m in within.named_modules()
+                   if isinstance(m, nn.ModuleList) and p.rsplit(".", 1)[-1] == "experts"]
+        ep_rank, local_count = metadata.get("expert_parallel_rank"), metadata.get("num_local_experts")
+        if len(experts) != 1 or not isinstance(ep_rank, int) or not isinstance(local_count, int):
+            raise InvalidArgumentError("cannot map global expert index: give experts a global_expert_index, or "
+                                       "target.metadata expert_parallel_rank and num_local_experts, or module_path")
+        local = index - ep_rank * local_count
+        if not 0 <= local < min(local_count, len(experts[0][1])):
+            raise InvalidArgumentError(f"global expert {index} is not on expert-parallel rank {ep_rank}")
+        return f"{experts[0][0]}.{local}", experts[0][1][local]
+
+    def moe_layers(self) -> list[MoeLayer]:
+        """Blocks holding a module with ``router``, ``experts`` (a ModuleList), ``top_k`` and
+        ``num_experts`` (and, with expert parallelism, ``ep_size``, ``ep_rank``,
+        ``ep_group``): workloads/moe.py's convention."""
+        out = []
+        for layer, (block_path, block) in self.blocks().items():
+            for path, m in block.named_modules():
+                if not (isinstance(getattr(m, "router", None), nn.Module)
+                        and isinstance(getattr(m, "experts", None), nn.ModuleList)
+                        and isinstance(getattr(m, "top_k", None), int) and isinstance(getattr(m, "num_experts", None), int)):
+                    continue
+                full = f"{block_path}.{path}" if path else block_path
+                experts = []
+                for i, e in enumerate(m.experts):
+                    gidx = next((getattr(e, a) for a in _EXPERT_INDEX_ATTRS if isinstance(getattr(e, a, None), int)), None)
+                    if gidx is None:
+                        raise InvalidArgumentError(f"expert {full}.experts.{i} has no global_expert_index")
+                    experts.append((f"{full}.experts.{i}", e, gidx))
+                ep_size = int(getattr(m, "ep_size", 1) or 1)
+                dense = None
+                if ep_size > 1:
+                    dense = next(((f"{block_path}.{n}", c) for n, c in block.named_children()
+                                  if n in _ATTENTION_NAMES), None)
+                out.append(MoeLayer(layer, full, m, (f"{full}.router", m.router), experts, m.top_k, m.num_experts,
+                                    ep_size, int(getattr(m, "ep_rank", 0) or 0), getattr(m, "ep_group", None), dense))
+                break
+        return out
 
 
 class PyTorchAdapter(FrameworkAdapter):
@@ -185,9 +235,24 @@ class PyTorchAdapter(FrameworkAdapter):
             self._part(model_part)
         return self.structure.blocks()
 
+    def moe_layers(self) -> list[MoeLayer]:
+        try:
+            return self.structure.moe_layers()
+        except InvalidArgumentError as e:
+            if "cannot find the transformer blocks" in str(e):
+                return []
+            raise
+
     def mesh_dims(self, world_size: int) -> list[MeshDim]:
-        """A DTensor parameter's DeviceMesh (Replicate placement: replicate, Shard: shard),
-        else one replicated dimension over the world (DDP, or a plain model in a DP job)."""
+        """A DTensor parameter's DeviceMesh (Replicate placement: replicate, Shard: shard);
+        for a model with expert-parallel MoE layers (workloads/moe.py), data parallel x
+        expert parallel with the expert dimension innermost; else one replicated dimension
+        over the world (DDP, or a plain model in a DP job)."""
+        ep = {layer.ep_size for layer in self.moe_layers()}
+        if len(ep) > 1:
+            raise InvalidArgumentError(f"MoE layers with different expert-parallel sizes {sorted(ep)}")
+        if ep and max(ep) > 1:
+            return _expert_mesh(max(ep), world_size, self.moe_layers()[0].ep_group)
         for p in self.module.parameters():
             mesh = getattr(p, "device_mesh", None)
             if mesh is None:
@@ -328,6 +393,21 @@ class PyTorchAdapter(FrameworkAdapter):
             cell.run = cell.on_done = None
 
         return Handle(remove), None
+
+
+def _expert_mesh(ep: int, world: int, group: Any) -> list[MeshDim]:
+    """[("dp", world / ep, replicate), ("ep", ep, expert)] after checking that the
+    expert-parallel group is this rank's block of `ep` consecutive ranks."""
+    if world % ep:
+        raise InvalidArgumentError(f"a world of {world} ranks does not split into expert-parallel groups of {ep}")
+    if group is not None and dist.is_initialized():
+        rank = dist.get_rank()
+        expected = list(range(rank - rank % ep, rank - rank % ep + ep))
+        if sorted(dist.get_process_group_ranks(group)) != expected:
+            raise InvalidArgumentError(f"the expert-parallel group of rank {rank} is "
+                                       f"{sorted(dist.get_process_group_ranks(group))}, expected {expected} "
+                                       "(expert parallelism innermost: consecutive ranks)")
+    return [("dp", world // ep, "replicate"), ("ep", ep, "expert")]
 
 
 def _fsdp_param_dtypes(parts: list[nn.Module]) -> dict[int, torch.dtype]:
