@@ -84,7 +84,9 @@ class CheckpointCertifier:
         manifest.topology = self.topology
         # A job continues the manifest's timeline from its completed steps: checkpoints of a
         # timeline it does not continue leave (a restart from scratch never promotes them).
-        self._core = _core.Certifier(self.catalog, manifest, harness.completed_iterations)
+        # MoE execution regimes grow as training runs: such a catalog needs two complete cycles.
+        self._core = _core.Certifier(self.catalog, manifest, harness.completed_iterations,
+                                     dynamic=harness.dynamic_catalog)
         retire_abandoned(config, self._core.abandoned, self._writer)
         self._pending_save: Optional[tuple] = None  # (step, state, reason, future) of an async save
         self._seen = len(harness.results)  # harness results already scanned for state-integrity SDC

@@ -24,6 +24,12 @@ class ReplayHarnessConfig:
     hidden_interval: int = -1
     output_interval: int = -1
     optimizer_interval: int = -1
+    # The MoE recipe (router, experts at their representative shapes, expert-parallel
+    # AllToAll) of one MoE layer per check, rotating like the hidden recipe (docs/moe.md).
+    moe_interval: int = -1
+    # The traffic matrices the MoE recipe sends through an expert-parallel group
+    # (scout/alltoall_policy.py); None: BoundedAllToAllPolicy() (balanced and cyclic).
+    alltoall_policy: Optional[Any] = None
     optimizer_slice_size: int = 8  # parameters per optimizer check, rotating
     # Deterministic kernels inside replay (strict mode on CUDA, see scout/determinism.py's
     # Determinism); the user's setting is restored after each replay.
@@ -74,7 +80,7 @@ class ReplayHarnessConfig:
 
     def __post_init__(self) -> None:
         for name in ("check_interval", "embedding_interval", "hidden_interval", "output_interval", "optimizer_interval",
-                     "optimizer_slice_size", "confirmation_rounds", "confirmation_checks", "temporal_window",
+                     "moe_interval", "optimizer_slice_size", "confirmation_rounds", "confirmation_checks", "temporal_window",
                      "comm_sample_every"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
@@ -110,6 +116,12 @@ class ReplayHarnessConfig:
             v = getattr(self, name)
             if v is not None and not isinstance(v, bool):
                 raise InvalidArgumentError(f"ReplayHarnessConfig.{name} must be True, False or None, got {v!r}")
+        if self.alltoall_policy is not None:
+            from lm_resiliency.scout.alltoall_policy import AllToAllReplayPolicy
+
+            if not isinstance(self.alltoall_policy, AllToAllReplayPolicy):
+                raise InvalidArgumentError("ReplayHarnessConfig.alltoall_policy must be an AllToAllReplayPolicy or None, "
+                                           f"got {type(self.alltoall_policy).__name__}")
         if self.hang_detection is not None and not isinstance(self.hang_detection, HangDetectionConfig):
             raise InvalidArgumentError("ReplayHarnessConfig.hang_detection must be a HangDetectionConfig or None")
 
@@ -125,6 +137,11 @@ class ReplayHarnessConfig:
         o.temporal_window = self.temporal_window
         return o
 
-    def cadence(self) -> tuple[int, int, int, int, int]:
+    def cadence(self) -> tuple[int, int, int, int, int, int]:
         return (self.check_interval, self.embedding_interval, self.hidden_interval, self.output_interval,
-                self.optimizer_interval)
+                self.optimizer_interval, self.moe_interval)
+
+    def alltoall_replay_policy(self) -> Any:
+        from lm_resiliency.scout.alltoall_policy import BoundedAllToAllPolicy
+
+        return self.alltoall_policy if self.alltoall_policy is not None else BoundedAllToAllPolicy()

@@ -26,6 +26,7 @@ from lm_resiliency.scout.determinism import Determinism
 from lm_resiliency.scout.guard import Guard, WarnOnce, describe, log
 from lm_resiliency.scout.integrity import StateIntegrity
 from lm_resiliency.scout.module_replay import ModuleReplay
+from lm_resiliency.scout.moe_replay import MoeReplay, build_expert_peers
 from lm_resiliency.scout.oob.monitor import HangMonitor
 from lm_resiliency.scout.optimizer_replay import OptimizerReplay
 from lm_resiliency.scout.comm import CommRounds
@@ -34,7 +35,7 @@ from lm_resiliency.scout.started_check import StartedCheck
 
 
 # The plan's recipe slots, in the order the world's readiness vote lays them out.
-_SLOTS = ("embedding", "hidden", "output", "optimizer")
+_SLOTS = ("embedding", "hidden", "output", "optimizer", "moe")
 
 
 class ReplayHarness:
@@ -60,7 +61,15 @@ class ReplayHarness:
         self._blocks = blocks
         self._layers = sorted(blocks)
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-        self._peers = groups.build(self._adapter.mesh_dims(world))
+        dims = self._adapter.mesh_dims(world)
+        self._peers = groups.build(dims)
+        # MoE layers (scout/moe_replay.py): expert groups compare experts, expert-parallel
+        # groups judge the AllToAll; only those inside this rank's compute peers.
+        self._moe_layers = self._adapter.moe_layers()
+        inside = set(self._peers.ranks)
+        experts = _core.mesh_has_experts(dims, world)
+        self._expert_groups = [g for g in _core.mesh_expert_groups(dims, world) if set(g) <= inside] if experts else []
+        self._ep_groups = [g for g in _core.mesh_expert_parallel_groups(dims, world) if set(g) <= inside] if experts else []
         self._tracker = _core.StragglerTracker(self.config.straggler_options())
         self._device = next(iter(self._adapter.model_parts()[0].parameters())).device
         self._determinism = Determinism(self.config.deterministic, self._device)
@@ -71,6 +80,12 @@ class ReplayHarness:
         self._replaying = [False]
         self._module_replay = ModuleReplay(self._adapter, self._peers, self._pipelined, self._device, self._determinism,
                                            self.config.compare_parameters, repeats, self._replaying)
+        self._moe: Optional[MoeReplay] = None
+        if self._moe_layers:
+            expert_peers = build_expert_peers(dims, dist.is_initialized() and dist.get_backend() == "gloo")
+            self._moe = MoeReplay(self._adapter, self._moe_layers, self._peers, expert_peers, self._ep_groups,
+                                  self._module_replay, self.config.alltoall_replay_policy(), self._pipelined,
+                                  self._device, self._determinism, self._replaying)
         self._optimizer_replay = OptimizerReplay(self._adapter, self.config.optimizer_slice_size, self._peers,
                                                  self._pipelined, self._device, self._determinism, repeats)
         # Recipes the adapter cannot run, with why (the optimizer of a framework whose update
@@ -127,23 +142,39 @@ class ReplayHarness:
     # --- schedule ----------------------------------------------------------------------
 
     def _plan(self, step: int, full: bool = False) -> tuple:
+        """(embedding, hidden layer position, output, optimizer slice, MoE layer position)."""
+        moe = len(self._moe_layers)
         if full or self.config.check_interval == 0:
-            plan = _core.replay_full_plan(step, len(self._layers), self._optimizer_replay.slices)
+            plan = _core.replay_full_plan(step, len(self._layers), self._optimizer_replay.slices, moe)
         else:
-            plan = _core.replay_plan(*self.config.cadence(), step, len(self._layers), self._optimizer_replay.slices)
+            plan = _core.replay_plan(self.config.cadence(), step, len(self._layers), self._optimizer_replay.slices, moe)
+        embedding, hidden, output, optimizer, moe_layer = plan
         if "modules" in self.disabled_recipes:
-            plan = (False, None, False) + tuple(plan[3:])
-        return plan[:3] + (None,) if "optimizer" in self.disabled_recipes else plan
+            embedding, hidden, output, moe_layer = False, None, False, None
+        if "optimizer" in self.disabled_recipes:
+            optimizer = None
+        return embedding, hidden, output, optimizer, moe_layer
 
     def _modules_for(self, plan: tuple) -> dict[str, tuple[str, torch.nn.Module, Optional[int]]]:
-        embedding, hidden, output, _ = plan
+        """The module recipes of `plan` (the MoE recipe's router included): recipe -> (path,
+        module captured, layer)."""
+        embedding, hidden, output, _, moe = plan
         out = {}
         if embedding and self._embedding is not None:
             out["embedding"] = (self._emb_path, self._embedding, None)
         if hidden is not None:
             layer = self._layers[hidden]
             path, module = self._blocks[layer]
-            out[f"hidden.{layer}"] = (path, module, layer)
+            # A block whose MoE layer exchanges tokens inside its forward is replayed by its
+            # dense part (its attention); the MoE recipe covers the rest.
+            expert_parallel = next((m for m in self._moe_layers if m.layer == layer and m.ep_size > 1), None)
+            if expert_parallel is None:
+                out[f"hidden.{layer}"] = (path, module, layer)
+            elif expert_parallel.dense is not None:
+                out[f"hidden.{layer}"] = expert_parallel.dense + (layer,)
+        if moe is not None:
+            m = self._moe_layers[moe]
+            out[f"moe.{m.layer}"] = m.router + (m.layer,)
         if output and self._output is not None:
             out["output"] = (self._out_path, self._output, None)
         return out
@@ -189,6 +220,8 @@ class ReplayHarness:
 
     def _boundary(self, step: int, plan: tuple) -> None:
         captures, self._captures = self._captures, {}
+        if self._moe is not None:
+            self._moe.next_iteration()
         try:
             integrity = self._integrity_verdict(self._integrity.after_step(step) if self._integrity else None)
             integrity = self._finish_pending(integrity)
@@ -280,7 +313,14 @@ class ReplayHarness:
     def catalog(self) -> list[str]:
         """Every recipe id a complete cycle of this cadence covers (lmr::replay::catalog)."""
         slices = 0 if "optimizer" in self.disabled_recipes else self._optimizer_replay.slices
-        return list(_core.replay_catalog(*self.config.cadence(), self._layers, slices))
+        moe = [] if "modules" in self.disabled_recipes else [m.layer for m in self._moe_layers]
+        return list(_core.replay_catalog(self.config.cadence(), self._layers, slices, moe))
+
+    @property
+    def dynamic_catalog(self) -> bool:
+        """Whether what a catalog cycle covers grows as training runs (MoE execution regimes:
+        checkpoint certification then needs two complete cycles to verify a checkpoint)."""
+        return bool(self._moe_layers) and "modules" not in self.disabled_recipes
 
     def settle(self) -> None:
         """Finishes a pipelined check now instead of at the next boundary (collective:
@@ -328,6 +368,8 @@ class ReplayHarness:
         for c in list(self._captures.values()) + list(self._last_captures.values()):
             c.remove()
         self._captures, self._last_captures = {}, {}
+        if getattr(self, "_moe", None) is not None:
+            self._moe.remove()
         if getattr(self, "_handle", None) is not None:
             self._handle.remove()
         if getattr(self, "_load_handle", None) is not None:
@@ -359,12 +401,15 @@ class ReplayHarness:
             if self._snapshot_error is not None:
                 return [f"step={step}", recipe, "error"], self._snapshot_error
             return [f"step={step}", recipe] + self._optimizer_replay.contract(int(recipe.split(".")[1]), snapshot), None
-        path, module, _ = modules[recipe]
+        path, module, layer = modules[recipe]
         cap = captures.get(recipe)
         fields = [f"step={step}", recipe, path, type(module).__name__, f"capture={cap.step if cap else 'none'}"]
         if cap is None or not cap.captured:
             return fields + [cap.reason if cap and cap.reason else "missing"], (
                 cap.reason if cap and cap.reason else "missing_capture: the module was not called in the iteration")
+        if recipe.startswith("moe."):
+            prepared[recipe] = self._moe.prepare(layer, cap)
+            return fields + prepared[recipe].contract(repr(self._moe.policy)), None
         prepared[recipe] = self._module_replay.prepare(module, cap)
         return fields + prepared[recipe].contract(), None
 
@@ -373,7 +418,8 @@ class ReplayHarness:
         now, or (pipelined) when the check finishes."""
         result = ReplayResult(step=step, peer_ranks=list(self._peers.ranks), wall_time=time.time())
         modules = self._modules_for(plan)
-        recipes = list(modules) + ([f"optimizer.{plan[3]}"] if plan[3] is not None else [])
+        recipes = [r for r in modules if not r.startswith("moe.")] + (
+            [f"optimizer.{plan[3]}"] if plan[3] is not None else []) + [r for r in modules if r.startswith("moe.")]
         # Readiness: peers compare a compact contract; a recipe runs only where every peer
         # of every group is ready (materialization collectives cross groups). Everything
         # that can fail locally before the recipe's collectives happens here.
@@ -386,7 +432,12 @@ class ReplayHarness:
             contracts[recipe] = _core.contract_digest(fields)
             if reason is not None:
                 reasons[recipe] = reason
-        gathered = self._vote({"contracts": contracts, "reasons": reasons})
+        vote = {"contracts": contracts, "reasons": reasons}
+        if self._moe is not None:  # new expert shapes and AllToAll layouts travel with it
+            vote["moe"] = self._moe.vote()
+        gathered = self._vote(vote)
+        if self._moe is not None:
+            self._moe.admit([g["moe"] for g in gathered])
         local_ready, why = _core.replay_readiness(self._peers.ranks, self._peers.state_groups, recipes,
                                                   [(g["contracts"], g["reasons"]) for g in gathered])
         ready = {r for r, ok in zip(recipes, self._world_all(recipes, local_ready)) if ok}
@@ -399,6 +450,8 @@ class ReplayHarness:
                 continue
             if recipe.startswith("optimizer"):
                 self._optimizer_replay.run(recipe, step, snapshot, surfaces, result, guard)
+            elif recipe.startswith("moe."):
+                self._moe.run(recipe, prepared[recipe], step, surfaces, result, guard)
             else:
                 _, _, layer = modules[recipe]
                 self._module_replay.run(recipe, prepared[recipe], step, surfaces, result, guard)
@@ -419,7 +472,7 @@ class ReplayHarness:
         votes = self._vote({"surfaces": surfaces, "reps": result.compute_repetitions, "errors": started.guard.errors})
         v = _core.replay_decide_check(self._peers.ranks, self._peers.state_groups, step, result.checked_recipe_ids,
                                       started.not_ready, [(x["surfaces"], x["reps"], x["errors"]) for x in votes],
-                                      self._tracker)
+                                      self._tracker, self._expert_groups, self._ep_groups)
         result.status = v.status.name
         result.sdc_bitmap, result.sdc_sources = list(v.sdc_bitmap), list(v.sdc_sources)
         result.c3_results = {name: SurfaceResult(s.status.name, list(s.bitmap), [e.hex() for e in s.evidence])

@@ -13,7 +13,7 @@ instead of raising.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -61,7 +61,11 @@ class ModuleReplay:
         return Prepared(module, capture.args, capture.kwargs, capture.inputs(), list(module.named_parameters()))
 
     def run(self, recipe: str, prep: Prepared, step: int, surfaces: dict[str, Any], result: ReplayResult,
-            guard: Callable) -> None:
+            guard: Callable, derived: Optional[Callable[[torch.Tensor], dict[str, torch.Tensor]]] = None,
+            verify: bool = False) -> None:
+        """`derived(output)`: more surfaces computed from the replayed output (a router's top-k
+        decisions), named ``<recipe>.<key>``. `verify`: replay at least twice and raise when
+        the output (and derived tensors) differ between the first and the last run."""
         source = _core.replay_source_rank(self._peers.ranks, step)
         t = Timer(self._pipelined)
         with t(self._device):
@@ -107,10 +111,12 @@ class ModuleReplay:
                 dtype = self._adapter.compute_dtype(p)
                 if dtype is not None:
                     full[name] = full[name].to(dtype)
-            self._replay(recipe, prep, full, seed, surfaces, result)
+            self._replay(recipe, prep, full, seed, surfaces, result, derived, verify)
 
     def _replay(self, recipe: str, prep: Prepared, full: dict[str, torch.Tensor], seed: int,
-                surfaces: dict[str, Any], result: ReplayResult) -> None:
+                surfaces: dict[str, Any], result: ReplayResult,
+                derived: Optional[Callable[[torch.Tensor], dict[str, torch.Tensor]]] = None,
+                verify: bool = False) -> None:
         """Forward and backward `repeats` times on fresh copies (purely local); the last
         repetition's values are fingerprinted, every repetition is timed."""
         def fresh(t: torch.Tensor) -> torch.Tensor:
@@ -132,12 +138,16 @@ class ModuleReplay:
                 grad_out = torch.randn(out.shape, dtype=out.dtype, device=out.device)
                 if out.requires_grad:
                     torch.autograd.backward(out, grad_out)
-            outcome.extend([out, [x.grad for x in inputs], [v.grad for v in leaves_.values()]])
+            extra = derived(out.detach()) if derived is not None else {}
+            outcome.extend([out, [x.grad for x in inputs], [v.grad for v in leaves_.values()], extra])
 
         timers = []
+        first: list = []
         self._replaying[0] = True
         try:
-            for _ in range(self._repeats):
+            for _ in range(max(self._repeats, 2 if verify else 1)):
+                if verify and outcome and not first:
+                    first.extend([outcome[0].detach().clone(), {k: v.clone() for k, v in outcome[3].items()}])
                 timer = Timer(self._pipelined)
                 with timer(self._device):
                     self._determinism.run(recipe, seed, replay)
@@ -145,7 +155,11 @@ class ModuleReplay:
         finally:
             self._replaying[0] = False
         result.compute_repetitions[recipe] = timers
-        out, input_grads, param_grads = outcome
+        out, input_grads, param_grads, extra = outcome
+        if first and not (torch.equal(first[0], out.detach()) and all(torch.equal(first[1][k], v) for k, v in extra.items())):
+            raise RuntimeError(f"{recipe} replay is not deterministic: two runs on the same inputs differ")
+        for key, value in extra.items():
+            surfaces[f"{recipe}.{key}"] = fingerprint([value], self._pipelined)
         surfaces[f"{recipe}.output"] = fingerprint([out], self._pipelined)
         surfaces[f"{recipe}.input_grad"] = fingerprint(input_grads, self._pipelined)
         surfaces[f"{recipe}.param_grad"] = fingerprint(param_grads, self._pipelined)

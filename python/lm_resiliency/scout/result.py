@@ -8,7 +8,9 @@ import json
 from typing import Any, Optional
 
 
-# The model component each recipe family replays, in the kit's vocabulary.
+# The model component each recipe family replays, in the kit's vocabulary (the MoE recipe's
+# sources say theirs in component_of_source: its router is the block's, its experts are
+# "expert", its AllToAll routing is no model component).
 COMPONENTS = {"embedding": "embedding", "hidden": "transformer_block", "output": "output"}
 
 
@@ -46,6 +48,11 @@ class ReplayResult:
     # The model component a source's evidence belongs to, where the recipe family does not
     # say it (state integrity: the component of the tensors it named).
     component_of_source: dict[str, str] = dataclasses.field(default_factory=dict)
+    # The global expert index an MoE expert source's evidence is about ("moe.1.expert.5.output": 5).
+    expert_of_source: dict[str, int] = dataclasses.field(default_factory=dict)
+    # MoE recipes: recipe -> the layer's catalog (admitted shapes, representatives,
+    # compression, whether all are covered) and the AllToAll matrices observed.
+    moe: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     # State integrity: surface -> {rank: the tensors that named it} ("layers.1.mlp.w1.weight",
     # "layers.1.mlp.w1.weight[exp_avg]"), and where those tensors are: surface -> {rank:
     # (component, layer)} when they are all in one place.
@@ -115,8 +122,11 @@ class ReplayResult:
             bitmaps = [self.c3_results[s].bitmap for s in sources if s in self.c3_results] or [self.sdc_bitmap]
             ranks = [r for i, r in enumerate(self.peer_ranks) if any(b[i] for b in bitmaps)]
             entry = {"kind": "sdc", "ranks": ranks, "sources": sources, "layer_id": layer}
-            if component in ("embedding", "transformer_block", "output"):
+            if component in ("embedding", "transformer_block", "output", "expert"):
                 entry["components"] = [component]
+            experts = sorted({self.expert_of_source[s] for s in sources if s in self.expert_of_source})
+            if experts:
+                entry["experts"] = experts
             out.append(entry)
         if any(self.straggler_bitmap):
             out.append({"kind": "straggler", "ranks": self.straggler_ranks, "sources": list(self.compute_seconds)})
@@ -150,6 +160,8 @@ def merge_results(into: ReplayResult, other: ReplayResult) -> None:
     into.inconclusive_reasons.update(other.inconclusive_reasons)
     into.layer_of_source.update(other.layer_of_source)
     into.component_of_source.update(other.component_of_source)
+    into.expert_of_source.update(other.expert_of_source)
+    into.moe.update(other.moe)
     into.integrity_tensors.update(other.integrity_tensors)
     into.rank_places.update(other.rank_places)
     if _SEVERITY.get(other.status, 0) > _SEVERITY.get(into.status, 0):

@@ -1,0 +1,200 @@
+"""MoE replay on the reference MoE decoder (workloads/moe.py): the workload, the adapter's view
+of it, the AllToAll policies, and, on 8 CPU ranks (expert parallel 2 x data parallel 4), a
+campaign of an expert kernel fault, a router fault and a corrupted AllToAll payload, each
+localized to its rank (and expert) and scored by ``lmr campaign compare``; a fault-free run
+attributes nothing. The decisions (expert groups, routing verdict, catalog) are C++ tests
+(tests/cpp/moe, tests/cpp/replay/verdict_test.cc)."""
+
+import json
+import shutil
+import subprocess
+import sysconfig
+
+import pytest
+import torch
+
+import moe_workers
+from lm_resiliency import _core
+from lm_resiliency.errors import InvalidArgumentError
+from lm_resiliency.fault_injection import FaultCampaign, FaultInjectionRecord, evaluate
+from lm_resiliency.fault_injection.ground_truth import write_localization_artifact
+from lm_resiliency.fault_injection.targets import resolve
+from lm_resiliency.frameworks import select_adapter
+from lm_resiliency.scout import (BoundedAllToAllPolicy, ObservedAllToAllPolicy, ReplayHarness, ReplayHarnessConfig,
+                                 explain_attributions, localization_results)
+from lm_resiliency.workloads import SyntheticTokens, spawn
+from lm_resiliency.workloads.moe import MoEDecoder, moe_step
+from test_scout import replay_results
+
+STEPS = 20
+
+
+def _single():
+    torch.manual_seed(0)
+    model = MoEDecoder(moe_workers.config(1))
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+def test_adapter_finds_the_moe_layers():
+    model, opt = _single()
+    adapter = select_adapter(model, opt)
+    layers = adapter.moe_layers()
+    assert [m.layer for m in layers] == [0, 1]
+    assert layers[1].router[0] == "layers.1.moe.router"
+    assert [(p, g) for p, _, g in layers[1].experts] == [(f"layers.1.moe.experts.{i}", i) for i in range(4)]
+    assert (layers[0].top_k, layers[0].num_experts, layers[0].ep_size, layers[0].dense) == (2, 4, 1, None)
+    assert adapter.mesh_dims(1) == [("dp", 1, "replicate")]  # no expert parallelism, no expert dimension
+
+
+def test_expert_targets_name_their_layer():
+    model, opt = _single()
+    adapter = select_adapter(model, opt)
+    target = {"rank": 0, "component": "expert", "index": 2, "surface": "output"}
+    with pytest.raises(InvalidArgumentError, match="several layers have global index 2.*metadata.layer"):
+        resolve(adapter, {"target": target}, "incidents[0].faults[0]")
+    resolved = resolve(adapter, {"target": {**target, "metadata": {"layer": 1}}}, "incidents[0].faults[0]")
+    assert resolved.module_path == "layers.1.moe.experts.2" and resolved.module is model.layers[1].moe.experts[2]
+    with pytest.raises(InvalidArgumentError, match=r"incidents\[0\].faults\[0\].target: .*metadata.layer 7"):
+        resolve(adapter, {"target": {**target, "metadata": {"layer": 7}}}, "incidents[0].faults[0]")
+    # A module path inside the expert refines it; one outside contradicts it.
+    inside = {**target, "metadata": {"layer": 0}, "module_path": "layers.0.moe.experts.2.w1"}
+    assert resolve(adapter, {"target": inside}, "x").module is model.layers[0].moe.experts[2].w1
+    with pytest.raises(InvalidArgumentError, match="is not"):
+        resolve(adapter, {"target": {**inside, "module_path": "layers.1.moe.experts.2"}}, "x")
+
+
+def test_one_rank_replays_router_and_experts():
+    """Without peers every check still runs the MoE recipe (nothing to compare: Agree), and
+    the catalog grows with the shapes training admits."""
+    model, opt = _single()
+    harness = ReplayHarness(model, opt, ReplayHarnessConfig(check_interval=1))
+    data = SyntheticTokens(model.cfg.vocab_size, 16, 4)
+    job = type("Job", (), {"model": model, "optimizer": opt, "expert_dp_group": None, "device": torch.device("cpu")})
+    for step in range(4):
+        moe_step(job, *data.batch(step))
+    harness.close()
+    catalog = harness.catalog()
+    assert catalog[:4] == ["embedding", "hidden.0", "hidden.1", "output"] and catalog[-2:] == ["moe.0", "moe.1"]
+    assert harness.dynamic_catalog
+    assert [r.checked_recipe_ids[-1] for r in harness.results] == ["moe.0", "moe.1", "moe.0", "moe.1"]
+    last = harness.results[-1]
+    assert last.status == "Agree", last.inconclusive_reasons
+    assert {"moe.1.router.output", "moe.1.router.topk", "moe.1.expert.3.output", "moe.1.expert.0.state"} <= set(
+        last.c3_results)
+    assert not any("alltoall" in s for s in last.c3_results)  # no expert parallelism, no AllToAll
+    summary = last.moe["moe.1"]
+    # One call of each layer per iteration, gathered at every check (a shape may repeat).
+    assert 2 <= summary["admitted"] <= 4 and 1 <= summary["representatives"] <= summary["admitted"]
+    assert not summary["uncovered"]
+
+
+def test_alltoall_policies():
+    assert BoundedAllToAllPolicy(3).matrices(2, []) == [[[3, 3], [3, 3]], [[3, 0], [0, 3]], [[0, 3], [3, 0]]]
+    observed = [[[5, 100], [7, 0]], [[1, 1], [1, 1]], [[1, 2, 3]]]  # the last does not fit a pair
+    m = ObservedAllToAllPolicy(rows=2, max_rows=10).matrices(2, observed)
+    assert m[:3] == BoundedAllToAllPolicy(2).matrices(2, []) and m[3] == [[1, 10], [1, 0]]
+    assert ObservedAllToAllPolicy().matrices(2, []) == BoundedAllToAllPolicy().matrices(2, [])
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValueError):
+            BoundedAllToAllPolicy(bad)
+    with pytest.raises(InvalidArgumentError, match="alltoall_policy must be an AllToAllReplayPolicy"):
+        ReplayHarnessConfig(alltoall_policy=lambda ep, observed: [])
+    with pytest.raises(InvalidArgumentError, match=r"P\.matrices\(\)\[1\]\[0\]\[1\] is negative"):
+        _core.moe_validate_matrix([[1, -2], [0, 1]], 2, "P.matrices()[1]")
+
+
+@pytest.mark.distributed
+def test_workload_replicas_stay_identical():
+    out = spawn(moe_workers.replicas, 4, args=(2, 12))
+    assert out[0]["losses"][-1] < out[0]["losses"][0] - 0.5, out[0]["losses"]
+    dense = [n for n in out[0]["params"] if ".experts." not in n]
+    experts = [n for n in out[0]["params"] if ".experts." in n]
+    for r in range(4):
+        assert all(out[r]["params"][n] == out[0]["params"][n] for n in dense)
+        assert all(out[r]["params"][n] == out[r % 2]["params"][n] for n in experts)  # ep 2: even, odd ranks
+    assert any(out[0]["params"][n] != out[1]["params"][n] for n in experts)  # different experts
+
+
+def _verdict(r):
+    return (r.step, r.status, r.sdc_bitmap, r.sdc_sources, r.inconclusive_reasons, r.component_of_source,
+            r.expert_of_source, {k: (v.status, v.bitmap) for k, v in r.c3_results.items()})
+
+
+def _compare(tmp_path, located):
+    write_localization_artifact(tmp_path / "localization.json", located)
+    lmr_cli = shutil.which("lmr", path=sysconfig.get_path("scripts"))
+    artifacts = sorted(str(p) for p in tmp_path.glob("injections-rank-*.json"))
+    return subprocess.run([lmr_cli, "campaign", "compare", "--injections", *artifacts, "--localization",
+                           str(tmp_path / "localization.json"), "--format", "json"], capture_output=True, text=True)
+
+
+@pytest.mark.distributed
+def test_expert_router_and_alltoall_faults_are_localized(tmp_path):
+    per_rank = spawn(moe_workers.train, 8, args=(2, STEPS, True, str(tmp_path)), timeout=900)
+    assert per_rank[0]["mesh"] == [("dp", 4, "replicate"), ("ep", 2, "expert")]
+    assert per_rank[0]["dynamic"] and per_rank[0]["catalog"][-2:] == ["moe.0", "moe.1"]
+    c = FaultCampaign.from_json(moe_workers.moe_campaign())
+    records = [FaultInjectionRecord.from_dict(r) for rank in per_rank for r in rank["records"]]
+    results = replay_results(per_rank[0]["results"])
+    for p in per_rank:  # every rank reaches the same verdicts
+        assert [_verdict(r) for r in replay_results(p["results"])] == [_verdict(r) for r in results]
+    located = localization_results(c, records, results, per_rank[0]["boundary_times"])
+    report = evaluate(c, records, located)
+    for occurrence in report.occurrences:
+        assert occurrence["localized"], (occurrence["occurrence_id"], occurrence["reasons"], report.table())
+    compare = _compare(tmp_path, located)
+    assert compare.returncode == 0, compare.stdout + compare.stderr
+    totals = json.loads(compare.stdout)["totals"]
+    assert totals["occurrences"] == totals["localized"] == 3, totals
+    unexplained = [a.describe() for a in explain_attributions(c, records, results) if a.explanation == "unexplained"]
+    assert not unexplained, unexplained
+
+    by_step = {r.step: r for r in results}
+    expert = by_step[4]  # the first check of layer 1 in the fault's window (3-6)
+    assert expert.sdc_ranks == [moe_workers.EXPERT_RANK]
+    assert expert.sdc_sources == [f"moe.{moe_workers.EXPERT_LAYER}.expert.{moe_workers.EXPERT}.output"]
+    entry = expert.localization()[0]
+    assert entry["components"] == ["expert"] and entry["experts"] == [moe_workers.EXPERT], entry
+    router = by_step[9]
+    assert router.sdc_ranks == [moe_workers.ROUTER_RANK]
+    assert {"moe.0.router.output", "moe.0.router.topk"} <= set(router.sdc_sources)
+    assert router.place_of("moe.0.router.topk", moe_workers.ROUTER_RANK) == ("transformer_block", 0)
+    for step in (15, 16):  # the payload fault (15-18) on both layers' AllToAll
+        r = by_step[step]
+        assert r.sdc_ranks == [moe_workers.ALLTOALL_RANK] and r.sdc_sources == [f"moe.{step % 2 ^ 1}.alltoall.routing"]
+        assert r.place_of(r.sdc_sources[0], moe_workers.ALLTOALL_RANK) == (None, None)
+    # Outside the windows every check agrees.
+    for r in results:
+        if r.step not in (4, 6, 9, 11, 15, 16, 17, 18):
+            assert r.status == "Agree", (r.step, r.sdc_sources, r.inconclusive_reasons)
+
+
+@pytest.mark.distributed
+def test_fault_free_run_attributes_nothing():
+    per_rank = spawn(moe_workers.train, 8, args=(2, 12, False), timeout=900)
+    for p in per_rank:
+        for r in replay_results(p["results"]):
+            assert r.status == "Agree", (r.step, r.sdc_sources, r.inconclusive_reasons)
+            assert r.moe and all(not s["uncovered"] for s in r.moe.values())
+    moe = [r for r in replay_results(per_rank[0]["results"]) if any(x.startswith("moe.") for x in r.checked_recipe_ids)]
+    assert len(moe) == 12
+    # Router, expert and routing evidence was compared at every check.
+    assert all(any(s.endswith(".alltoall.routing") for s in r.c3_results) for r in moe)
+    assert all(sum(".expert." in s and s.endswith(".output") for s in r.c3_results) == 4 for r in moe)
+    # Dense parameters are the same on every rank, experts on the ranks holding them.
+    params = [p["params"] for p in per_rank]
+    for name in params[0]:
+        holders = range(8) if ".experts." not in name else range(0, 8, 2)
+        assert len({params[r][name] for r in holders}) == 1, name
+
+
+@pytest.mark.distributed
+def test_a_malformed_policy_matrix_makes_the_recipe_inconclusive_everywhere():
+    per_rank = spawn(moe_workers.bad_policy, 4, args=(2, 3), timeout=600)
+    for p in per_rank:
+        results = replay_results(p["results"])
+        for r in results:
+            recipe = next(x for x in r.inconclusive_recipes if x.startswith("moe."))
+            assert r.inconclusive_reasons[recipe].startswith("replay_error: InvalidArgumentError: Broken.matrices()[0]"), \
+                r.inconclusive_reasons
+            assert "embedding" in r.checked_recipe_ids  # the rest of the check ran
