@@ -8,7 +8,9 @@
 #     nlohmann-json3-dev libgtest-dev googletest libbenchmark-dev libbenchmark1debian
 # Logs and results go to $OUT (default ./gpu-results). Exit status 1 if any step failed.
 # LMR_GPU_BENCH=0 skips the benchmarks. LMR_GPU_SUITE=health builds, then runs only the
-# hardware-health checks (probe, a one-minute monitor, the poll benchmark).
+# hardware-health checks (probe, a one-minute monitor, the poll benchmark); LMR_GPU_SUITE=moe
+# builds, then runs only the MoE tests (CUDA ranks sharing the GPU, and the CPU worlds on the
+# machine's cores) and the MoE replay benchmark.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-$PWD/gpu-results}
@@ -59,6 +61,14 @@ run build.log python3 -m pip install --no-build-isolation --no-deps -v . \
   -Cbuild-dir=build-gpu -Ccmake.define.LMR_CUDA=ON -Ccmake.define.CMAKE_CUDA_ARCHITECTURES="$arch" \
   -Ccmake.define.LMR_BUILD_TESTS=ON -Ccmake.define.LMR_BUILD_BENCHMARKS=ON
 run version.log lmr version
+if [ "${LMR_GPU_SUITE:-all}" = moe ]; then
+  run pytest_moe.log python3 -m pytest -q -p no:cacheprovider tests/python/test_moe.py tests/python/test_moe_catalog.py
+  if [ "${LMR_GPU_BENCH:-1}" != 0 ]; then
+    run moe_bench.txt python3 bench/moe_overhead.py --device cuda --ranks 8 --ep 2 --dim 512 --layers 4 \
+      --experts 8 --expert-hidden 1536 --vocab 8192 --seq 256 --batch 8 --rounds 3 --steps 10 --cadences 0,10,1
+  fi
+  exit $status
+fi
 # Hardware health on the real NVML: readings, a one-minute quiet monitor, the poll cost.
 run health_probe.txt lmr health probe
 run health_probe.json lmr health probe --format json

@@ -105,7 +105,7 @@ def _resume(config: DurableCheckpointConfig, model: Any, optimizer: Any, distrib
     manifest = read_manifest(config, group)
     world = dist.get_world_size() if distributed else 1
     writer = not distributed or dist.get_rank() == config.writer_rank
-    topology = topology_digest(attach(model, optimizer).adapter, model, world)
+    topology = topology_digest(attach(model, optimizer).adapter, model, world, group)
     decision = manifest.decision
     if decision is None or decision.status != "pending" or manifest.find(decision.checkpoint_id) is None:
         if not manifest.checkpoints:

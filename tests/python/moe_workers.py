@@ -6,6 +6,7 @@ import functools
 import hashlib
 import os
 
+import torch
 import torch.distributed as dist
 
 import lm_resiliency as lmr
@@ -14,9 +15,10 @@ from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
 from lm_resiliency.workloads import SyntheticTokens
 from lm_resiliency.workloads.moe import MoEConfig, build_moe, moe_step
 
-# The ranks and places each fault hits in the 8-rank job (ep 2 x dp 4; experts 0, 1 on even
-# ranks, 2, 3 on odd ones).
-EXPERT_RANK, EXPERT, EXPERT_LAYER = 5, 3, 1
+# The ranks and places each fault hits in the 8-rank job. With ep 2 x dp 4 experts 0, 1 are on
+# even ranks, 2, 3 on odd ones; with ep 4 x dp 2 rank r holds expert r % 4.
+EXPERT_RANK, EXPERT_LAYER = 5, 1
+EXPERT = {2: 3, 4: 1}  # the expert of EXPERT_RANK the fault hits, by expert-parallel size
 ROUTER_RANK, ROUTER_LAYER = 2, 0
 ALLTOALL_RANK = 6
 
@@ -27,11 +29,11 @@ def config(ep, n_layers=2):
     return MoEConfig(dim=32, n_heads=4, n_layers=n_layers, num_experts=4, top_k=2, expert_hidden=48, ep=ep)
 
 
-def moe_campaign():
+def moe_campaign(ep=2):
     window = {"iterations": 4}
     return campaign(
         incident("expert", [3], "tensor_corruption",
-                 {"rank": EXPERT_RANK, "component": "expert", "index": EXPERT, "metadata": {"layer": EXPERT_LAYER},
+                 {"rank": EXPERT_RANK, "component": "expert", "index": EXPERT[ep], "metadata": {"layer": EXPERT_LAYER},
                   "surface": "output"},
                  {"operation": "sign_flip", "scope": "10%"}, window),
         incident("router", [9], "tensor_corruption",
@@ -70,12 +72,15 @@ def payload_executor():
     return lmr.CallbackFaultExecutor("payload", ["payload_corruption"], "isolated_destructive", activate, deactivate)
 
 
-def train(ep, steps, faults, artifacts=None, policy=None, n_layers=2):
-    """Trains with a check every step; returns the records and every check's result."""
+def train(ep, steps, faults, artifacts=None, policy=None, n_layers=2, device="cpu"):
+    """Trains with a check every step; returns the records and every check's result.
+    `device` "cuda": every rank on GPU 0 (gloo carries the CUDA tensors)."""
     _install_payload_corruption()
-    job = build_moe(config(ep, n_layers))
+    if device == "cuda":
+        torch.cuda.set_device(0)
+    job = build_moe(config(ep, n_layers), torch.device(device))
     harness = ReplayHarness(job.model, job.optimizer, ReplayHarnessConfig(check_interval=1, alltoall_policy=policy))
-    session = (lmr.enable_fault_injection(job.model, job.optimizer, campaign=moe_campaign(),
+    session = (lmr.enable_fault_injection(job.model, job.optimizer, campaign=moe_campaign(ep),
                                           executors=[payload_executor()]) if faults else None)
     data = SyntheticTokens(job.model.cfg.vocab_size, 16, 4)
     for step in range(steps):
@@ -88,7 +93,7 @@ def train(ep, steps, faults, artifacts=None, policy=None, n_layers=2):
     harness.close()
     return {"records": [r.to_dict() for r in session.records()] if session else [],
             "results": [r.to_dict() for r in harness.results], "boundary_times": harness.boundary_times,
-            "catalog": harness.catalog(), "dynamic": harness.dynamic_catalog,
+            "catalog": harness.catalog(), "dynamic": harness.dynamic_catalog, "pipelined": harness._pipelined,
             "mesh": harness._adapter.mesh_dims(dist.get_world_size()),
             "params": digests(job.model)}
 
@@ -121,5 +126,38 @@ def bad_policy(ep, steps):
 
 def digests(model):
     """{parameter name: sha256 of its bytes} (tensors do not travel back through the queue)."""
-    return {n: hashlib.sha256(p.detach().contiguous().numpy().tobytes()).hexdigest()
+    return {n: hashlib.sha256(p.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
             for n, p in model.named_parameters()}
+
+
+def certify_run(directory, steps):
+    """Certification of a one-layer MoE job over the built-in DCP adapter, a check every 2
+    steps (each covers the whole catalog): the trust manifest, and the parameters' digests at
+    each durable capture."""
+    from injection_util import remember_saves
+    from lm_resiliency.checkpoint import CheckpointCertifier, DurableCheckpointConfig
+
+    job = build_moe(config(2, n_layers=1))
+    harness = ReplayHarness(job.model, job.optimizer, ReplayHarnessConfig(check_interval=2, optimizer_slice_size=64))
+    ckpt = DurableCheckpointConfig.for_dcp(job.model, job.optimizer, directory, latest_interval=0)
+    certifier = CheckpointCertifier(harness, ckpt)
+    saved = remember_saves(ckpt, lambda: digests(job.model))
+    data = SyntheticTokens(job.model.cfg.vocab_size, 16, 4)
+    for step in range(steps):
+        moe_step(job, *data.batch(step, shard=dist.get_rank()))
+    manifest = certifier.manifest.to_json()
+    certifier.close()
+    harness.close()
+    return {"manifest": manifest, "saved": saved, "catalog": harness.catalog()}
+
+
+def resume_run(directory):
+    """A fresh job built from another seed resumes from the manifest's newest verified
+    checkpoint: its parameters' digests."""
+    from lm_resiliency.checkpoint import DurableCheckpointConfig
+    from lm_resiliency.recovery import resume
+
+    job = build_moe(config(2, n_layers=1), seed=99)
+    ckpt = DurableCheckpointConfig.for_dcp(job.model, job.optimizer, directory, latest_interval=0)
+    resumed = resume(ckpt, job.model, job.optimizer)
+    return {"step": resumed.step, "params": digests(job.model)}

@@ -53,12 +53,12 @@ def test_expert_targets_name_their_layer():
     with pytest.raises(InvalidArgumentError, match="several layers have global index 2.*metadata.layer"):
         resolve(adapter, {"target": target}, "incidents[0].faults[0]")
     resolved = resolve(adapter, {"target": {**target, "metadata": {"layer": 1}}}, "incidents[0].faults[0]")
-    assert resolved.module_path == "layers.1.moe.experts.2" and resolved.module is model.layers[1].moe.experts[2]
+    assert resolved.module_path == "layers.1.moe.experts.2" and resolved.module is model.layers[1].moe.experts["2"]
     with pytest.raises(InvalidArgumentError, match=r"incidents\[0\].faults\[0\].target: .*metadata.layer 7"):
         resolve(adapter, {"target": {**target, "metadata": {"layer": 7}}}, "incidents[0].faults[0]")
     # A module path inside the expert refines it; one outside contradicts it.
     inside = {**target, "metadata": {"layer": 0}, "module_path": "layers.0.moe.experts.2.w1"}
-    assert resolve(adapter, {"target": inside}, "x").module is model.layers[0].moe.experts[2].w1
+    assert resolve(adapter, {"target": inside}, "x").module is model.layers[0].moe.experts["2"].w1
     with pytest.raises(InvalidArgumentError, match="is not"):
         resolve(adapter, {"target": {**inside, "module_path": "layers.1.moe.experts.2"}}, "x")
 
@@ -107,12 +107,23 @@ def test_alltoall_policies():
 def test_workload_replicas_stay_identical():
     out = spawn(moe_workers.replicas, 4, args=(2, 12))
     assert out[0]["losses"][-1] < out[0]["losses"][0] - 0.5, out[0]["losses"]
-    dense = [n for n in out[0]["params"] if ".experts." not in n]
-    experts = [n for n in out[0]["params"] if ".experts." in n]
-    for r in range(4):
-        assert all(out[r]["params"][n] == out[0]["params"][n] for n in dense)
-        assert all(out[r]["params"][n] == out[r % 2]["params"][n] for n in experts)  # ep 2: even, odd ranks
-    assert any(out[0]["params"][n] != out[1]["params"][n] for n in experts)  # different experts
+    _same_where_held([o["params"] for o in out], ep=2)
+
+
+def _same_where_held(params, ep):
+    """Dense parameters equal on every rank; each expert (named by its global index) held by
+    the ranks of one expert-parallel position, and equal there."""
+    for r, mine in enumerate(params):
+        for name, digest in mine.items():
+            holders = range(len(params)) if ".experts." not in name else range(r % ep, len(params), ep)
+            assert all(params[h].get(name) == digest for h in holders), (r, name)
+    assert not {n for n in params[0] if ".experts." in n} & set(params[1])  # different experts
+
+
+def _scored(per_rank, ep):
+    c = FaultCampaign.from_json(moe_workers.moe_campaign(ep))
+    records = [FaultInjectionRecord.from_dict(r) for rank in per_rank for r in rank["records"]]
+    return c, records, replay_results(per_rank[0]["results"])
 
 
 def _verdict(r):
@@ -133,9 +144,7 @@ def test_expert_router_and_alltoall_faults_are_localized(tmp_path):
     per_rank = spawn(moe_workers.train, 8, args=(2, STEPS, True, str(tmp_path)), timeout=900)
     assert per_rank[0]["mesh"] == [("dp", 4, "replicate"), ("ep", 2, "expert")]
     assert per_rank[0]["dynamic"] and per_rank[0]["catalog"][-2:] == ["moe.0", "moe.1"]
-    c = FaultCampaign.from_json(moe_workers.moe_campaign())
-    records = [FaultInjectionRecord.from_dict(r) for rank in per_rank for r in rank["records"]]
-    results = replay_results(per_rank[0]["results"])
+    c, records, results = _scored(per_rank, 2)
     for p in per_rank:  # every rank reaches the same verdicts
         assert [_verdict(r) for r in replay_results(p["results"])] == [_verdict(r) for r in results]
     located = localization_results(c, records, results, per_rank[0]["boundary_times"])
@@ -152,9 +161,9 @@ def test_expert_router_and_alltoall_faults_are_localized(tmp_path):
     by_step = {r.step: r for r in results}
     expert = by_step[4]  # the first check of layer 1 in the fault's window (3-6)
     assert expert.sdc_ranks == [moe_workers.EXPERT_RANK]
-    assert expert.sdc_sources == [f"moe.{moe_workers.EXPERT_LAYER}.expert.{moe_workers.EXPERT}.output"]
+    assert expert.sdc_sources == [f"moe.{moe_workers.EXPERT_LAYER}.expert.{moe_workers.EXPERT[2]}.output"]
     entry = expert.localization()[0]
-    assert entry["components"] == ["expert"] and entry["experts"] == [moe_workers.EXPERT], entry
+    assert entry["components"] == ["expert"] and entry["experts"] == [moe_workers.EXPERT[2]], entry
     router = by_step[9]
     assert router.sdc_ranks == [moe_workers.ROUTER_RANK]
     assert {"moe.0.router.output", "moe.0.router.topk"} <= set(router.sdc_sources)
@@ -167,6 +176,41 @@ def test_expert_router_and_alltoall_faults_are_localized(tmp_path):
     for r in results:
         if r.step not in (4, 6, 9, 11, 15, 16, 17, 18):
             assert r.status == "Agree", (r.step, r.sdc_sources, r.inconclusive_reasons)
+
+
+@pytest.mark.gpu
+@pytest.mark.distributed
+def test_faults_are_localized_on_cuda_ranks(tmp_path):
+    """The same campaign with 8 ranks sharing one GPU (gloo carries the CUDA tensors, the
+    expert-parallel AllToAll included); checks are pipelined (read one step later)."""
+    per_rank = spawn(moe_workers.train, 8, args=(2, STEPS, True, str(tmp_path), None, 2, "cuda"), timeout=900)
+    assert per_rank[0]["pipelined"]
+    c, records, results = _scored(per_rank, 2)
+    located = localization_results(c, records, results, per_rank[0]["boundary_times"])
+    report = evaluate(c, records, located)
+    assert all(o["localized"] for o in report.occurrences), report.table()
+    compare = _compare(tmp_path, located)
+    assert compare.returncode == 0 and json.loads(compare.stdout)["totals"]["localized"] == 3, compare.stdout
+    unexplained = [a.describe() for a in explain_attributions(c, records, results) if a.explanation == "unexplained"]
+    assert not unexplained, unexplained
+
+
+@pytest.mark.distributed
+def test_two_expert_replicas_see_an_expert_fault_without_naming_anyone(tmp_path):
+    """ep 4 x dp 2: two replicas of each expert have no strict majority (Inconclusive); the
+    router (compared among all 8 ranks) and the AllToAll (judged within groups of 4) are
+    still localized."""
+    per_rank = spawn(moe_workers.train, 8, args=(4, STEPS, True, str(tmp_path)), timeout=900)
+    assert per_rank[0]["mesh"] == [("dp", 2, "replicate"), ("ep", 4, "expert")]
+    c, records, results = _scored(per_rank, 4)
+    report = evaluate(c, records, localization_results(c, records, results, per_rank[0]["boundary_times"]))
+    localized = {o["occurrence_id"]: o["localized"] for o in report.occurrences}
+    assert localized == {"expert@3": False, "router@9": True, "alltoall@15": True}, report.table()
+    expert = {r.step: r for r in results}[4]
+    surface = f"moe.{moe_workers.EXPERT_LAYER}.expert.{moe_workers.EXPERT[4]}.output"
+    assert expert.status == "Inconclusive" and expert.inconclusive_reasons[surface].startswith("no_majority")
+    unexplained = [a.describe() for a in explain_attributions(c, records, results) if a.explanation == "unexplained"]
+    assert not unexplained, unexplained
 
 
 @pytest.mark.distributed
@@ -182,10 +226,7 @@ def test_fault_free_run_attributes_nothing():
     assert all(any(s.endswith(".alltoall.routing") for s in r.c3_results) for r in moe)
     assert all(sum(".expert." in s and s.endswith(".output") for s in r.c3_results) == 4 for r in moe)
     # Dense parameters are the same on every rank, experts on the ranks holding them.
-    params = [p["params"] for p in per_rank]
-    for name in params[0]:
-        holders = range(8) if ".experts." not in name else range(0, 8, 2)
-        assert len({params[r][name] for r in holders}) == 1, name
+    _same_where_held([p["params"] for p in per_rank], ep=2)
 
 
 @pytest.mark.distributed
@@ -198,3 +239,24 @@ def test_a_malformed_policy_matrix_makes_the_recipe_inconclusive_everywhere():
             assert r.inconclusive_reasons[recipe].startswith("replay_error: InvalidArgumentError: Broken.matrices()[0]"), \
                 r.inconclusive_reasons
             assert "embedding" in r.checked_recipe_ids  # the rest of the check ran
+
+
+@pytest.mark.distributed
+def test_certification_waits_two_cycles_and_a_resume_puts_every_expert_back(tmp_path):
+    """The MoE catalog is dynamic: even a check that covers the whole catalog (one layer, one
+    optimizer slice) makes a CANDIDATE, and only the next complete cycle verifies it (a dense
+    model's would be verified at once). A fresh job resumes the verified checkpoint: each
+    rank gets its own experts back (they are saved by global index)."""
+    per_rank = spawn(moe_workers.certify_run, 4, args=(str(tmp_path), 6), timeout=900)
+    assert len({p["manifest"] for p in per_rank}) == 1
+    manifest = json.loads(per_rank[0]["manifest"])
+    assert per_rank[0]["catalog"] == ["embedding", "hidden.0", "output", "optimizer.0", "moe.0"]
+    # Checks at 2, 4, 6: each capture is verified at the next (a dense model's at its own);
+    # the last one is still being saved.
+    states = {c["step"]: (c["state"], c["certified_at"]) for c in manifest["checkpoints"]}
+    assert states == {2: ("RECOVERY_VERIFIED", 4), 4: ("RECOVERY_VERIFIED", 6)}, manifest["checkpoints"]
+    resumed = spawn(moe_workers.resume_run, 4, args=(str(tmp_path),), timeout=900)
+    for before, after in zip(per_rank, resumed):
+        assert after["step"] == 4
+        assert after["params"] == before["saved"][4]
+    assert resumed[0]["params"] != resumed[1]["params"]  # different experts on the two EP ranks

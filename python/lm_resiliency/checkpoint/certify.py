@@ -71,7 +71,7 @@ class CheckpointCertifier:
                                        "check() replays one hidden layer and one optimizer slice, never a catalog cycle")
         self._group = dist.new_group(backend="gloo") if self._distributed else None
         attachment = harness._attachment
-        self.topology = topology_digest(attachment.adapter, attachment.model, world)
+        self.topology = topology_digest(attachment.adapter, attachment.model, world, self._group)
         self.catalog = harness.catalog()
         if self._distributed:
             catalogs: list[Any] = [None] * world

@@ -175,23 +175,24 @@ class ModuleStructure:
         return f"{experts[0][0]}.{local}", experts[0][1][local]
 
     def moe_layers(self) -> list[MoeLayer]:
-        """Blocks holding a module with ``router``, ``experts`` (a ModuleList), ``top_k`` and
-        ``num_experts`` (and, with expert parallelism, ``ep_size``, ``ep_rank``,
+        """Blocks holding a module with ``router``, ``experts`` (a ModuleList or ModuleDict),
+        ``top_k`` and ``num_experts`` (and, with expert parallelism, ``ep_size``, ``ep_rank``,
         ``ep_group``): workloads/moe.py's convention."""
         out = []
         for layer, (block_path, block) in self.blocks().items():
             for path, m in block.named_modules():
                 if not (isinstance(getattr(m, "router", None), nn.Module)
-                        and isinstance(getattr(m, "experts", None), nn.ModuleList)
+                        and isinstance(getattr(m, "experts", None), (nn.ModuleList, nn.ModuleDict))
                         and isinstance(getattr(m, "top_k", None), int) and isinstance(getattr(m, "num_experts", None), int)):
                     continue
                 full = f"{block_path}.{path}" if path else block_path
                 experts = []
-                for i, e in enumerate(m.experts):
+                named = m.experts.items() if isinstance(m.experts, nn.ModuleDict) else enumerate(m.experts)
+                for key, e in named:
                     gidx = next((getattr(e, a) for a in _EXPERT_INDEX_ATTRS if isinstance(getattr(e, a, None), int)), None)
                     if gidx is None:
-                        raise InvalidArgumentError(f"expert {full}.experts.{i} has no global_expert_index")
-                    experts.append((f"{full}.experts.{i}", e, gidx))
+                        raise InvalidArgumentError(f"expert {full}.experts.{key} has no global_expert_index")
+                    experts.append((f"{full}.experts.{key}", e, gidx))
                 ep_size = int(getattr(m, "ep_size", 1) or 1)
                 dense = None
                 if ep_size > 1:

@@ -103,6 +103,7 @@ class StateIntegrity:
                 pass
         try:
             out.extend((path, "transformer_block", layer) for layer, (path, _) in self._adapter.blocks().items())
+            out.extend((path, "expert", None) for m in self._adapter.moe_layers() for path, _, _ in m.experts)
         except Exception:  # noqa: BLE001
             pass
         return sorted(out, key=lambda x: -len(x[0]))

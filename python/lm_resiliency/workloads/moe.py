@@ -10,9 +10,11 @@ parallel replicas. Dense parameters are replicated on every rank; the gradients 
 by ``sync_gradients`` (dense ones over the world, expert ones over the expert's replicas).
 
 Convention the plain-PyTorch adapter reads (frameworks/pytorch.py): an MoE layer is a module
-with ``router`` (logits over ``num_experts``), ``experts`` (a ModuleList of the local experts,
-each called once per forward, with ``global_expert_index``), ``top_k``, ``num_experts``,
-``ep_size``, ``ep_rank`` and ``ep_group``.
+with ``router`` (logits over ``num_experts``), ``experts`` (the local experts, each called once
+per forward, with ``global_expert_index``), ``top_k``, ``num_experts``, ``ep_size``,
+``ep_rank`` and ``ep_group``. Here ``experts`` is a ModuleDict keyed by the global expert
+index, so every expert has its own name in a state dict (``layers.1.moe.experts.3.w1.weight``)
+and a distributed checkpoint saves each expert once, from one of its replicas.
 """
 
 from __future__ import annotations
@@ -110,8 +112,8 @@ class MoELayer(nn.Module):
         self.num_local_experts = cfg.num_experts // cfg.ep
         first = ep_rank * self.num_local_experts
         self.router = Router(cfg.dim, cfg.num_experts)
-        self.experts = nn.ModuleList(Expert(cfg.dim, cfg.expert_hidden, first + i)
-                                     for i in range(self.num_local_experts))
+        self.experts = nn.ModuleDict({str(first + i): Expert(cfg.dim, cfg.expert_hidden, first + i)
+                                      for i in range(self.num_local_experts)})
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -151,7 +153,7 @@ class MoELayer(nn.Module):
         sources, local = counts.shape
         segments = list(torch.split(routed, counts.reshape(-1).tolist()))
         outputs: list[Optional[torch.Tensor]] = [None] * len(segments)
-        for e, expert in enumerate(self.experts):
+        for e, expert in enumerate(self.experts.values()):
             mine = [s * local + e for s in range(sources)]
             result = expert(torch.cat([segments[i] for i in mine]))
             for i, part in zip(mine, torch.split(result, [segments[i].shape[0] for i in mine])):
@@ -197,7 +199,7 @@ class MoEDecoder(nn.Module):
                 continue
             nn.init.normal_(p, mean=0.0, std=0.02)
         for block in self.layers:
-            for expert in block.moe.experts:
+            for expert in block.moe.experts.values():
                 g = torch.Generator().manual_seed(1_000_003 * (block.layer_id + 1) + expert.global_expert_index)
                 for p in expert.parameters():
                     with torch.no_grad():
