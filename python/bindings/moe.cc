@@ -5,6 +5,8 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <limits>
+
 #include "bindings.h"
 #include "lmr/moe/alltoall.h"
 #include "lmr/moe/catalog.h"
@@ -34,7 +36,9 @@ void registerMoe(nb::module_& m) {
   nb::class_<moe::Catalog>(m, "MoeCatalog",
                            "Admitted expert-kernel shapes and the non-dominated representatives covering them "
                            "(lmr::moe::Catalog).")
-      .def(nb::init<>())
+      .def(nb::init<std::size_t>(), nb::arg("remember") = std::numeric_limits<std::size_t>::max(),
+           "remember: distinct shapes kept for deduplication and coverage validation (beyond it a repeat of a "
+           "shape not kept counts again).")
       .def(
           "admit",
           [](moe::Catalog& c, const std::string& fingerprint, std::vector<std::int64_t> paths) {
@@ -50,6 +54,7 @@ void registerMoe(nb::module_& m) {
           },
           nb::arg("shapes"), "Admits (fingerprint, paths) pairs in order; returns how many were new.")
       .def_prop_ro("admitted", &moe::Catalog::admitted)
+      .def_prop_ro("remembered", &moe::Catalog::remembered)
       .def("representatives", [](const moe::Catalog& c) { return fromShapes(c.representatives()); })
       .def_prop_ro("compression", &moe::Catalog::compression)
       .def(

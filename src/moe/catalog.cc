@@ -81,8 +81,10 @@ std::size_t Catalog::Hash::operator()(const Shape& s) const noexcept {
 }
 
 bool Catalog::admit(const Shape& shape) {
-  validate(shape, admitted_.size());
-  if (!admitted_.insert(shape).second) return false;
+  validate(shape, count_);
+  if (admitted_.count(shape) || std::find(reps_.begin(), reps_.end(), shape) != reps_.end()) return false;
+  if (admitted_.size() < remember_) admitted_.insert(shape);
+  ++count_;
   for (const Shape& r : reps_)
     if (covers(r, shape)) return true;
   std::erase_if(reps_, [&](const Shape& r) { return covers(shape, r); });
@@ -97,8 +99,8 @@ std::vector<Shape> Catalog::representatives() const {
 }
 
 double Catalog::compression() const {
-  if (admitted_.empty()) return 0.0;
-  return 1.0 - static_cast<double>(reps_.size()) / static_cast<double>(admitted_.size());
+  if (count_ == 0) return 0.0;
+  return 1.0 - static_cast<double>(reps_.size()) / static_cast<double>(count_);
 }
 
 std::optional<Shape> Catalog::uncovered() const {

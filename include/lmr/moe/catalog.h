@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <unordered_set>
@@ -41,7 +42,10 @@ std::vector<Shape> skylineNaive(const std::vector<Shape>& shapes);
 
 class Catalog {
  public:
-  Catalog() = default;
+  // `remember`: how many distinct shapes are kept for deduplication and coverage validation
+  // (a long run admits shapes at every step). Beyond it a shape still updates the
+  // representatives but is not kept, so a repeat of a shape that was not kept counts again.
+  explicit Catalog(std::size_t remember = std::numeric_limits<std::size_t>::max()) : remember_(remember) {}
   Catalog(const Catalog&) = delete;
   Catalog& operator=(const Catalog&) = delete;
 
@@ -49,13 +53,14 @@ class Catalog {
   // incrementally: a shape no representative covers joins them and evicts those it covers.
   // InvalidArgument (as skyline) leaves the catalog unchanged.
   bool admit(const Shape& shape);
-  std::size_t admitted() const { return admitted_.size(); }
+  std::size_t admitted() const { return count_; }
+  std::size_t remembered() const { return admitted_.size(); }
   // Sorted as skyline() sorts.
   std::vector<Shape> representatives() const;
   std::size_t representativeCount() const { return reps_.size(); }
   // 1 - representatives / admitted; 0 when nothing was admitted.
   double compression() const;
-  // The first admitted shape (in sorted order) no representative covers; nullopt when the
+  // The first remembered shape (in sorted order) no representative covers; nullopt when the
   // representatives cover the catalog, as they must.
   std::optional<Shape> uncovered() const;
   // Approximate bytes held.
@@ -67,6 +72,8 @@ class Catalog {
   };
   std::unordered_set<Shape, Hash> admitted_;
   std::vector<Shape> reps_;
+  std::size_t remember_ = std::numeric_limits<std::size_t>::max();
+  std::size_t count_ = 0;
 };
 
 // Which representatives the `check`-th check replays: `per_check` consecutive indices of

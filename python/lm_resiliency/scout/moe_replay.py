@@ -45,6 +45,9 @@ from lm_resiliency.scout.result import ReplayResult
 from lm_resiliency.scout.timing import Timer
 
 
+REMEMBERED_SHAPES = 100_000
+
+
 @dataclasses.dataclass
 class ExpertPeers:
     """The ranks holding this rank's experts (position order) and their tensor group."""
@@ -100,7 +103,9 @@ class MoeReplay:
         self._device = device
         self._determinism = determinism
         self._replaying = replaying
-        self.catalogs = {layer.layer: _core.MoeCatalog() for layer in layers}
+        # Each catalog keeps up to 100,000 distinct shapes for deduplication and validation
+        # (about 10 MB); its representatives stay exact beyond that.
+        self.catalogs = {layer.layer: _core.MoeCatalog(REMEMBERED_SHAPES) for layer in layers}
         self.shapes = {layer.layer: ExpertShapes(layer, replaying) for layer in layers}
         ep_process_groups = [layer.ep_group for layer in layers if layer.ep_size > 1]
         self.layouts = AllToAllLayouts(ep_process_groups, replaying) if ep_process_groups else None

@@ -79,6 +79,24 @@ TEST(MoeCatalog, AdmitCountsNewShapesOnly) {
   EXPECT_DOUBLE_EQ(c.compression(), 0.75);
 }
 
+TEST(MoeCatalog, ABoundedMemoryKeepsTheRepresentativesExact) {
+  // Keeps 2 shapes; the representatives are those of an unbounded catalog all the same.
+  Catalog bounded(2), full;
+  const std::vector<Shape> shapes = randomShapes(7, 400);
+  for (const Shape& s : shapes) {
+    bounded.admit(s);
+    full.admit(s);
+  }
+  EXPECT_EQ(bounded.remembered(), 2u);
+  EXPECT_EQ(bounded.representatives(), full.representatives());
+  EXPECT_GE(bounded.admitted(), full.admitted());  // repeats of shapes not kept count again
+  EXPECT_FALSE(bounded.uncovered());
+  // A repeat of a representative never counts again, kept or not.
+  const std::size_t before = bounded.admitted();
+  EXPECT_FALSE(bounded.admit(full.representatives().front()));
+  EXPECT_EQ(bounded.admitted(), before);
+}
+
 TEST(MoeCatalog, BadShapesAreRefusedAndChangeNothing) {
   Catalog c;
   c.admit({"L0", {1}});
