@@ -4,6 +4,7 @@ rotary embeddings, RMSNorm, SwiGLU MLP), final RMSNorm and output head."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -98,13 +99,14 @@ class Block(nn.Module):
 
 
 class Decoder(nn.Module):
-    """``layers`` holds the blocks in global order; ``layers[i].layer_id == i``."""
+    """``layers`` holds the blocks in global order; ``layers[i].layer_id == i``. `block(cfg,
+    i)` builds block i (workloads/moe.py builds MoE blocks)."""
 
-    def __init__(self, cfg: DecoderConfig) -> None:
+    def __init__(self, cfg: DecoderConfig, block: Callable[[DecoderConfig, int], nn.Module] = Block) -> None:
         super().__init__()
         self.cfg = cfg
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
-        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.layers = nn.ModuleList(block(cfg, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         cos, sin = rotary_tables(cfg.dim // cfg.n_heads, cfg.max_seq_len, cfg.rope_theta)

@@ -27,7 +27,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lm_resiliency.workloads.model import Attention, DecoderConfig, RMSNorm, rotary_tables
+from lm_resiliency.workloads.model import Attention, Decoder, DecoderConfig, RMSNorm
 
 
 @dataclasses.dataclass
@@ -175,43 +175,20 @@ class MoEBlock(nn.Module):
         return h + self.moe(self.ffn_norm(h))
 
 
-class MoEDecoder(nn.Module):
-    """``layers[i].layer_id == i``; every block's MLP is an MoE layer."""
+class MoEDecoder(Decoder):
+    """The reference decoder with MoE blocks (``layers[i].layer_id == i``)."""
 
     def __init__(self, cfg: MoEConfig, ep_rank: int = 0, ep_group: Any = None) -> None:
-        super().__init__()
-        self.cfg = cfg
-        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
-        self.layers = nn.ModuleList(MoEBlock(cfg, i, ep_rank, ep_group) for i in range(cfg.n_layers))
-        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
-        cos, sin = rotary_tables(cfg.dim // cfg.n_heads, cfg.max_seq_len, cfg.rope_theta)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
-        self._initialise()
-
-    def _initialise(self) -> None:
-        """Every parameter from N(0, 0.02) (norms: ones), each expert from a generator seeded
-        by its layer and global index, so its replicas on other ranks start identical, and
-        the rest from torch's global generator (seeded alike on every rank by the caller)."""
-        for name, p in self.named_parameters():
-            if name.endswith("_norm.weight") or name == "norm.weight" or ".experts." in name:
-                continue
-            nn.init.normal_(p, mean=0.0, std=0.02)
+        super().__init__(cfg, block=lambda c, i: MoEBlock(c, i, ep_rank, ep_group))
+        # Each expert from a generator seeded by its layer and global index, so its replicas
+        # on other ranks start identical (the dense parameters come from torch's generator,
+        # seeded alike on every rank by the caller, as the dense decoder's).
         for block in self.layers:
             for expert in block.moe.experts.values():
                 g = torch.Generator().manual_seed(1_000_003 * (block.layer_id + 1) + expert.global_expert_index)
-                for p in expert.parameters():
-                    with torch.no_grad():
+                with torch.no_grad():
+                    for p in expert.parameters():
                         p.copy_(torch.randn(p.shape, generator=g) * 0.02)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        if tokens.shape[-1] > self.cfg.max_seq_len:
-            raise ValueError(f"sequence length {tokens.shape[-1]} exceeds max_seq_len={self.cfg.max_seq_len}")
-        h = self.tok_embeddings(tokens)
-        for layer in self.layers:
-            h = layer(h, self.rope_cos, self.rope_sin)
-        return self.output(self.norm(h))
 
 
 def expert_parallel_groups(ep: int) -> tuple[Any, Any]:
