@@ -86,6 +86,7 @@ def train(ep, steps, faults, artifacts=None, policy=None, n_layers=2, device="cp
     for step in range(steps):
         x, y = data.batch(step, shard=dist.get_rank())
         moe_step(job, x, y)
+    _last_layouts[0] = harness._moe.layouts.last() if harness._moe.layouts is not None else None
     if session is not None:
         session.close()
         if artifacts:
@@ -161,3 +162,15 @@ def resume_run(directory):
     ckpt = DurableCheckpointConfig.for_dcp(job.model, job.optimizer, directory, latest_interval=0)
     resumed = resume(ckpt, job.model, job.optimizer)
     return {"step": resumed.step, "params": digests(job.model)}
+
+
+def observed_run(steps):
+    """The AllToAll layouts the harness captured (this rank's rows, per call of the last
+    iteration) and what the MoE checks replayed under ObservedAllToAllPolicy."""
+    from lm_resiliency.scout import ObservedAllToAllPolicy
+
+    out = train(2, steps, False, policy=ObservedAllToAllPolicy(rows=2, max_rows=8))
+    return {"results": out["results"], "layouts": _last_layouts[0]}
+
+
+_last_layouts: list = [None]

@@ -230,6 +230,27 @@ def test_fault_free_run_attributes_nothing():
 
 
 @pytest.mark.distributed
+def test_alltoall_layouts_are_captured_and_replayed():
+    """Each rank's split sizes of every forward all_to_all_single on its expert-parallel group
+    (dispatch, then combine, per MoE layer; not the token counts, not backward's) are
+    captured; ObservedAllToAllPolicy replays the heaviest observed matrix from the second
+    check on, and every check agrees."""
+    per_rank = spawn(moe_workers.observed_run, 4, args=(5,), timeout=600)
+    tokens = 4 * 16 * 2  # batch x seq x top-k assignments a rank dispatches per layer call
+    for p in per_rank:
+        layouts = p["layouts"]
+        assert len(layouts) == 4, layouts  # 2 layers x (dispatch, combine)
+        assert all(len(row) == 2 for row in layouts)
+        assert sum(layouts[0]) == sum(layouts[2]) == tokens  # the dispatches
+        results = replay_results(p["results"])
+        assert all(r.status == "Agree" for r in results), [(r.step, r.inconclusive_reasons) for r in results]
+        matrices = [r.moe[k]["matrices"] for r in results for k in r.moe]
+        assert matrices == [3, 4, 4, 4, 4], matrices
+    # The observed rows of a call are what the expert-parallel partner received.
+    assert per_rank[0]["layouts"][1] == [per_rank[0]["layouts"][0][0], per_rank[1]["layouts"][0][0]]
+
+
+@pytest.mark.distributed
 def test_a_malformed_policy_matrix_makes_the_recipe_inconclusive_everywhere():
     per_rank = spawn(moe_workers.bad_policy, 4, args=(2, 3), timeout=600)
     for p in per_rank:

@@ -185,7 +185,7 @@ class MoeReplay:
         self._experts(recipe, prep, step, surfaces, result, guard)
         if layer.ep_size > 1:
             self._alltoall(recipe, prep, step, surfaces, result, guard)
-        result.moe[recipe] = self.summary(layer.layer)
+        result.moe[recipe] = {**self.summary(layer.layer), "matrices": len(prep.matrices)}
 
     # --- experts ---------------------------------------------------------------------
 
