@@ -68,12 +68,14 @@ Plan fullPlan(std::int64_t step, std::int64_t layers, std::int64_t slices, std::
 
 std::vector<std::string> catalog(const Cadence& cadence, const std::vector<std::int64_t>& layer_ids,
                                  std::int64_t slices, const std::vector<std::int64_t>& moe_layer_ids) {
-  if (layer_ids.empty()) throw InvalidArgument("a catalog needs at least one layer");
+  if (layer_ids.empty() && moe_layer_ids.empty()) throw InvalidArgument("a catalog needs at least one layer");
   if (slices < 0) throw InvalidArgument("optimizer slices must be >= 0");
   const bool manual = cadence.check_interval == 0;
   const auto moe_layers = static_cast<std::int64_t>(moe_layer_ids.size());
-  const Intervals iv = manual ? Intervals{1, 1, 1, 1, moe_layers > 0 ? 1 : 0}
-                              : effectiveIntervals(cadence, static_cast<std::int64_t>(layer_ids.size()), moe_layers);
+  const Intervals iv =
+      manual ? Intervals{1, 1, 1, 1, moe_layers > 0 ? 1 : 0}
+             : effectiveIntervals(cadence, std::max<std::int64_t>(1, static_cast<std::int64_t>(layer_ids.size())),
+                                  moe_layers);
   std::vector<std::string> out;
   if (iv.embedding > 0) out.emplace_back("embedding");
   if (iv.hidden > 0)

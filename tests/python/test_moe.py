@@ -251,6 +251,15 @@ def test_alltoall_layouts_are_captured_and_replayed():
 
 
 @pytest.mark.distributed
+def test_expert_parallel_blocks_without_a_dense_part_leave_the_hidden_recipe_out():
+    per_rank = spawn(moe_workers.no_dense_part, 4, args=(4,), timeout=600)
+    catalog = per_rank[0]["catalog"]
+    assert not any(r.startswith("hidden.") for r in catalog) and catalog[-2:] == ["moe.0", "moe.1"], catalog
+    for r in replay_results(per_rank[0]["results"]):
+        assert r.status == "Agree" and not any(x.startswith("hidden.") for x in r.checked_recipe_ids), r.checked_recipe_ids
+
+
+@pytest.mark.distributed
 def test_a_malformed_policy_matrix_makes_the_recipe_inconclusive_everywhere():
     per_rank = spawn(moe_workers.bad_policy, 4, args=(2, 3), timeout=600)
     for p in per_rank:

@@ -61,6 +61,8 @@ Plan fullPlan(std::int64_t step, std::int64_t layers, std::int64_t slices, std::
 // when check_interval is 0): "embedding", "hidden.<id>" for each of `layer_ids` (global
 // indices), "output", "optimizer.<s>" for s < slices (slices 0: no optimizer recipe).
 // "moe.<id>" for each of `moe_layer_ids` (global indices of the blocks holding an MoE layer).
+// `layer_ids` lists the blocks the hidden recipe can replay (it may be empty when MoE layers
+// are given: expert-parallel blocks without a dense part to replay).
 // Disabled recipe classes are left out. Checkpoint certification completes a cycle when
 // accepted checks have covered all of them.
 std::vector<std::string> catalog(const Cadence& cadence, const std::vector<std::int64_t>& layer_ids,

@@ -81,6 +81,11 @@ class ReplayHarness:
         self._module_replay = ModuleReplay(self._adapter, self._peers, self._pipelined, self._device, self._determinism,
                                            self.config.compare_parameters, repeats, self._replaying)
         self._moe: Optional[MoeReplay] = None
+        bare = [m.layer for m in self._moe_layers if m.ep_size > 1 and m.dense is None]
+        if bare:
+            log.warning("SCOUT hidden recipe is off for blocks %s: their MoE layer exchanges tokens inside the forward "
+                        "and no dense part (a child named attention, self_attn or attn) was found; the MoE recipe "
+                        "still replays their router, experts and AllToAll", bare)
         if self._moe_layers:
             expert_peers = build_expert_peers(dims, dist.is_initialized() and dist.get_backend() == "gloo")
             self._moe = MoeReplay(self._adapter, self._moe_layers, self._peers, expert_peers, self._ep_groups,
@@ -314,7 +319,10 @@ class ReplayHarness:
         """Every recipe id a complete cycle of this cadence covers (lmr::replay::catalog)."""
         slices = 0 if "optimizer" in self.disabled_recipes else self._optimizer_replay.slices
         moe = [] if "modules" in self.disabled_recipes else [m.layer for m in self._moe_layers]
-        return list(_core.replay_catalog(self.config.cadence(), self._layers, slices, moe))
+        # Expert-parallel blocks without a dense part to replay have no hidden recipe.
+        skipped = {m.layer for m in self._moe_layers if m.ep_size > 1 and m.dense is None}
+        return list(_core.replay_catalog(self.config.cadence(), [i for i in self._layers if i not in skipped], slices,
+                                         moe))
 
     @property
     def dynamic_catalog(self) -> bool:

@@ -79,6 +79,7 @@ TEST(Replay, CatalogListsWhatACycleCovers) {
   EXPECT_EQ(replay::catalog(replay::Cadence{.check_interval = 0}, {0}, 0, {0}),
             (V{"embedding", "hidden.0", "output", "moe.0"}));
   EXPECT_EQ(replay::catalog(replay::Cadence{.moe_interval = 0}, {0}, 0, {0}), (V{"embedding", "hidden.0", "output"}));
+  EXPECT_EQ(replay::catalog(replay::Cadence{}, {}, 0, {0, 1}), (V{"embedding", "output", "moe.0", "moe.1"}));
 }
 
 TEST(Replay, StateSourcesAreParamsAndState) {
