@@ -442,7 +442,11 @@ class ReplayHarness:
                 reasons[recipe] = reason
         vote = {"contracts": contracts, "reasons": reasons}
         if self._moe is not None:  # new expert shapes and AllToAll layouts travel with it
-            vote["moe"] = self._moe.vote()
+            try:
+                vote["moe"] = self._moe.vote()
+            except Exception as e:  # noqa: BLE001 - this rank sends none; every rank still votes
+                log.warning("SCOUT could not collect this rank's MoE shapes: %s", describe(e))
+                vote["moe"] = {"shapes": {}, "layouts": []}
         gathered = self._vote(vote)
         if self._moe is not None:
             self._moe.admit([g["moe"] for g in gathered])
