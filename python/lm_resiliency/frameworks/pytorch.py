@@ -174,34 +174,36 @@ class ModuleStructure:
             raise InvalidArgumentError(f"global expert {index} is not on expert-parallel rank {ep_rank}")
         return f"{experts[0][0]}.{local}", experts[0][1][local]
 
-    def moe_layers(self) -> list[MoeLayer]:
-        """Blocks holding a module with ``router``, ``experts`` (a ModuleList or ModuleDict),
-        ``top_k`` and ``num_experts`` (and, with expert parallelism, ``ep_size``, ``ep_rank``,
-        ``ep_group``): workloads/moe.py's convention."""
-        out = []
-        for layer, (block_path, block) in self.blocks().items():
-            for path, m in block.named_modules():
-                if not (isinstance(getattr(m, "router", None), nn.Module)
-                        and isinstance(getattr(m, "experts", None), (nn.ModuleList, nn.ModuleDict))
-                        and isinstance(getattr(m, "top_k", None), int) and isinstance(getattr(m, "num_experts", None), int)):
-                    continue
-                full = f"{block_path}.{path}" if path else block_path
-                experts = []
-                named = m.experts.items() if isinstance(m.experts, nn.ModuleDict) else enumerate(m.experts)
-                for key, e in named:
-                    gidx = next((getattr(e, a) for a in _EXPERT_INDEX_ATTRS if isinstance(getattr(e, a, None), int)), None)
-                    if gidx is None:
-                        raise InvalidArgumentError(f"expert {full}.experts.{key} has no global_expert_index")
-                    experts.append((f"{full}.experts.{key}", e, gidx))
-                ep_size = int(getattr(m, "ep_size", 1) or 1)
-                dense = None
-                if ep_size > 1:
-                    dense = next(((f"{block_path}.{n}", c) for n, c in block.named_children()
-                                  if n in _ATTENTION_NAMES), None)
-                out.append(MoeLayer(layer, full, m, (f"{full}.router", m.router), experts, m.top_k, m.num_experts,
-                                    ep_size, int(getattr(m, "ep_rank", 0) or 0), getattr(m, "ep_group", None), dense))
-                break
-        return out
+
+def find_moe_layers(blocks: dict[int, tuple[str, nn.Module]]) -> list[MoeLayer]:
+    """The MoE layers of `blocks` (global index -> (path, block)): in a block, a module with
+    ``router``, ``experts`` (a ModuleList or ModuleDict), ``top_k`` and ``num_experts`` (and,
+    with expert parallelism, ``ep_size``, ``ep_rank``, ``ep_group``): workloads/moe.py's
+    convention."""
+    out = []
+    for layer, (block_path, block) in sorted(blocks.items()):
+        for path, m in block.named_modules():
+            if not (isinstance(getattr(m, "router", None), nn.Module)
+                    and isinstance(getattr(m, "experts", None), (nn.ModuleList, nn.ModuleDict))
+                    and isinstance(getattr(m, "top_k", None), int) and isinstance(getattr(m, "num_experts", None), int)):
+                continue
+            full = f"{block_path}.{path}" if path else block_path
+            experts = []
+            named = m.experts.items() if isinstance(m.experts, nn.ModuleDict) else enumerate(m.experts)
+            for key, e in named:
+                gidx = next((getattr(e, a) for a in _EXPERT_INDEX_ATTRS if isinstance(getattr(e, a, None), int)), None)
+                if gidx is None:
+                    raise InvalidArgumentError(f"expert {full}.experts.{key} has no global_expert_index")
+                experts.append((f"{full}.experts.{key}", e, gidx))
+            ep_size = int(getattr(m, "ep_size", 1) or 1)
+            dense = None
+            if ep_size > 1:
+                dense = next(((f"{block_path}.{n}", c) for n, c in block.named_children() if n in _ATTENTION_NAMES),
+                             None)
+            out.append(MoeLayer(layer, full, m, (f"{full}.router", m.router), experts, m.top_k, m.num_experts, ep_size,
+                                int(getattr(m, "ep_rank", 0) or 0), getattr(m, "ep_group", None), dense))
+            break
+    return out
 
 
 class PyTorchAdapter(FrameworkAdapter):
@@ -238,11 +240,10 @@ class PyTorchAdapter(FrameworkAdapter):
 
     def moe_layers(self) -> list[MoeLayer]:
         try:
-            return self.structure.moe_layers()
-        except InvalidArgumentError as e:
-            if "cannot find the transformer blocks" in str(e):
-                return []
-            raise
+            blocks = self.blocks()
+        except InvalidArgumentError:
+            return []  # no transformer blocks to hold MoE layers (replay needs them anyway)
+        return find_moe_layers(blocks)
 
     def mesh_dims(self, world_size: int) -> list[MeshDim]:
         """A DTensor parameter's DeviceMesh (Replicate placement: replicate, Shard: shard);
