@@ -65,7 +65,25 @@ void registerMoe(nb::module_& m) {
             return fromShape(*s);
           },
           "The first admitted shape no representative covers, or None.")
-      .def("memory_bytes", &moe::Catalog::memoryBytes);
+      .def("memory_bytes", &moe::Catalog::memoryBytes)
+      .def(
+          "window",
+          [](const moe::Catalog& c, std::int64_t check, std::int64_t per_check) {
+            return fromShapes(c.window(check, per_check));
+          },
+          nb::arg("check"), nb::arg("per_check"),
+          "The representatives the check-th replay takes: per fingerprint, a rotating window of per_check.")
+      .def(
+          "replayed",
+          [](moe::Catalog& c, const std::vector<ShapeSpec>& shapes) {
+            std::vector<moe::Shape> in;
+            for (const auto& s : shapes) in.push_back(toShape(s));
+            c.replayed(in);
+          },
+          nb::arg("shapes"), "Shapes an accepted check replayed.")
+      .def("cycle_complete", &moe::Catalog::cycleComplete,
+           "Whether every current representative was replayed since the cycle began.")
+      .def("start_cycle", &moe::Catalog::startCycle);
 
   m.def(
       "moe_skyline",

@@ -123,6 +123,28 @@ std::size_t Catalog::memoryBytes() const {
   return total;
 }
 
+std::vector<Shape> Catalog::window(std::int64_t check, std::int64_t per_check) const {
+  const std::vector<Shape> all = representatives();
+  std::vector<Shape> out;
+  for (std::size_t begin = 0; begin < all.size();) {
+    std::size_t end = begin;
+    while (end < all.size() && all[end].fingerprint == all[begin].fingerprint) ++end;
+    for (std::size_t i : rotation(check, end - begin, per_check)) out.push_back(all[begin + i]);
+    begin = end;
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void Catalog::replayed(const std::vector<Shape>& shapes) {
+  for (const Shape& s : shapes) replayed_.insert(s);
+}
+
+bool Catalog::cycleComplete() const {
+  return !reps_.empty() &&
+         std::all_of(reps_.begin(), reps_.end(), [&](const Shape& r) { return replayed_.count(r) > 0; });
+}
+
 std::vector<std::size_t> rotation(std::int64_t check, std::size_t count, std::int64_t per_check) {
   std::vector<std::size_t> out;
   if (count == 0) return out;

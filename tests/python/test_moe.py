@@ -63,6 +63,35 @@ def test_expert_targets_name_their_layer():
         resolve(adapter, {"target": {**inside, "module_path": "layers.1.moe.experts.2"}}, "x")
 
 
+def _train_alone(config, steps=4):
+    model, opt = _single()
+    harness = ReplayHarness(model, opt, config)
+    data = SyntheticTokens(model.cfg.vocab_size, 16, 4)
+    job = type("Job", (), {"model": model, "optimizer": opt, "expert_dp_group": None, "device": torch.device("cpu")})
+    for step in range(steps):
+        moe_step(job, *data.batch(step))
+    harness.close()
+    return harness
+
+
+def test_a_layer_is_covered_once_its_rotation_replayed_every_representative():
+    """One representative per check: a layer counts for certification (``covered``) only at
+    the check that completes the rotation; with every representative per check, at each."""
+    rotating = _train_alone(ReplayHarnessConfig(check_interval=1, moe_shapes_per_check=1, moe_token_granularity=1), 8)
+    from lm_resiliency.checkpoint.certify import outcome_of
+
+    checks = [r for r in rotating.results if "moe.0" in r.moe]
+    assert all(r.moe["moe.0"]["replayed"] == 1 for r in checks)
+    partial = [r for r in checks if r.moe["moe.0"]["representatives"] > 1 and not r.moe["moe.0"]["covered"]]
+    assert partial and any(r.moe["moe.0"]["covered"] for r in checks), [r.moe for r in checks]
+    where = rotating.catalog().index("moe.0")
+    assert outcome_of(partial[0], rotating.catalog())[1][where] is False
+    assert outcome_of(next(r for r in checks if r.moe["moe.0"]["covered"]), rotating.catalog())[1][where] is True
+    every = _train_alone(ReplayHarnessConfig(check_interval=1, moe_shapes_per_check=0), 4)
+    assert all(r.moe[k]["covered"] and r.moe[k]["replayed"] == r.moe[k]["representatives"]
+               for r in every.results for k in r.moe)
+
+
 def test_one_rank_replays_router_and_experts():
     """Without peers every check still runs the MoE recipe (nothing to compare: Agree), and
     the catalog grows with the shapes training admits."""

@@ -66,6 +66,18 @@ class Catalog {
   // Approximate bytes held.
   std::size_t memoryBytes() const;
 
+  // Replay in rotation. The `check`-th replay of the catalog takes, for each fingerprint,
+  // the rotation() window of `per_check` of its representatives (all of them when
+  // per_check <= 0), sorted as representatives().
+  std::vector<Shape> window(std::int64_t check, std::int64_t per_check) const;
+  // Shapes replayed by an accepted check since the cycle began.
+  void replayed(const std::vector<Shape>& shapes);
+  // Whether every current representative was replayed since the cycle began (a
+  // representative that a newly admitted shape evicted has to be replaced by that shape's
+  // replay); an empty catalog is never complete.
+  bool cycleComplete() const;
+  void startCycle() { replayed_.clear(); }
+
  private:
   struct Hash {
     std::size_t operator()(const Shape& s) const noexcept;
@@ -74,6 +86,7 @@ class Catalog {
   std::vector<Shape> reps_;
   std::size_t remember_ = std::numeric_limits<std::size_t>::max();
   std::size_t count_ = 0;
+  std::unordered_set<Shape, Hash> replayed_;
 };
 
 // Which representatives the `check`-th check replays: `per_check` consecutive indices of

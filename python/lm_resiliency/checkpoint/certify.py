@@ -41,10 +41,13 @@ def _distributed() -> bool:
 
 def outcome_of(result: Any, catalog: list[str]) -> tuple[int, list[bool], str]:
     """(severity, accepted per catalog recipe, reason) of one rank's ReplayResult, as
-    lmr::ckpt::classify decides it."""
+    lmr::ckpt::classify decides it. An MoE recipe counts for the cycle only at the check whose
+    rotation completed the replay of every representative (``moe[recipe]["covered"]``)."""
+    moe = getattr(result, "moe", {}) or {}
+    checked = [r for r in result.checked_recipe_ids if moe.get(r, {}).get("covered", True)]
     outcome, accepted, reason = _core.ckpt_classify(
         list(result.sdc_sources), any(result.sdc_bitmap), any(result.straggler_bitmap),
-        result.status == "Inconclusive", list(result.checked_recipe_ids), list(result.inconclusive_recipes),
+        result.status == "Inconclusive", checked, list(result.inconclusive_recipes),
         dict(result.inconclusive_reasons), catalog)
     return OUTCOMES.index(outcome), list(accepted), reason
 

@@ -27,6 +27,12 @@ class ReplayHarnessConfig:
     # The MoE recipe (router, experts at their representative shapes, expert-parallel
     # AllToAll) of one MoE layer per check, rotating like the hidden recipe (docs/moe.md).
     moe_interval: int = -1
+    # Representatives of each expert fingerprint replayed per MoE check, rotating (0: all);
+    # a layer counts as covered for certification once its rotation replayed all of them.
+    moe_shapes_per_check: int = 4
+    # Token counts of expert shapes are rounded up to a multiple of this before admission
+    # (kernels run alike within a tile; fewer representatives). 1: exact counts.
+    moe_token_granularity: int = 16
     # The traffic matrices the MoE recipe sends through an expert-parallel group
     # (scout/alltoall_policy.py); None: BoundedAllToAllPolicy() (balanced and cyclic).
     alltoall_policy: Optional[Any] = None
@@ -80,11 +86,14 @@ class ReplayHarnessConfig:
 
     def __post_init__(self) -> None:
         for name in ("check_interval", "embedding_interval", "hidden_interval", "output_interval", "optimizer_interval",
-                     "moe_interval", "optimizer_slice_size", "confirmation_rounds", "confirmation_checks", "temporal_window",
+                     "moe_interval", "moe_shapes_per_check", "moe_token_granularity", "optimizer_slice_size", "confirmation_rounds", "confirmation_checks", "temporal_window",
                      "comm_sample_every"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
                 raise InvalidArgumentError(f"ReplayHarnessConfig.{name} must be an integer, got {v!r}")
+        if self.moe_shapes_per_check < 0 or self.moe_token_granularity < 1:
+            raise InvalidArgumentError("ReplayHarnessConfig.moe_shapes_per_check must be >= 0 (0: all) and "
+                                       "moe_token_granularity >= 1")
         if self.comm_sample_every < 0:
             raise InvalidArgumentError("ReplayHarnessConfig.comm_sample_every must be >= 0 (0: off)")
         if self.comm_absolute_s is not None and (isinstance(self.comm_absolute_s, bool)

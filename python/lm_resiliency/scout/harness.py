@@ -90,7 +90,8 @@ class ReplayHarness:
             expert_peers = build_expert_peers(dims, dist.is_initialized() and dist.get_backend() == "gloo")
             self._moe = MoeReplay(self._adapter, self._moe_layers, self._peers, expert_peers, self._ep_groups,
                                   self._module_replay, self.config.alltoall_replay_policy(), self._pipelined,
-                                  self._device, self._determinism, self._replaying)
+                                  self._device, self._determinism, self._replaying, self.config.moe_shapes_per_check,
+                                  self.config.moe_token_granularity)
         self._optimizer_replay = OptimizerReplay(self._adapter, self.config.optimizer_slice_size, self._peers,
                                                  self._pipelined, self._device, self._determinism, repeats)
         # Recipes the adapter cannot run, with why (the optimizer of a framework whose update
@@ -491,4 +492,6 @@ class ReplayHarness:
                              for name, s in v.surfaces.items()}
         result.inconclusive_recipes, result.inconclusive_reasons = list(v.inconclusive), dict(v.reasons)
         result.straggler_bitmap, result.straggler_candidates = list(v.straggler_bitmap), list(v.straggler_candidates)
+        if self._moe is not None:
+            self._moe.concluded(result)
         return result

@@ -7,6 +7,8 @@ global indices, class and parameter layout) and a path-count vector (tokens per 
 expert). Shapes are collected at every training call (a counter per expert, no copies),
 gathered from every rank at the next check and admitted into the layer's catalog
 (``lmr::moe::Catalog``), which keeps the non-dominated representatives that MoE replay runs.
+Counts are rounded up to a multiple of a granularity first (a kernel runs alike within a
+tile, and replaying more tokens covers fewer).
 
 AllToAll layouts. While a harness with expert-parallel MoE layers is attached,
 ``torch.distributed.all_to_all_single`` is wrapped to record, for calls on an expert-parallel
@@ -40,8 +42,9 @@ class ExpertShapes:
     """Counts the tokens each local expert of one MoE layer gets per layer call (hooks that
     never raise into the user's forward) and keeps the shapes not yet gathered."""
 
-    def __init__(self, layer: MoeLayer, replaying: list) -> None:
+    def __init__(self, layer: MoeLayer, replaying: list, granularity: int = 1) -> None:
         self.layer = layer
+        self.granularity = granularity  # counts are rounded up to a multiple of it
         self.fingerprint = expert_fingerprint(layer)
         self.pending: set[tuple[str, tuple[int, ...]]] = set()
         self.input_spec: Optional[tuple[torch.dtype, tuple[int, ...]]] = None  # (dtype, trailing shape) of expert inputs
@@ -69,7 +72,8 @@ class ExpertShapes:
     def _finish(self, module: Any, args: Any, output: Any) -> None:
         rows, self._rows = self._rows, None
         if rows is not None:
-            self.pending.add((self.fingerprint, tuple(rows)))
+            g = self.granularity
+            self.pending.add((self.fingerprint, tuple(-(-n // g) * g for n in rows)))
             self.calls += 1
 
     def take(self) -> list[tuple[str, list[int]]]:

@@ -91,7 +91,8 @@ class MoePrepared:
 class MoeReplay:
     def __init__(self, adapter: FrameworkAdapter, layers: list[MoeLayer], peers: Any, expert_peers: Optional[ExpertPeers],
                  ep_groups: list[list[int]], module_replay: ModuleReplay, policy: AllToAllReplayPolicy,
-                 pipelined: bool, device: torch.device, determinism: Determinism, replaying: list) -> None:
+                 pipelined: bool, device: torch.device, determinism: Determinism, replaying: list,
+                 shapes_per_check: int = 0, granularity: int = 1) -> None:
         self._adapter = adapter
         self.layers = {layer.layer: layer for layer in layers}
         self._peers = peers
@@ -106,7 +107,10 @@ class MoeReplay:
         # Each catalog keeps up to 100,000 distinct shapes for deduplication and validation
         # (about 10 MB); its representatives stay exact beyond that.
         self.catalogs = {layer.layer: _core.MoeCatalog(REMEMBERED_SHAPES) for layer in layers}
-        self.shapes = {layer.layer: ExpertShapes(layer, replaying) for layer in layers}
+        self.shapes = {layer.layer: ExpertShapes(layer, replaying, granularity) for layer in layers}
+        self._per_check = shapes_per_check
+        self._checks = {layer.layer: 0 for layer in layers}  # MoE checks of each layer so far
+        self._windows: dict[str, list] = {}  # recipe -> the representatives its running check replays
         ep_process_groups = [layer.ep_group for layer in layers if layer.ep_size > 1]
         self.layouts = AllToAllLayouts(ep_process_groups, replaying) if ep_process_groups else None
         self._observed: list = []  # traffic matrices gathered at the last check, every EP group's
@@ -139,16 +143,26 @@ class MoeReplay:
                     observed.append(matrix)
         self._observed = observed
 
-    def representatives(self, layer: int) -> list[tuple[str, list[int]]]:
-        """This rank's experts' representatives (the same on every rank holding them)."""
-        mine = self.shapes[layer].fingerprint
-        return [(f, list(p)) for f, p in self.catalogs[layer].representatives() if f == mine]
-
     def summary(self, layer: int) -> dict[str, Any]:
         c = self.catalogs[layer]
         return {"admitted": c.admitted, "representatives": len(c.representatives()),
                 "compression": round(c.compression, 6), "uncovered": c.uncovered() is not None,
                 "observed_matrices": len(self._observed)}
+
+    def concluded(self, result: ReplayResult) -> None:
+        """After the check's verdict (the same on every rank): the representatives an accepted
+        MoE recipe replayed count towards its layer's cycle; ``moe[recipe]["covered"]`` says
+        whether the cycle completed at this check (certification counts the recipe then)."""
+        for recipe, summary in result.moe.items():
+            window = self._windows.pop(recipe, None)
+            catalog = self.catalogs[int(recipe.split(".")[1])]
+            mine = [s for s in result.sdc_sources if s.startswith(recipe + ".")]
+            if window is not None and recipe not in result.inconclusive_recipes and not mine and not any(
+                    r.startswith(recipe + ".") for r in result.inconclusive_recipes):
+                catalog.replayed(window)
+            summary["covered"] = catalog.cycle_complete()
+            if summary["covered"]:
+                catalog.start_cycle()
 
     # --- one check ---------------------------------------------------------------------
 
@@ -185,7 +199,8 @@ class MoeReplay:
         self._experts(recipe, prep, step, surfaces, result, guard)
         if layer.ep_size > 1:
             self._alltoall(recipe, prep, step, surfaces, result, guard)
-        result.moe[recipe] = {**self.summary(layer.layer), "matrices": len(prep.matrices)}
+        result.moe[recipe] = {**self.summary(layer.layer), "matrices": len(prep.matrices),
+                              "replayed": len(self._windows.get(recipe, [])), "covered": False}
 
     # --- experts ---------------------------------------------------------------------
 
@@ -206,8 +221,14 @@ class MoeReplay:
             if peers.data is not None and full:
                 broadcast_flat(full, _core.replay_source_rank(peers.ranks, step), peers.data)
         result.add_collective("broadcast_expert_parameters", recipe, t)
+        # This check's window of every fingerprint's representatives (the same on every rank);
+        # this rank replays its own fingerprint's.
+        window = [(f, list(p)) for f, p in self.catalogs[layer.layer].window(self._checks[layer.layer], self._per_check)]
+        self._checks[layer.layer] += 1
+        self._windows[recipe] = window
         with guard(recipe):
-            reps = self.representatives(layer.layer)
+            mine = self.shapes[layer.layer].fingerprint
+            reps = [(f, p) for f, p in window if f == mine]
             copies = {g: {} for _, _, g in layer.experts}
             for (g, name, _), value in zip(params, full):
                 copies[g][name] = value

@@ -97,6 +97,28 @@ TEST(MoeCatalog, ABoundedMemoryKeepsTheRepresentativesExact) {
   EXPECT_EQ(bounded.admitted(), before);
 }
 
+TEST(MoeCatalog, ACycleEndsWhenEveryCurrentRepresentativeWasReplayed) {
+  Catalog c;
+  for (const Shape& s : {Shape{"A", {4, 0}}, Shape{"A", {0, 4}}, Shape{"A", {2, 2}}, Shape{"B", {1}}}) c.admit(s);
+  EXPECT_FALSE(c.cycleComplete());
+  // Two per check: A's three representatives rotate, B's one is in every window.
+  EXPECT_EQ(c.window(0, 2), (std::vector<Shape>{{"A", {0, 4}}, {"A", {2, 2}}, {"B", {1}}}));
+  EXPECT_EQ(c.window(1, 2), (std::vector<Shape>{{"A", {0, 4}}, {"A", {4, 0}}, {"B", {1}}}));
+  EXPECT_EQ(c.window(5, 0).size(), 4u);
+  c.replayed(c.window(0, 2));
+  EXPECT_FALSE(c.cycleComplete());
+  c.replayed(c.window(1, 2));
+  EXPECT_TRUE(c.cycleComplete());
+  // A new shape evicts one representative: its own replay is still missing.
+  c.admit({"A", {5, 1}});
+  EXPECT_FALSE(c.cycleComplete());
+  c.replayed({{"A", {5, 1}}});
+  EXPECT_TRUE(c.cycleComplete());
+  c.startCycle();
+  EXPECT_FALSE(c.cycleComplete());
+  EXPECT_FALSE(Catalog().cycleComplete());
+}
+
 TEST(MoeCatalog, BadShapesAreRefusedAndChangeNothing) {
   Catalog c;
   c.admit({"L0", {1}});
