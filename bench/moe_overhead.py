@@ -1,8 +1,9 @@
 """Step-time overhead of SCOUT's MoE recipe on the reference MoE decoder (workloads/moe.py),
 measured side by side in one run: blocks of training steps alternate between no harness and
-the harness at each cadence (attached for the block, closed after; state integrity off, as
-on CPU by default), and medians are compared. Then a harness checks every step for a while
-and reports what one MoE check did: the catalog (admitted shapes, representatives, its
+the harness at each cadence, once with the MoE recipe off (``moe_interval=0``: the dense
+recipes alone) and once with it (attached for the block, closed after; state integrity off,
+as on CPU by default), and medians are compared. Then a harness checks every step for a
+while and reports what one MoE check did: the catalog (admitted shapes, representatives, its
 compression), the router replay's time, the AllToAll replay's and the expert-parameter
 broadcast's.
 
@@ -10,7 +11,7 @@ broadcast's.
 sharing GPU 0).
 
 Usage: python bench/moe_overhead.py [--ranks 8] [--ep 2] [--device cpu|cuda] [--dim 64] [--layers 2]
-       [--experts 8] [--top-k 2] [--seq 32] [--batch 4] [--rounds 5] [--steps 10] [--cadences 0,10,1]
+       [--experts 8] [--top-k 2] [--seq 32] [--batch 4] [--rounds 5] [--steps 10] [--cadences 10,1]
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from overhead_blocks import alternate, print_table, step_block
+from overhead_blocks import step_block
 from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
 from lm_resiliency.workloads import SyntheticTokens, spawn
 from lm_resiliency.workloads.moe import MoEConfig, build_moe, moe_step
@@ -45,7 +46,18 @@ def _rank(args):
         done[0] += 1
 
     block = step_block(step, device.type == "cuda")
-    medians = alternate((job.model, job.optimizer), block, lambda: done[0], args.cadences, args.rounds, args.steps)
+    block(3)  # warm up
+    variants = [("none", None)] + [(f"{label} every {c}", ReplayHarnessConfig(check_interval=c, moe_interval=moe,
+                                                                           state_integrity=False))
+                                   for c in args.cadences if c for label, moe in (("dense", 0), ("dense+MoE", -1))]
+    times: dict = {label: [] for label, _ in variants}
+    for _ in range(args.rounds):
+        for label, config in variants:
+            harness = ReplayHarness(job.model, job.optimizer, config, completed_iterations=done[0]) if config else None
+            times[label].append(block(args.steps))
+            if harness is not None:
+                harness.close()
+    medians = {label: statistics.median(t) for label, t in times.items()}
     # What one MoE check does (a check every step, state integrity off).
     harness = ReplayHarness(job.model, job.optimizer, ReplayHarnessConfig(check_interval=1, state_integrity=False),
                             completed_iterations=done[0])
@@ -63,7 +75,7 @@ def _rank(args):
 
     last = results[-1].moe[next(iter(results[-1].moe))]
     router = statistics.median(r.compute_seconds[k] for r in results for k in r.compute_seconds if k.startswith("moe."))
-    return {"device": str(device), **medians, "detail": {
+    return {"device": str(device), "medians": medians, "detail": {
         "step_all_recipes": seconds, "router": router, "alltoall": median_of("alltoall_replay"),
         "expert_broadcast": median_of("broadcast_expert_parameters"), "catalog": last}}
 
@@ -84,16 +96,19 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--detail-steps", type=int, default=20)
-    p.add_argument("--cadences", type=lambda s: [int(x) for x in s.split(",")], default=[0, 10, 1])
+    p.add_argument("--cadences", type=lambda s: [int(x) for x in s.split(",")], default=[10, 1])
     args = p.parse_args()
-    if 0 not in args.cadences:
-        args.cadences = [0] + args.cadences
     per_rank = spawn(_rank, args.ranks, args=(args,), timeout=3000)
     title = (f"MoE decoder dim {args.dim} x {args.layers} layers, {args.experts} experts top-{args.top_k} "
              f"(expert hidden {args.expert_hidden}), seq {args.seq} x batch {args.batch}, {args.ranks} ranks = "
              f"dp {args.ranks // args.ep} x ep {args.ep} on {per_rank[0]['device']} (gloo), "
              f"{args.rounds} rounds x {args.steps} steps per cadence")
-    print_table(title, per_rank, args.cadences)
+    print(title)
+    labels = list(per_rank[0]["medians"])
+    slowest = {label: max(r["medians"][label] for r in per_rank) for label in labels}  # a step waits for all
+    print(f"{'harness':>24} {'step ms':>10} {'vs none':>10}")
+    for label in labels:
+        print(f"{label:>24} {slowest[label] * 1e3:>10.2f} {slowest[label] / slowest['none'] - 1:>+10.1%}")
     d = per_rank[0]["detail"]
     slowest = max(r["detail"]["step_all_recipes"] for r in per_rank)
     c = d["catalog"]
