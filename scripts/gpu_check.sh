@@ -64,8 +64,12 @@ run version.log lmr version
 if [ "${LMR_GPU_SUITE:-all}" = moe ]; then
   run pytest_moe.log python3 -m pytest -q -p no:cacheprovider tests/python/test_moe.py tests/python/test_moe_catalog.py
   if [ "${LMR_GPU_BENCH:-1}" != 0 ]; then
+    # 8 ranks sharing the GPU through gloo (expert parallel 2 x data parallel 4), then one rank
+    # holding every expert (the replay work alone, nobody to vote with).
     run moe_bench.txt python3 bench/moe_overhead.py --device cuda --ranks 8 --ep 2 --dim 512 --layers 4 \
-      --experts 8 --expert-hidden 1536 --vocab 8192 --seq 256 --batch 8 --rounds 3 --steps 10 --cadences 0,10,1
+      --experts 8 --expert-hidden 1536 --vocab 8192 --seq 256 --batch 8 --rounds 3 --steps 10 --cadences 10,1
+    run moe_bench_1rank.txt python3 bench/moe_overhead.py --device cuda --ranks 1 --ep 1 --dim 1024 --layers 8 \
+      --experts 8 --expert-hidden 2816 --vocab 32000 --seq 1024 --batch 8 --rounds 3 --steps 10 --cadences 10,1
   fi
   exit $status
 fi

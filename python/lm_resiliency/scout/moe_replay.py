@@ -69,6 +69,8 @@ def build_expert_peers(mesh_dims: list, default_is_gloo: bool) -> Optional[Exper
         group = dist.new_group(ranks) if len(ranks) > 1 else None
         if rank in ranks:
             mine = ExpertPeers(list(ranks), group)
+    if mine is not None and mine.data is not None:
+        dist.barrier(group=mine.data)  # connect now, not in the first check (as scout/groups.py does)
     return mine
 
 
