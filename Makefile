@@ -93,6 +93,7 @@ bench: build
 	$(PY) bench/scout_overhead.py
 	$(PY) bench/oob_overhead.py
 	$(PY) bench/oob_latency.py
+	$(PY) bench/moe_overhead.py --rounds 3 --steps 10
 
 lint-apt:
 	@$(MAKE) --no-print-directory apt-install PACKAGES="$(LINT_APT_PACKAGES)"
