@@ -97,6 +97,16 @@ void registerMoe(nb::module_& m) {
   m.def(
       "moe_covers", [](const ShapeSpec& a, const ShapeSpec& b) { return moe::covers(toShape(a), toShape(b)); },
       nb::arg("a"), nb::arg("b"));
+  m.def(
+      "moe_regime_tokens",
+      [](const std::vector<std::int64_t>& counts, std::int64_t granularity) {
+        std::vector<std::int64_t> out;
+        out.reserve(counts.size());
+        for (std::int64_t c : counts) out.push_back(moe::regimeTokens(c, granularity));
+        return out;
+      },
+      nb::arg("counts"), nb::arg("granularity"),
+      "Each token count's execution regime (lmr::moe::regimeTokens): rounded up by at most a quarter.");
   m.def("moe_default_matrices", &moe::defaultMatrices, nb::arg("ranks"), nb::arg("rows"),
         "The default bounded AllToAll replay policy: the balanced matrix, then the cyclic permutations.");
   m.def(

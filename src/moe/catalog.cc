@@ -145,6 +145,16 @@ bool Catalog::cycleComplete() const {
          std::all_of(reps_.begin(), reps_.end(), [&](const Shape& r) { return replayed_.count(r) > 0; });
 }
 
+std::int64_t regimeTokens(std::int64_t tokens, std::int64_t granularity) {
+  if (tokens < 0) throw InvalidArgument("a token count must be >= 0, got " + std::to_string(tokens));
+  if (granularity < 1) throw InvalidArgument("a token granularity must be >= 1, got " + std::to_string(granularity));
+  if (tokens == 0) return 0;
+  std::int64_t top = 1;  // the highest power of two <= tokens
+  while (top <= tokens / 2) top *= 2;
+  const std::int64_t step = std::max(granularity, top / 4);
+  return (tokens + step - 1) / step * step;
+}
+
 std::vector<std::size_t> rotation(std::int64_t check, std::size_t count, std::int64_t per_check) {
   std::vector<std::size_t> out;
   if (count == 0) return out;

@@ -89,6 +89,14 @@ class Catalog {
   std::unordered_set<Shape, Hash> replayed_;
 };
 
+// The execution regime of a token count: `tokens` rounded up to the next of four steps per
+// doubling (..., 64, 80, 96, 112, 128, 160, ...: a count at most 25% larger), and to a
+// multiple of `granularity` where that step is finer. 0 stays 0. Shapes admitted at regime
+// counts compress far better (counts a few tokens apart run the same kernels alike), and a
+// replay at the regime count runs at least the tokens of every count it stands for.
+// InvalidArgument for a negative count or a granularity below 1.
+std::int64_t regimeTokens(std::int64_t tokens, std::int64_t granularity);
+
 // Which representatives the `check`-th check replays: `per_check` consecutive indices of
 // `count`, rotating (check n starts at n * per_check mod count); every index when per_check
 // <= 0 or >= count; none when count is 0.

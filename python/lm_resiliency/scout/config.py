@@ -29,9 +29,10 @@ class ReplayHarnessConfig:
     moe_interval: int = -1
     # Representatives of each expert fingerprint replayed per MoE check, rotating (0: all);
     # a layer counts as covered for certification once its rotation replayed all of them.
-    moe_shapes_per_check: int = 4
-    # Token counts of expert shapes are rounded up to a multiple of this before admission
-    # (kernels run alike within a tile; fewer representatives). 1: exact counts.
+    moe_shapes_per_check: int = 2
+    # Token counts of expert shapes become their execution regime before admission: rounded
+    # up by at most a quarter (four steps per doubling), and to a multiple of this below
+    # that (lmr::moe::regimeTokens). 1: regime steps only.
     moe_token_granularity: int = 16
     # The traffic matrices the MoE recipe sends through an expert-parallel group
     # (scout/alltoall_policy.py); None: BoundedAllToAllPolicy() (balanced and cyclic).

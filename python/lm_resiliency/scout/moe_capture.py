@@ -7,8 +7,9 @@ global indices, class and parameter layout) and a path-count vector (tokens per 
 expert). Shapes are collected at every training call (a counter per expert, no copies),
 gathered from every rank at the next check and admitted into the layer's catalog
 (``lmr::moe::Catalog``), which keeps the non-dominated representatives that MoE replay runs.
-Counts are rounded up to a multiple of a granularity first (a kernel runs alike within a
-tile, and replaying more tokens covers fewer).
+Counts are rounded up to their execution regime first (lmr::moe::regimeTokens: at most a
+quarter more, four steps per doubling, a multiple of a granularity below that), so counts a
+few tokens apart make one shape, and replaying the regime count covers them all.
 
 AllToAll layouts. While a harness with expert-parallel MoE layers is attached,
 ``torch.distributed.all_to_all_single`` is wrapped to record, for calls on an expert-parallel
@@ -25,6 +26,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
+from lm_resiliency import _core
 from lm_resiliency.frameworks.base import MoeLayer
 from lm_resiliency.scout.comm import _in_backward
 
@@ -44,7 +46,7 @@ class ExpertShapes:
 
     def __init__(self, layer: MoeLayer, replaying: list, granularity: int = 1) -> None:
         self.layer = layer
-        self.granularity = granularity  # counts are rounded up to a multiple of it
+        self.granularity = granularity  # counts become their regime (lmr::moe::regimeTokens)
         self.fingerprint = expert_fingerprint(layer)
         self.pending: set[tuple[str, tuple[int, ...]]] = set()
         self.input_spec: Optional[tuple[torch.dtype, tuple[int, ...]]] = None  # (dtype, trailing shape) of expert inputs
@@ -71,10 +73,13 @@ class ExpertShapes:
 
     def _finish(self, module: Any, args: Any, output: Any) -> None:
         rows, self._rows = self._rows, None
-        if rows is not None:
-            g = self.granularity
-            self.pending.add((self.fingerprint, tuple(-(-n // g) * g for n in rows)))
+        if rows is None:
+            return
+        try:
+            self.pending.add((self.fingerprint, tuple(_core.moe_regime_tokens(rows, self.granularity))))
             self.calls += 1
+        except Exception:  # noqa: BLE001 - inside the user's forward: this call's shape is lost, nothing else
+            pass
 
     def take(self) -> list[tuple[str, list[int]]]:
         """The shapes seen since the last take, sorted."""

@@ -119,6 +119,26 @@ TEST(MoeCatalog, ACycleEndsWhenEveryCurrentRepresentativeWasReplayed) {
   EXPECT_FALSE(Catalog().cycleComplete());
 }
 
+TEST(MoeCatalog, RegimeTokensRoundUpByAtMostAQuarter) {
+  EXPECT_EQ(regimeTokens(0, 16), 0);
+  EXPECT_EQ(regimeTokens(1, 16), 16);
+  EXPECT_EQ(regimeTokens(33, 16), 48);
+  EXPECT_EQ(regimeTokens(64, 16), 64);
+  EXPECT_EQ(regimeTokens(65, 16), 80);
+  EXPECT_EQ(regimeTokens(2048, 16), 2048);
+  EXPECT_EQ(regimeTokens(2049, 16), 2560);
+  EXPECT_EQ(regimeTokens(1500, 1), 1536);
+  EXPECT_EQ(regimeTokens(5, 1), 5);
+  for (std::int64_t n = 1; n < 5000; ++n) {
+    const std::int64_t r = regimeTokens(n, 1);
+    EXPECT_GE(r, n);
+    EXPECT_LE(4 * r, 5 * n + 3 * 4) << n;  // at most a quarter more (plus rounding below 8)
+    EXPECT_EQ(regimeTokens(r, 1), r) << n;  // a regime count is its own regime
+  }
+  EXPECT_THROW(regimeTokens(-1, 1), InvalidArgument);
+  EXPECT_THROW(regimeTokens(5, 0), InvalidArgument);
+}
+
 TEST(MoeCatalog, BadShapesAreRefusedAndChangeNothing) {
   Catalog c;
   c.admit({"L0", {1}});
