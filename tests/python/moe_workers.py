@@ -180,8 +180,8 @@ _last_layouts: list = [None]
 def no_dense_part(steps):
     """Expert-parallel blocks whose dense part the adapter cannot find (its attention names
     emptied here): no hidden recipe, in the plans or in the catalog."""
-    import lm_resiliency.frameworks.pytorch as pytorch_adapter
+    import lm_resiliency.frameworks.moe_layers as moe_layers
 
-    pytorch_adapter._ATTENTION_NAMES = ()
+    moe_layers._ATTENTION_NAMES = ()
     out = train(2, steps, False)
     return {"results": out["results"], "catalog": out["catalog"]}

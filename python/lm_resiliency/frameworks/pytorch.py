@@ -14,14 +14,13 @@ import torch.nn as nn
 from lm_resiliency import _core
 from lm_resiliency.errors import InvalidArgumentError
 from lm_resiliency.frameworks.base import FrameworkAdapter, MeshDim, MoeLayer
+from lm_resiliency.frameworks.moe_layers import EXPERT_INDEX_ATTRS, expert_mesh, find_moe_layers
 from lm_resiliency.handle import Handle, Handles
 
 _LAYER_LISTS = ("layers", "h", "blocks", "layer")
 _LAYER_INDEX_ATTRS = ("layer_id", "global_layer_index", "global_layer_idx")
-_EXPERT_INDEX_ATTRS = ("global_expert_index", "global_expert_id")
 _TOKEN_EMBEDDING_HINTS = ("tok", "word", "vocab", "wte", "embed_tokens")
 _OUTPUT_NAMES = ("output", "lm_head", "head")
-_ATTENTION_NAMES = ("attention", "self_attn", "attn")
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
@@ -156,7 +155,7 @@ class ModuleStructure:
             within = blocks[layer][1]
         prefix = "" if within is self.module else self._path_of(within) + "."
         found = [(prefix + p if p else prefix[:-1], m) for p, m in within.named_modules()
-                 if any(getattr(m, a, None) == index for a in _EXPERT_INDEX_ATTRS)]
+                 if any(getattr(m, a, None) == index for a in EXPERT_INDEX_ATTRS)]
         if len(found) > 1:
             raise InvalidArgumentError(f"experts of several layers have global index {index} "
                                        f"({', '.join(p for p, _ in found[:4])}): give target.metadata.layer or "
@@ -173,37 +172,6 @@ class ModuleStructure:
         if not 0 <= local < min(local_count, len(experts[0][1])):
             raise InvalidArgumentError(f"global expert {index} is not on expert-parallel rank {ep_rank}")
         return f"{experts[0][0]}.{local}", experts[0][1][local]
-
-
-def find_moe_layers(blocks: dict[int, tuple[str, nn.Module]]) -> list[MoeLayer]:
-    """The MoE layers of `blocks` (global index -> (path, block)): in a block, a module with
-    ``router``, ``experts`` (a ModuleList or ModuleDict), ``top_k`` and ``num_experts`` (and,
-    with expert parallelism, ``ep_size``, ``ep_rank``, ``ep_group``): workloads/moe.py's
-    convention."""
-    out = []
-    for layer, (block_path, block) in sorted(blocks.items()):
-        for path, m in block.named_modules():
-            if not (isinstance(getattr(m, "router", None), nn.Module)
-                    and isinstance(getattr(m, "experts", None), (nn.ModuleList, nn.ModuleDict))
-                    and isinstance(getattr(m, "top_k", None), int) and isinstance(getattr(m, "num_experts", None), int)):
-                continue
-            full = f"{block_path}.{path}" if path else block_path
-            experts = []
-            named = m.experts.items() if isinstance(m.experts, nn.ModuleDict) else enumerate(m.experts)
-            for key, e in named:
-                gidx = next((getattr(e, a) for a in _EXPERT_INDEX_ATTRS if isinstance(getattr(e, a, None), int)), None)
-                if gidx is None:
-                    raise InvalidArgumentError(f"expert {full}.experts.{key} has no global_expert_index")
-                experts.append((f"{full}.experts.{key}", e, gidx))
-            ep_size = int(getattr(m, "ep_size", 1) or 1)
-            dense = None
-            if ep_size > 1:
-                dense = next(((f"{block_path}.{n}", c) for n, c in block.named_children() if n in _ATTENTION_NAMES),
-                             None)
-            out.append(MoeLayer(layer, full, m, (f"{full}.router", m.router), experts, m.top_k, m.num_experts, ep_size,
-                                int(getattr(m, "ep_rank", 0) or 0), getattr(m, "ep_group", None), dense))
-            break
-    return out
 
 
 class PyTorchAdapter(FrameworkAdapter):
@@ -254,7 +222,7 @@ class PyTorchAdapter(FrameworkAdapter):
         if len(ep) > 1:
             raise InvalidArgumentError(f"MoE layers with different expert-parallel sizes {sorted(ep)}")
         if ep and max(ep) > 1:
-            return _expert_mesh(max(ep), world_size, self.moe_layers()[0].ep_group)
+            return expert_mesh(max(ep), world_size, self.moe_layers()[0].ep_group)
         for p in self.module.parameters():
             mesh = getattr(p, "device_mesh", None)
             if mesh is None:
@@ -395,21 +363,6 @@ class PyTorchAdapter(FrameworkAdapter):
             cell.run = cell.on_done = None
 
         return Handle(remove), None
-
-
-def _expert_mesh(ep: int, world: int, group: Any) -> list[MeshDim]:
-    """[("dp", world / ep, replicate), ("ep", ep, expert)] after checking that the
-    expert-parallel group is this rank's block of `ep` consecutive ranks."""
-    if world % ep:
-        raise InvalidArgumentError(f"a world of {world} ranks does not split into expert-parallel groups of {ep}")
-    if group is not None and dist.is_initialized():
-        rank = dist.get_rank()
-        expected = list(range(rank - rank % ep, rank - rank % ep + ep))
-        if sorted(dist.get_process_group_ranks(group)) != expected:
-            raise InvalidArgumentError(f"the expert-parallel group of rank {rank} is "
-                                       f"{sorted(dist.get_process_group_ranks(group))}, expected {expected} "
-                                       "(expert parallelism innermost: consecutive ranks)")
-    return [("dp", world // ep, "replicate"), ("ep", ep, "expert")]
 
 
 def _fsdp_param_dtypes(parts: list[nn.Module]) -> dict[int, torch.dtype]:

@@ -26,7 +26,7 @@ from lm_resiliency.scout.determinism import Determinism
 from lm_resiliency.scout.guard import Guard, WarnOnce, describe, log
 from lm_resiliency.scout.integrity import StateIntegrity
 from lm_resiliency.scout.module_replay import ModuleReplay
-from lm_resiliency.scout.moe_replay import MoeReplay, build_expert_peers
+from lm_resiliency.scout.moe_replay import MoeReplay, build_expert_peers, expert_layout, hidden_module, without_hidden
 from lm_resiliency.scout.oob.monitor import HangMonitor
 from lm_resiliency.scout.optimizer_replay import OptimizerReplay
 from lm_resiliency.scout.comm import CommRounds
@@ -64,12 +64,9 @@ class ReplayHarness:
         dims = self._adapter.mesh_dims(world)
         self._peers = groups.build(dims)
         # MoE layers (scout/moe_replay.py): expert groups compare experts, expert-parallel
-        # groups judge the AllToAll; only those inside this rank's compute peers.
+        # groups judge the AllToAll.
         self._moe_layers = self._adapter.moe_layers()
-        inside = set(self._peers.ranks)
-        experts = _core.mesh_has_experts(dims, world)
-        self._expert_groups = [g for g in _core.mesh_expert_groups(dims, world) if set(g) <= inside] if experts else []
-        self._ep_groups = [g for g in _core.mesh_expert_parallel_groups(dims, world) if set(g) <= inside] if experts else []
+        self._expert_groups, self._ep_groups = expert_layout(dims, world, self._peers.ranks)
         self._tracker = _core.StragglerTracker(self.config.straggler_options())
         self._device = next(iter(self._adapter.model_parts()[0].parameters())).device
         self._determinism = Determinism(self.config.deterministic, self._device)
@@ -81,11 +78,10 @@ class ReplayHarness:
         self._module_replay = ModuleReplay(self._adapter, self._peers, self._pipelined, self._device, self._determinism,
                                            self.config.compare_parameters, repeats, self._replaying)
         self._moe: Optional[MoeReplay] = None
-        bare = [m.layer for m in self._moe_layers if m.ep_size > 1 and m.dense is None]
-        if bare:
+        if without_hidden(self._moe_layers):
             log.warning("SCOUT hidden recipe is off for blocks %s: their MoE layer exchanges tokens inside the forward "
                         "and no dense part (a child named attention, self_attn or attn) was found; the MoE recipe "
-                        "still replays their router, experts and AllToAll", bare)
+                        "still replays their router, experts and AllToAll", sorted(without_hidden(self._moe_layers)))
         if self._moe_layers:
             expert_peers = build_expert_peers(dims, dist.is_initialized() and dist.get_backend() == "gloo")
             self._moe = MoeReplay(self._adapter, self._moe_layers, self._peers, expert_peers, self._ep_groups,
@@ -170,14 +166,9 @@ class ReplayHarness:
             out["embedding"] = (self._emb_path, self._embedding, None)
         if hidden is not None:
             layer = self._layers[hidden]
-            path, module = self._blocks[layer]
-            # A block whose MoE layer exchanges tokens inside its forward is replayed by its
-            # dense part (its attention); the MoE recipe covers the rest.
-            expert_parallel = next((m for m in self._moe_layers if m.layer == layer and m.ep_size > 1), None)
-            if expert_parallel is None:
-                out[f"hidden.{layer}"] = (path, module, layer)
-            elif expert_parallel.dense is not None:
-                out[f"hidden.{layer}"] = expert_parallel.dense + (layer,)
+            target = hidden_module(self._moe_layers, layer, *self._blocks[layer])
+            if target is not None:
+                out[f"hidden.{layer}"] = target + (layer,)
         if moe is not None:
             m = self._moe_layers[moe]
             out[f"moe.{m.layer}"] = m.router + (m.layer,)
@@ -320,8 +311,7 @@ class ReplayHarness:
         """Every recipe id a complete cycle of this cadence covers (lmr::replay::catalog)."""
         slices = 0 if "optimizer" in self.disabled_recipes else self._optimizer_replay.slices
         moe = [] if "modules" in self.disabled_recipes else [m.layer for m in self._moe_layers]
-        # Expert-parallel blocks without a dense part to replay have no hidden recipe.
-        skipped = {m.layer for m in self._moe_layers if m.ep_size > 1 and m.dense is None}
+        skipped = without_hidden(self._moe_layers)
         return list(_core.replay_catalog(self.config.cadence(), [i for i in self._layers if i not in skipped], slices,
                                          moe))
 
@@ -442,15 +432,8 @@ class ReplayHarness:
             if reason is not None:
                 reasons[recipe] = reason
         vote = {"contracts": contracts, "reasons": reasons}
-        if self._moe is not None:  # new expert shapes and AllToAll layouts travel with it
-            try:
-                vote["moe"] = self._moe.vote()
-            except Exception as e:  # noqa: BLE001 - this rank sends none; every rank still votes
-                log.warning("SCOUT could not collect this rank's MoE shapes: %s", describe(e))
-                vote["moe"] = {"shapes": {}, "layouts": []}
-        gathered = self._vote(vote)
-        if self._moe is not None:
-            self._moe.admit([g["moe"] for g in gathered])
+        # New expert shapes and AllToAll layouts travel with it (scout/moe_replay.py).
+        gathered = self._moe.gather(vote, self._vote) if self._moe is not None else self._vote(vote)
         local_ready, why = _core.replay_readiness(self._peers.ranks, self._peers.state_groups, recipes,
                                                   [(g["contracts"], g["reasons"]) for g in gathered])
         ready = {r for r, ok in zip(recipes, self._world_all(recipes, local_ready)) if ok}

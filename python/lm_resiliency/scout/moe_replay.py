@@ -38,6 +38,7 @@ from lm_resiliency.scout.broadcast import broadcast_flat
 from lm_resiliency.scout.capture import Capture
 from lm_resiliency.scout.determinism import Determinism
 from lm_resiliency.scout.fingerprints import fingerprint
+from lm_resiliency.scout.guard import describe, log
 from lm_resiliency.scout.module_call import call_with_hooks, first_tensor, swapped_parameters
 from lm_resiliency.scout.module_replay import ModuleReplay, Prepared
 from lm_resiliency.scout.moe_capture import AllToAllLayouts, ExpertShapes
@@ -72,6 +73,31 @@ def build_expert_peers(mesh_dims: list, default_is_gloo: bool) -> Optional[Exper
     if mine is not None and mine.data is not None:
         dist.barrier(group=mine.data)  # connect now, not in the first check (as scout/groups.py does)
     return mine
+
+
+def expert_layout(mesh_dims: list, world: int, compute_ranks: list[int]) -> tuple[list, list]:
+    """(expert groups, expert-parallel groups) of the mesh inside this rank's compute peers
+    (what the check verdict compares experts and judges routing in); empty without experts."""
+    if not _core.mesh_has_experts(mesh_dims, world):
+        return [], []
+    inside = set(compute_ranks)
+    return ([g for g in _core.mesh_expert_groups(mesh_dims, world) if set(g) <= inside],
+            [g for g in _core.mesh_expert_parallel_groups(mesh_dims, world) if set(g) <= inside])
+
+
+def hidden_module(layers: list[MoeLayer], layer: int, path: str, block: torch.nn.Module) -> Optional[tuple]:
+    """What the hidden recipe replays for block `layer`: the block, or, when its MoE layer
+    exchanges tokens inside the forward (expert parallel), its dense part (its attention; the
+    MoE recipe covers the rest); None when there is none to replay."""
+    moe = next((m for m in layers if m.layer == layer and m.ep_size > 1), None)
+    if moe is None:
+        return path, block
+    return moe.dense
+
+
+def without_hidden(layers: list[MoeLayer]) -> set[int]:
+    """Blocks with no hidden recipe: expert parallel, no dense part found."""
+    return {m.layer for m in layers if m.ep_size > 1 and m.dense is None}
 
 
 @dataclasses.dataclass
@@ -127,6 +153,19 @@ class MoeReplay:
         """This rank's new expert shapes and last iteration's AllToAll rows."""
         return {"shapes": {layer: s.take() for layer, s in self.shapes.items()},
                 "layouts": self.layouts.last() if self.layouts is not None else []}
+
+    def gather(self, vote: dict[str, Any], gather: Callable[[Any], list]) -> list:
+        """`gather(vote)` (the check's readiness vote, a collective) with this rank's MoE part
+        added, then every rank's part admitted; the gathered votes. A failure collecting this
+        rank's part sends none: every rank still votes."""
+        try:
+            vote = {**vote, "moe": self.vote()}
+        except Exception as e:  # noqa: BLE001 - never skip the collective
+            log.warning("SCOUT could not collect this rank's MoE shapes: %s", describe(e))
+            vote = {**vote, "moe": {"shapes": {}, "layouts": []}}
+        gathered = gather(vote)
+        self.admit([g["moe"] for g in gathered])
+        return gathered
 
     def admit(self, gathered: Sequence[dict[str, Any]]) -> None:
         """Every rank's shapes into the catalogs (the same on every rank afterwards), and the
