@@ -15,6 +15,9 @@ using json::findMember;
 constexpr std::string_view kOperations[] = {"single_bitflip", "multi_bitflip", "set_value",
                                             "scale",          "noise",         "sign_flip"};
 constexpr std::string_view kScopes[] = {"single", "row", "1%", "10%", "100%"};
+// Where a gradient fault lands: this rank's own gradient before any reduction (the default),
+// or its reduced gradient (or shard) just before the optimizer step.
+constexpr std::string_view kGradientPoints[] = {"local", "reduced"};
 constexpr std::string_view kMagnitudes[] = {"catastrophic", "large", "medium", "subtle", "near_invisible"};
 // The longest wait a platform timer takes (Python's threading.TIMEOUT_MAX on Linux), in ms.
 constexpr double kMaxDelayMs = 9223372036.0 * 1000.0;
@@ -69,6 +72,7 @@ void validateBuiltInParameters(const Fault& fault, const std::string& path) {
   if (fault.type != FailureType::kDelay) {
     if (parameter_surface) allowed.push_back("parameter");
     if (surface == Surface::kOptimizerState) allowed.push_back("state_key");
+    if (surface == Surface::kGradient) allowed.push_back("point");
   }
 
   for (const auto& [key, value] : p.items()) {
@@ -86,6 +90,7 @@ void validateBuiltInParameters(const Fault& fault, const std::string& path) {
   if (const Json* v = findMember(p, "magnitude")) enumValue(*v, child(path, "magnitude"), kMagnitudes);
   if (const Json* v = findMember(p, "parameter")) json::asIdentifier(*v, child(path, "parameter"));
   if (const Json* v = findMember(p, "state_key")) json::asIdentifier(*v, child(path, "state_key"));
+  if (const Json* v = findMember(p, "point")) enumValue(*v, child(path, "point"), kGradientPoints);
   if (operation == "set_value") {
     const Json* v = findMember(p, "value");
     if (v == nullptr) fail(child(path, "value"), "required for set_value (a number, \"nan\", \"inf\" or \"-inf\")");

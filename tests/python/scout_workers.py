@@ -41,6 +41,16 @@ def adam_campaign():
                               "state_key": "exp_avg"}, {"until": "campaign_end"}))
 
 
+def gradient_campaign(point=None):
+    """A gradient fault on rank 2 (block 1's w2) over iterations 5-7; `point`: where it lands
+    (None: the default, the rank's local gradient before any reduction)."""
+    parameters = {"operation": "noise", "std": 1.0, "scope": "1%", "parameter": "feed_forward.w2.weight"}
+    if point is not None:
+        parameters["point"] = point
+    return campaign(incident("grad", [5], "tensor_corruption", {"rank": 2, **BLOCK1, "surface": "gradient"},
+                             parameters, {"iterations": 3}))
+
+
 def run(parallel, kind, steps, check_interval=1, pipelined=None, ffn_hidden=None, state_integrity=None):
     cfg = TrainConfig(parallel=parallel, steps=steps)
     if ffn_hidden is not None:  # e.g. a size FSDP cannot split evenly
@@ -48,7 +58,8 @@ def run(parallel, kind, steps, check_interval=1, pipelined=None, ffn_hidden=None
     model, opt, data, device = build(cfg)
     harness = ReplayHarness(model, opt, ReplayHarnessConfig(check_interval=check_interval, pipelined=pipelined,
                                                             state_integrity=state_integrity))
-    c = {"compute": compute_campaign, "weight": weight_campaign, "adam": adam_campaign}.get(kind)
+    c = {"compute": compute_campaign, "weight": weight_campaign, "adam": adam_campaign,
+         "gradient_local": gradient_campaign, "gradient_reduced": lambda: gradient_campaign("reduced")}.get(kind)
     session = lmr.enable_fault_injection(model, opt, campaign=c()) if c else None
     for step in range(steps):
         train_step(model, opt, data, device, step)

@@ -67,8 +67,11 @@ class HistoryObserver:
             self.handle = m.register_forward_hook(lambda _m, _i, out: self._observe(out))
         elif surface == "input":
             self.handle = m.register_forward_pre_hook(lambda _m, args: self._observe(args[0]) if args else None)
-        elif surface == "gradient" and self.adapter.gradient_hook_is_final(self.target.parameter):
+        elif surface == "gradient" and self._point() == "parameter":
             self.handle = self.target.parameter.register_hook(lambda g: self._observe(g))
+        elif surface == "gradient" and self._point() == "unsharded":
+            self.handle = self.adapter.hook_local_gradient(self.target.parameter,
+                                                           lambda g: self._observe(self.adapter.local(g)))
         elif surface in ("weight", "bias", "optimizer_state"):
             try:
                 t = self.target.parameter if surface != "optimizer_state" else optimizer_state_tensor(
@@ -79,8 +82,14 @@ class HistoryObserver:
 
     def before_step(self) -> None:
         p = self.target.parameter
-        if self.target.surface == "gradient" and not self.adapter.gradient_hook_is_final(p) and p.grad is not None:
+        if self.target.surface == "gradient" and self._point() == "reduced" and p.grad is not None:
             self._observe(self.adapter.local(p.grad))
+
+    def _point(self) -> str:
+        """Where the effect will act on the gradient (GradientEffect): observed at the same point."""
+        if self.target.gradient_point:
+            return self.target.gradient_point
+        return "parameter" if self.adapter.gradient_hook_is_final(self.target.parameter) else "reduced"
 
     def remove(self) -> None:
         if self.handle is not None:

@@ -170,10 +170,11 @@ class ActivationEffect(_HookedEffect):
 
 
 class GradientEffect(_HookedEffect):
-    """A parameter's gradient. Where an autograd hook sees the gradient this rank
-    contributes (adapter.gradient_hook_is_final: replicated parameters, before DDP's
-    all-reduce sees it), a tensor hook on each backward; otherwise (sharded parameters) the
-    rank-local gradient just before the optimizer step."""
+    """A parameter's gradient, where ``target.gradient_point`` says (targets.py): the
+    gradient this rank contributes, through a tensor hook on the parameter (replicated
+    parameters: before DDP's all-reduce sees it) or on FSDP2's unsharded parameter (before
+    the reduce-scatter), at each backward; or the rank's reduced gradient (a shard under
+    FSDP2) just before the optimizer step."""
 
     idle_reason = "no gradient was corrupted (no backward reached the parameter)"
 
@@ -181,8 +182,11 @@ class GradientEffect(_HookedEffect):
                  clock: Callable[[], int], history: Optional[History]) -> None:
         super().__init__(request, target)
         self.adapter = adapter
-        self.transform = _TensorTransform(action, history, clock)
-        self.sharded = not adapter.gradient_hook_is_final(target.parameter)
+        # With the adapter: an unsharded gradient that is still a tensor-parallel DTensor
+        # (TP x FSDP) is corrupted in this rank's part.
+        self.transform = _TensorTransform(action, history, clock, adapter)
+        self.point = target.gradient_point or ("parameter" if adapter.gradient_hook_is_final(target.parameter)
+                                               else "reduced")
         self.follow_handle = None
 
     def deactivate(self) -> Any:
@@ -203,12 +207,15 @@ class GradientEffect(_HookedEffect):
             self.error = f"gradient of {self.target.module_path}.{self.target.parameter_name}: {type(e).__name__}: {e}"
             return grad
         self.verified = self.verified or self.transform.changed > 0
-        self.evidence = {"calls": self.budget.calls, "changed": self.transform.changed, "selected": self.transform.selected}
+        self.evidence = {"calls": self.budget.calls, "changed": self.transform.changed, "selected": self.transform.selected,
+                         "point": self.point}
         return new
 
     def activate(self) -> None:
-        if not self.sharded:
+        if self.point == "parameter":
             self.handle = self.target.parameter.register_hook(self._apply)
+        elif self.point == "unsharded":
+            self.handle = self.adapter.hook_local_gradient(self.target.parameter, self._apply)
         # A replay that runs the owning module on copied parameters (SCOUT) must see the
         # fault too: when the module is called with a replay copy of the parameter, hook
         # that copy's gradient for this one call.
@@ -225,7 +232,7 @@ class GradientEffect(_HookedEffect):
 
     def before_step(self) -> None:
         p = self.target.parameter
-        if self.sharded and p.grad is not None:
+        if self.point == "reduced" and p.grad is not None:
             local = self.adapter.local(p.grad)
             with torch.no_grad():
                 local.copy_(self._apply(local))

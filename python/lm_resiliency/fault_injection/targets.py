@@ -24,6 +24,11 @@ class ResolvedTarget:
     parameter_name: Optional[str] = None
     parameter: Optional[nn.Parameter] = None
     state_key: Optional[str] = None
+    # Where a gradient effect acts (docs/campaigns.md): "parameter" (a tensor hook on the
+    # parameter: replicated parameters, before DDP's all-reduce), "unsharded" (FSDP2 and
+    # HSDP: the rank's local, unsharded gradient before the reduce-scatter) or "reduced" (the
+    # rank's reduced gradient, or shard, just before the optimizer step).
+    gradient_point: Optional[str] = None
     key: str = ""  # identity of the touched object, for overlap and alias checks
 
 
@@ -44,6 +49,22 @@ def _strip(path: str, modules: dict[str, nn.Module]) -> str:
 
 def _is_within(descendant: nn.Module, ancestor: nn.Module) -> bool:
     return any(m is descendant for m in ancestor.modules())
+
+
+def gradient_point(adapter: FrameworkAdapter, p: torch.Tensor, requested: Optional[str], name: str) -> str:
+    """Where a gradient effect on `p` acts for the manifest's ``parameters.point`` ("local",
+    the default, or "reduced"). A framework without a local gradient before its reduction
+    of a sharded parameter gets the reduced one by default, and refuses an explicit "local"."""
+    if requested == "reduced":
+        return "reduced"
+    if adapter.gradient_hook_is_final(p):
+        return "parameter"
+    if adapter.has_local_gradient(p):
+        return "unsharded"
+    if requested == "local":
+        raise InvalidArgumentError(f"{name}: this framework exposes no local gradient before it reduces it; "
+                                   "use parameters.point \"reduced\"")
+    return "reduced"
 
 
 def resolve(adapter: FrameworkAdapter, fault: dict[str, Any], where: str) -> ResolvedTarget:
@@ -81,6 +102,9 @@ def resolve(adapter: FrameworkAdapter, fault: dict[str, Any], where: str) -> Res
             out.parameter_name, out.parameter = name, owned[name]
             if surface == "gradient" and not out.parameter.requires_grad:
                 raise InvalidArgumentError(f"{out.module_path}.{name} does not require grad: no gradient to corrupt")
+            if surface == "gradient":
+                out.gradient_point = gradient_point(adapter, out.parameter, parameters.get("point"),
+                                                    f"{out.module_path}.{name}")
             if surface == "optimizer_state":
                 if not any(out.parameter is p for p, _ in adapter.optimizer_parameters()):
                     raise InvalidArgumentError(f"{out.module_path}.{name} is not optimised by this optimizer")

@@ -152,6 +152,19 @@ class FrameworkAdapter:
         the rank's local gradient just before the optimizer step."""
         return True
 
+    def has_local_gradient(self, parameter: torch.Tensor) -> bool:
+        """For a parameter whose autograd hook is not final (``gradient_hook_is_final``
+        False): whether the framework exposes this rank's local, unsharded gradient before it
+        reduces it (FSDP2's unsharded parameter), so that ``hook_local_gradient`` works. No
+        collectives."""
+        return False
+
+    def hook_local_gradient(self, parameter: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> Handle:
+        """Calls ``fn(grad)`` on each local, unsharded gradient of `parameter` before the
+        framework reduces it, using what it returns instead (where ``has_local_gradient``).
+        No collectives; the handle removes exactly this hook."""
+        raise UnsupportedError("this framework exposes no local gradient before its reduction")
+
     def overwritten_by_update(self, parameter: torch.Tensor) -> bool:
         """Whether each update rewrites this rank's copy of `parameter` from a master copy
         held elsewhere (DeepSpeed ZeRO's working parameters, written back from the fp32

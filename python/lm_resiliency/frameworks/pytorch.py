@@ -296,6 +296,32 @@ class PyTorchAdapter(FrameworkAdapter):
         # autograd hook on the parameter; DDP all-reduces after the tensor hook ran.
         return not self.is_sharded(parameter)
 
+    def has_local_gradient(self, parameter: torch.Tensor) -> bool:
+        return _fsdp_param_of(self.model_parts(), parameter) is not None
+
+    def hook_local_gradient(self, parameter: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> Handle:
+        """FSDP2 computes each sharded parameter's gradient on an unsharded parameter it
+        all-gathers into (one object, kept across iterations) and reduce-scatters that
+        gradient after backward: a tensor hook on it sees this rank's contribution. Before the
+        first all-gather it does not exist yet: a forward pre-hook of the FSDP module, which
+        runs after FSDP's own (which unshards), installs the tensor hook then."""
+        found = _fsdp_param_of(self.model_parts(), parameter)
+        if found is None:
+            raise InvalidArgumentError("not a parameter of a fully_shard module: no local gradient before reduction")
+        module, fsdp_param = found
+        handles = Handles()
+        installed = []
+
+        def install(*_: Any) -> None:
+            if not installed and hasattr(fsdp_param, "_unsharded_param"):
+                installed.append(True)
+                handles.add(fsdp_param._unsharded_param.register_hook(fn))
+
+        install()
+        if not installed:
+            handles.add(module.register_forward_pre_hook(install))
+        return Handle(handles.remove)
+
     # --- optimizer -------------------------------------------------------------------
 
     def wrap_step(self, make_wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Handle:
@@ -363,6 +389,21 @@ class PyTorchAdapter(FrameworkAdapter):
             cell.run = cell.on_done = None
 
         return Handle(remove), None
+
+
+def _fsdp_param_of(parts: list[nn.Module], parameter: torch.Tensor) -> Optional[tuple[nn.Module, Any]]:
+    """(the fully_shard module, FSDP2's FSDPParam) holding `parameter`, or None."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for part in parts:
+        for m in part.modules():
+            if not isinstance(m, FSDPModule):
+                continue
+            group = getattr(m._get_fsdp_state(), "_fsdp_param_group", None)
+            for fp in getattr(group, "fsdp_params", ()):
+                if getattr(fp, "sharded_param", None) is parameter:
+                    return m, fp
+    return None
 
 
 def _fsdp_param_dtypes(parts: list[nn.Module]) -> dict[int, torch.dtype]:

@@ -266,6 +266,14 @@ TEST(Manifest, ErrorsNameTheJsonPath) {
        "incidents[0].faults[0].parameters.state_key: does not apply"},
       {"parameter on output", [](Json& m) { m["incidents"][0]["faults"][0]["parameters"]["parameter"] = "weight"; },
        "incidents[0].faults[0].parameters.parameter: does not apply"},
+      {"point on output", [](Json& m) { m["incidents"][0]["faults"][0]["parameters"]["point"] = "local"; },
+       "incidents[0].faults[0].parameters.point: does not apply"},
+      {"unknown gradient point",
+       [](Json& m) {
+         m["incidents"][0]["faults"][0]["target"]["surface"] = "gradient";
+         m["incidents"][0]["faults"][0]["parameters"]["point"] = "after_allreduce";
+       },
+       "incidents[0].faults[0].parameters.point: unknown value \"after_allreduce\" (allowed: local, reduced)"},
       {"reorder with scope",
        [](Json& m) {
          m["incidents"][0]["faults"][0]["type"] = "reorder";
@@ -374,6 +382,11 @@ TEST(Manifest, ValidBuiltInParameterCombinations) {
   inc["faults"][0]["parameters"] =
       Json{{"operation", "scale"}, {"factor", 4}, {"state_key", "exp_avg_sq"}, {"parameter", "weight"}};
   EXPECT_EQ(parseError(m.dump()), "");
+  for (const char* point : {"local", "reduced"}) {
+    inc["faults"][0]["target"]["surface"] = "gradient";
+    inc["faults"][0]["parameters"] = Json{{"operation", "sign_flip"}, {"point", point}, {"parameter", "weight"}};
+    EXPECT_EQ(parseError(m.dump()), "") << point;
+  }
 }
 
 TEST(Manifest, TemporalClasses) {
