@@ -5,7 +5,7 @@ contracts are in frameworks/base.py."""
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -391,36 +391,28 @@ class PyTorchAdapter(FrameworkAdapter):
         return Handle(remove), None
 
 
-def _fsdp_param_of(parts: list[nn.Module], parameter: torch.Tensor) -> Optional[tuple[nn.Module, Any]]:
-    """(the fully_shard module, FSDP2's FSDPParam) holding `parameter`, or None."""
+def _fsdp_params(parts: list[nn.Module]) -> Iterator[tuple[nn.Module, Any]]:
+    """(fully_shard module, FSDP2's FSDPParam) for every sharded parameter of `parts`."""
     from torch.distributed.fsdp import FSDPModule
 
     for part in parts:
         for m in part.modules():
-            if not isinstance(m, FSDPModule):
-                continue
-            group = getattr(m._get_fsdp_state(), "_fsdp_param_group", None)
-            for fp in getattr(group, "fsdp_params", ()):
-                if getattr(fp, "sharded_param", None) is parameter:
-                    return m, fp
-    return None
+            if isinstance(m, FSDPModule):
+                group = getattr(m._get_fsdp_state(), "_fsdp_param_group", None)
+                for fp in getattr(group, "fsdp_params", ()):
+                    yield m, fp
+
+
+def _fsdp_param_of(parts: list[nn.Module], parameter: torch.Tensor) -> Optional[tuple[nn.Module, Any]]:
+    """(the fully_shard module, FSDP2's FSDPParam) holding `parameter`, or None."""
+    return next(((m, fp) for m, fp in _fsdp_params(parts) if getattr(fp, "sharded_param", None) is parameter), None)
 
 
 def _fsdp_param_dtypes(parts: list[nn.Module]) -> dict[int, torch.dtype]:
     """id(sharded parameter) -> the dtype FSDP2 computes it in, for every fully_shard
     module of `parts` with a mixed-precision param_dtype."""
-    from torch.distributed.fsdp import FSDPModule
-
-    out: dict[int, torch.dtype] = {}
-    for part in parts:
-        for m in part.modules():
-            if not isinstance(m, FSDPModule):
-                continue
-            group = getattr(m._get_fsdp_state(), "_fsdp_param_group", None)
-            for fp in getattr(group, "fsdp_params", ()):
-                if getattr(fp, "param_dtype", None) is not None:
-                    out[id(fp.sharded_param)] = fp.param_dtype
-    return out
+    return {id(fp.sharded_param): fp.param_dtype for _, fp in _fsdp_params(parts)
+            if getattr(fp, "param_dtype", None) is not None}
 
 
 def replay_torch_update(optimizer: torch.optim.Optimizer, groups: dict[int, list[torch.Tensor]],
