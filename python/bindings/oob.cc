@@ -30,6 +30,7 @@ void registerOob(nb::module_& m) {
   nb::class_<oob::WatchOptions>(m, "WatchOptions")
       .def(nb::init<>())
       .def_rw("threshold_s", &oob::WatchOptions::threshold_s)
+      .def_rw("warmup_threshold_s", &oob::WatchOptions::warmup_threshold_s)
       .def_rw("poll_s", &oob::WatchOptions::poll_s)
       .def_rw("join_s", &oob::WatchOptions::join_s)
       .def_rw("gather_s", &oob::WatchOptions::gather_s)

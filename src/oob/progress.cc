@@ -19,7 +19,7 @@ namespace lmr::oob {
 namespace {
 
 constexpr std::uint32_t kMagic = 0x4C4D524F;  // "LMRO"
-constexpr std::uint32_t kVersion = 1;
+constexpr std::uint32_t kVersion = 2;
 
 using A64 = std::atomic<std::int64_t>;
 using AU64 = std::atomic<std::uint64_t>;
@@ -59,7 +59,7 @@ struct Shared {
   std::atomic<std::int32_t> owner_pid;
   char token[16];
   Section progress;
-  AU64 step;
+  AU64 step, steps_here;
   A64 layer;
   AU64 layer_calls;
   std::atomic<std::uint32_t> op, reduce_or_root;
@@ -174,6 +174,7 @@ void ProgressWriter::close() noexcept {
 void ProgressWriter::stepCompleted(std::uint64_t step) noexcept {
   beginWrite(shared_->progress.seq);
   shared_->step.store(step, std::memory_order_relaxed);
+  shared_->steps_here.store(shared_->steps_here.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   shared_->layer.store(-1, std::memory_order_relaxed);
   shared_->layer_calls.store(0, std::memory_order_relaxed);
   shared_->in_collective.store(0, std::memory_order_relaxed);
@@ -268,6 +269,7 @@ std::optional<Snapshot> ProgressReader::snapshot() const noexcept {
   const Shared& m = *shared_;
   const bool ok1 = readConsistent(m.progress.seq, [&] {
     s.step = m.step.load(std::memory_order_relaxed);
+    s.steps_here = m.steps_here.load(std::memory_order_relaxed);
     s.layer = m.layer.load(std::memory_order_relaxed);
     s.layer_calls = m.layer_calls.load(std::memory_order_relaxed);
     s.collective =

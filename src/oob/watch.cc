@@ -1,5 +1,6 @@
 #include "lmr/oob/watch.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -11,6 +12,7 @@ namespace lmr::oob {
 
 void WatchOptions::validate(const std::string& owner) const {
   const std::pair<const char*, double> fields[] = {{"threshold_s", threshold_s},
+                                                   {"warmup_threshold_s", warmup_threshold_s},
                                                    {"poll_s", poll_s},
                                                    {"join_s", join_s},
                                                    {"gather_s", gather_s},
@@ -28,6 +30,10 @@ void WatchOptions::validate(const std::string& owner) const {
     }
   }
   if (poll_s >= threshold_s) throw InvalidArgument(owner + ".poll_s must be smaller than threshold_s");
+}
+
+std::int64_t stallThresholdNs(const Snapshot& s, std::int64_t threshold_ns, std::int64_t warmup_threshold_ns) noexcept {
+  return s.steps_here == 0 ? std::max(threshold_ns, warmup_threshold_ns) : threshold_ns;
 }
 
 DiagnosisOptions WatchOptions::diagnosis() const {

@@ -93,7 +93,8 @@ def main():
         with open(reports_path, "a") as f:
             f.write(json.dumps(report.to_dict()) + "\n")
 
-    config = HangDetectionConfig(threshold_s=threshold, poll_s=0.05, join_s=1.0, gather_s=2.0, io_absolute_s=1.0,
+    warmup = float(os.environ.get("OOB_WARMUP_THRESHOLD_S", "600"))
+    config = HangDetectionConfig(threshold_s=threshold, warmup_threshold_s=warmup, poll_s=0.05, join_s=1.0, gather_s=2.0, io_absolute_s=1.0,
                                  io_relative=4.0, io_persistence_s=0.5, hang_state_dir=state_dir,
                                  run_id=os.environ.get("OOB_RUN_ID"),
                                  hang_master_port=int(os.environ["OOB_PORT"]) if "OOB_PORT" in os.environ else None)
@@ -124,7 +125,10 @@ def main():
     before = io_counters() if scenario == "healthy" else None
     loader = instrument_dataloader(Batches(data, rank, steps, stall=scenario == "dataloader" and rank == 3))
     start = time.perf_counter()
+    first_step_s = float(os.environ.get("OOB_FIRST_STEP_S", "0"))  # every rank: a compile-like first step
     for step, (inputs, targets) in enumerate(loader):
+        if step == 0:
+            time.sleep(first_step_s)  # publishes nothing, as a compilation does not
         if trainer is not None:  # its own data; the loader only paces the scenario
             trainer.step += 1
             trainer.train_step(batches)

@@ -90,6 +90,23 @@ def test_kit_hang_fault_is_localized_as_a_process_stall(tmp_path):
 
 @needs_daemon
 @pytest.mark.distributed
+def test_a_silent_first_step_is_warmup_not_a_stall(tmp_path):
+    # Every rank spends 2.5 s in its first step publishing nothing (a torch.compile, a
+    # lazy initialization): past the 1.5 s threshold, within the warm-up threshold. The
+    # first report is the real stall, later.
+    job, report = stalled_job("sleep", tmp_path, env={"OOB_FIRST_STEP_S": "2.5"})
+    job.kill()
+    check(report, "process_stall", [1])
+    assert report["step"] == oob_workers.STALL_STEP and report["threshold_s"] == THRESHOLD_S
+    # With the warm-up threshold at the threshold, that first step is a stall of the group.
+    job, report = stalled_job("sleep", tmp_path / "short", env={"OOB_FIRST_STEP_S": "2.5",
+                                                               "OOB_WARMUP_THRESHOLD_S": str(THRESHOLD_S)})
+    job.kill()
+    assert report["step"] == 0 and report["scope"] == "peer_group", report
+
+
+@needs_daemon
+@pytest.mark.distributed
 @pytest.mark.parametrize("parallel", ["fsdp2", "hsdp"])
 @pytest.mark.parametrize("scenario,kind,rank", [("desync", "collective_desync", 2), ("sleep", "process_stall", 1)])
 def test_sharded_training(parallel, scenario, kind, rank, tmp_path):

@@ -30,6 +30,12 @@ def qualify(*args, timeout=900):
 
 # --- bad input: one line, exit status 2, nothing started -------------------------------
 
+def failure(run):
+    """What a failed run printed: its start (generation 0) and its end (the scores)."""
+    out = run.stdout if len(run.stdout) <= 9000 else run.stdout[:4500] + "\n[...]\n" + run.stdout[-4500:]
+    return out + run.stderr[-3000:]
+
+
 def _bad_campaign(tmp_path):
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"name": "x", "seed": 1, "incidents": [{
@@ -232,7 +238,7 @@ def test_metrics_count_what_the_hooks_receive_and_serve_on_loopback():
 def test_default_qualification_localizes_every_family_and_recovers(tmp_path):
     out = tmp_path / "q"
     run = qualify("--out", str(out), "--plain", "--metrics-port", str(_free_port()))
-    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    assert run.returncode == 0, failure(run)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["passed"] and list(summary["left_out"]) == ["comm_straggler"]
     (campaign,) = summary["runs"]
@@ -260,7 +266,7 @@ def test_default_qualification_localizes_every_family_and_recovers(tmp_path):
 def test_fault_free_run_attributes_nothing(tmp_path):
     out = tmp_path / "q"
     run = qualify("--out", str(out), "--plain", "--clean", "1", "--steps", "30", "--no-plots")
-    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    assert run.returncode == 0, failure(run)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["clean"]["runs"] == 1 and summary["clean"]["attributions"] == 0
     assert summary["clean"]["checks"] >= 29
@@ -275,7 +281,7 @@ def test_inside_an_existing_torchrun_rank_0_scores_after_the_restart(tmp_path):
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
                           "--max-restarts=1", *QUALIFY[1:], "--out", str(out), "--families", "recovery,process_stall",
                           "--no-plots"], capture_output=True, text=True, timeout=600, env=env)
-    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    assert run.returncode == 0, failure(run)
     summary = json.loads((out / "summary.json").read_text())
     (campaign,) = summary["runs"]
     assert summary["passed"] and len(campaign["recoveries"]) == 1

@@ -37,7 +37,7 @@ std::string usage() {
        "  --run-id=ID --instance=TOKEN --generation=G --group=NAME --host=NAME\n"
        "  --master-addr=HOST --master-port=PORT [--serve]   TCP rendezvous (--serve hosts the store)\n"
        "                                                    (without them: files under DIR/rendezvous)\n"
-    << "  --threshold-s=" << w.threshold_s << " --poll-ms=" << w.poll_s * 1000 << " --join-ms=" << w.join_s * 1000
+    << "  --threshold-s=" << w.threshold_s << " --warmup-threshold-s=" << w.warmup_threshold_s << " --poll-ms=" << w.poll_s * 1000 << " --join-ms=" << w.join_s * 1000
     << " --gather-ms=" << w.gather_s * 1000 << " --setup-timeout-s=" << w.setup_timeout_s << "\n"
     << "  --io-absolute-s=" << w.io_absolute_s << " --io-relative=" << w.io_relative
     << " --io-persistence-s=" << w.io_persistence_s << "\n"
@@ -73,7 +73,7 @@ struct Args {
 Args parse(int argc, char** argv) {
   static const char* known[] = {"segment",       "state-dir",       "group-ranks",   "index",       "run-id",
                                 "instance",      "generation",      "group",         "host",        "master-addr",
-                                "master-port",   "serve",           "threshold-s",   "poll-ms",     "join-ms",
+                                "master-port",   "serve",           "threshold-s",   "warmup-threshold-s",   "poll-ms",     "join-ms",
                                 "gather-ms",     "setup-timeout-s", "io-absolute-s", "io-relative", "io-persistence-s",
                                 "gloo-hostname", "gloo-iface",      "parent-pid",    "ready-fd",    "bind-addr"};
   Args a;
@@ -221,6 +221,8 @@ int main(int argc, char** argv) {
     const lmr::oob::WatchOptions watch;  // the defaults
     const auto ms = [](double seconds) { return static_cast<std::int64_t>(seconds * 1000.0); };
     o.threshold = std::chrono::nanoseconds(static_cast<std::int64_t>(args.num("threshold-s", watch.threshold_s) * 1e9));
+    o.warmup_threshold = std::chrono::nanoseconds(
+        static_cast<std::int64_t>(args.num("warmup-threshold-s", watch.warmup_threshold_s) * 1e9));
     o.join = std::chrono::milliseconds(args.integer("join-ms", ms(watch.join_s)));
     o.gather = std::chrono::milliseconds(args.integer("gather-ms", ms(watch.gather_s)));
     o.state_dir = args.str("state-dir");

@@ -10,6 +10,7 @@
 #include "lmr/common/hex.h"
 #include "lmr/common/log.h"
 #include "lmr/common/sha256.h"
+#include "lmr/oob/watch.h"
 #include "lmr/oob/report.h"
 #include "lmr/oob/wire.h"
 
@@ -117,13 +118,17 @@ void Observer::setUp(Clock::time_point deadline) {
   }
 }
 
+std::int64_t Observer::thresholdNs(const oob::Snapshot& s) const {
+  return oob::stallThresholdNs(s, options_.threshold.count(), options_.warmup_threshold.count());
+}
+
 std::optional<std::string> Observer::poll() {
   const std::optional<oob::Snapshot> s = reader_.snapshot();
   if (!s) return std::nullopt;  // the writer is mid-update; look again next time
   const std::int64_t now = oob::nowNs();
   watched(s->dataloader_since_ns, now, &dataloader_since_, &dataloader_seen_);
   watched(s->checkpoint_since_ns, now, &checkpoint_since_, &checkpoint_seen_);
-  if (now - s->progress_ns < options_.threshold.count()) return std::nullopt;
+  if (now - s->progress_ns < thresholdNs(*s)) return std::nullopt;
   if (s->progress_ns == handled_progress_ns_ || now < retry_after_ns_) return std::nullopt;
   try {
     return round(*s, now);
@@ -207,7 +212,7 @@ std::optional<std::string> Observer::round(const oob::Snapshot& snapshot, std::i
   report.group_ranks = options_.group_ranks;
   report.step = static_cast<std::int64_t>(
       std::max_element(steps.begin(), steps.end(), [](auto& a, auto& b) { return a.second < b.second; })->first);
-  report.threshold_s = static_cast<double>(options_.threshold.count()) / kNsPerSec;
+  report.threshold_s = static_cast<double>(thresholdNs(snapshot)) / kNsPerSec;
   // The group went quiet when its last rank stopped; the report exists now.
   const double since_snapshot = std::chrono::duration<double>(Clock::now() - t0).count();
   report.detection_latency_s = static_cast<double>(quiet_ns) / kNsPerSec + since_snapshot;

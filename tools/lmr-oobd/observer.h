@@ -47,6 +47,7 @@ struct ObserverOptions {
   std::string gloo_hostname = "127.0.0.1";  // address peers reach this daemon at
   std::string gloo_iface;                   // or an interface name
   std::chrono::nanoseconds threshold{std::chrono::seconds(60)};
+  std::chrono::nanoseconds warmup_threshold{std::chrono::seconds(600)};  // before the first completed step
   std::chrono::milliseconds join{1000};    // how long a round waits for the other daemons
   std::chrono::milliseconds gather{2000};  // bound on building the mesh and the allgather
   std::string state_dir;
@@ -79,6 +80,7 @@ class Observer {
 
  private:
   std::optional<std::string> round(const oob::Snapshot& snapshot, std::int64_t now);
+  std::int64_t thresholdNs(const oob::Snapshot& s) const;
   std::optional<std::string> adopt(std::int64_t round);
   std::string writeReport(std::int64_t round, const std::string& text);
   std::string key(const std::string& suffix) const { return prefix_ + suffix; }

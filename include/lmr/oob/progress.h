@@ -32,6 +32,7 @@ struct CollectiveFingerprint {
 
 struct Snapshot {
   std::uint64_t step = 0;            // optimizer steps completed
+  std::uint64_t steps_here = 0;      // steps this process completed (0: its first one still runs)
   std::int64_t layer = -1;           // repeated layer last entered (-1: none this step)
   std::uint64_t layer_calls = 0;     // layer entries this step
   CollectiveFingerprint collective;  // the current or last collective

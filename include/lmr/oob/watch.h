@@ -2,14 +2,19 @@
 // command line and Python's HangDetectionConfig share, and their validation, defined once.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "lmr/oob/diagnose.h"
+#include "lmr/oob/progress.h"
 
 namespace lmr::oob {
 
 struct WatchOptions {
   double threshold_s = 60.0;      // no visible progress for this long is a stall
+  // The same before the process's first completed step (lazy initialisation, a checkpoint
+  // load, torch.compile and autotuning happen there); never below threshold_s.
+  double warmup_threshold_s = 600.0;
   double poll_s = 0.1;            // how often the daemon reads the progress record
   double join_s = 1.0;            // a stall round waits this long for the other daemons
   double gather_s = 2.0;          // bound on the Gloo exchange of a round
@@ -24,5 +29,9 @@ struct WatchOptions {
   void validate(const std::string& owner = "WatchOptions") const;
   DiagnosisOptions diagnosis() const;
 };
+
+// The quiet time after which a rank's daemon starts a stall round: threshold_ns, or
+// warmup_threshold_ns (never less) while the rank's process has completed no step.
+std::int64_t stallThresholdNs(const Snapshot& s, std::int64_t threshold_ns, std::int64_t warmup_threshold_ns) noexcept;
 
 }  // namespace lmr::oob

@@ -24,7 +24,8 @@ namespace {
 using namespace std::chrono_literals;
 
 struct Group {
-  explicit Group(int n, const std::string& tag, bool tcp = false) {
+  explicit Group(int n, const std::string& tag, bool tcp = false,
+                 std::chrono::milliseconds warmup = std::chrono::milliseconds(300)) {
     dir =
         (std::filesystem::temp_directory_path() / ("lmr-observer-" + tag + "-" + std::to_string(::getpid()))).string();
     std::filesystem::remove_all(dir);
@@ -48,6 +49,7 @@ struct Group {
       o.index = r;
       o.host = "host-" + std::to_string(r);
       o.threshold = 300ms;
+      o.warmup_threshold = warmup;
       o.join = 500ms;
       o.gather = 2000ms;
       o.state_dir = dir;
@@ -224,6 +226,48 @@ TEST(Observer, ARendezvousThatVanishesFailsRoundsUntilItIsBack) {
   for (const auto& path : back) {
     const auto r = load(path);
     EXPECT_TRUE(r["ranks"] == nlohmann::json::array({11}) || r["ranks"].empty()) << r.dump();
+  }
+}
+
+TEST(Observer, ASilentFirstStepIsJudgedAgainstTheWarmupThreshold) {
+  // Every rank compiles in its first step: quiet past the threshold, not past the warm-up.
+  Group g(3, "warmup", /*tcp=*/false, 1500ms);
+  g.setUpAll();
+  for (auto& w : g.writers) w->layerEntered(0);
+  std::this_thread::sleep_for(500ms);
+  for (auto& o : g.observers) EXPECT_FALSE(o->poll());
+  EXPECT_EQ(g.observers[0]->roundsRun(), 0);
+  // Past the warm-up threshold it is a stall like any other, and says which threshold.
+  auto r = load(g.run({0, 1, 2})[0]);
+  EXPECT_EQ(r["kind"], "inconclusive_stall");
+  EXPECT_EQ(r["threshold_s"], 1.5);
+  EXPECT_GE(r["detection_latency_s"].get<double>(), 1.5);
+  // After a completed step the ordinary threshold applies again.
+  for (auto& w : g.writers) w->stepCompleted(1);
+  g.writers[1]->collectiveEntered({1, 0, 99, 5, 3});
+  g.writers[2]->collectiveEntered({1, 0, 99, 5, 3});
+  const auto start = std::chrono::steady_clock::now();
+  r = load(g.run({0, 1, 2})[0]);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 1200ms);
+  EXPECT_EQ(r["kind"], "process_stall");
+  EXPECT_EQ(r["ranks"], nlohmann::json::array({10}));
+  EXPECT_EQ(r["threshold_s"], 0.3);
+}
+
+TEST(Observer, ARankStillInItsFirstStepIsNamedUnresponsiveByPeersPastTheirs) {
+  Group g(3, "warmup-mixed", /*tcp=*/false, 1500ms);
+  g.setUpAll();
+  for (int r : {1, 2}) {
+    g.writers[static_cast<std::size_t>(r)]->stepCompleted(1);
+    g.writers[static_cast<std::size_t>(r)]->collectiveEntered({1, 0, 99, 5, 3});
+  }
+  g.writers[0]->layerEntered(1);  // rank 10 is still in its first step
+  const auto paths = g.run({0, 1, 2});
+  for (const auto& p : paths) {
+    const auto r = load(p);
+    EXPECT_EQ(r["kind"], "unresponsive_rank");
+    EXPECT_EQ(r["ranks"], nlohmann::json::array({10}));
+    EXPECT_EQ(r["round"], 1);
   }
 }
 

@@ -25,6 +25,7 @@ TEST(Progress, WriterAndReaderRoundTrip) {
   auto s = r.snapshot();
   ASSERT_TRUE(s);
   EXPECT_EQ(s->step, 0u);
+  EXPECT_EQ(s->steps_here, 0u);
   EXPECT_EQ(s->layer, -1);
   EXPECT_EQ(s->owner_pid, ::getpid());
   w.layerEntered(3);
@@ -40,6 +41,7 @@ TEST(Progress, WriterAndReaderRoundTrip) {
   w.dataloaderBegin();
   s = r.snapshot();
   EXPECT_EQ(s->step, 9u);
+  EXPECT_EQ(s->steps_here, 1u);  // a resumed job's first step is 9: this process completed one
   EXPECT_EQ(s->layer, -1);
   EXPECT_FALSE(s->in_collective);
   EXPECT_GT(s->dataloader_since_ns, 0);

@@ -13,7 +13,7 @@ from lm_resiliency.errors import InvalidArgumentError
 __all__ = ["HangDetectionConfig", "derived_port", "rendezvous_endpoint"]
 
 _WATCH = _core.WatchOptions()
-_WATCH_FIELDS = ("threshold_s", "poll_s", "join_s", "gather_s", "setup_timeout_s", "io_absolute_s", "io_relative",
+_WATCH_FIELDS = ("threshold_s", "warmup_threshold_s", "poll_s", "join_s", "gather_s", "setup_timeout_s", "io_absolute_s", "io_relative",
                  "io_persistence_s")
 
 
@@ -22,7 +22,8 @@ class HangDetectionConfig:
     """Seconds unless named otherwise.
 
     ``threshold_s`` must exceed the longest normal gap between visible progress events (a
-    step's backward without DDP/FSDP collectives, a checkpoint write). Rendezvous: TCP at
+    step's backward without DDP/FSDP collectives, a checkpoint write) after the first step;
+    until the process completes its first step ``warmup_threshold_s`` applies instead. Rendezvous: TCP at
     ``hang_master_addr``/``hang_master_port`` when either is given; under torchrun, TCP at
     MASTER_ADDR on a port derived from the run id and the generation; otherwise files in
     ``hang_state_dir`` (which must then be shared by every host of the job). Reports are
@@ -32,6 +33,9 @@ class HangDetectionConfig:
 
     # The daemon's timing; defaults and validation: lmr::oob::WatchOptions.
     threshold_s: float = _WATCH.threshold_s
+    # The threshold before this process completes its first step (never below threshold_s):
+    # lazy initialisation, a checkpoint load, torch.compile and autotuning happen there.
+    warmup_threshold_s: float = _WATCH.warmup_threshold_s
     poll_s: float = _WATCH.poll_s
     join_s: float = _WATCH.join_s  # a stall round waits this long for the other daemons
     gather_s: float = _WATCH.gather_s  # bound on the Gloo exchange of a round

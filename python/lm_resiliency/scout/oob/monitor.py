@@ -128,6 +128,7 @@ class HangMonitor:
                 f"--group-ranks={','.join(map(str, self.group_ranks))}", f"--index={self.group_ranks.index(self.rank)}",
                 f"--run-id={self.run_id}", f"--instance={instance}", f"--generation={self.generation}",
                 f"--group={self.group_name}", f"--host={self.host}", f"--threshold-s={c.threshold_s}",
+                f"--warmup-threshold-s={c.warmup_threshold_s}",
                 f"--poll-ms={max(1, int(c.poll_s * 1000))}", f"--join-ms={int(c.join_s * 1000)}",
                 f"--gather-ms={int(c.gather_s * 1000)}", f"--setup-timeout-s={c.setup_timeout_s}",
                 f"--io-absolute-s={c.io_absolute_s}", f"--io-relative={c.io_relative}",
