@@ -98,19 +98,18 @@ def test_a_silent_first_step_is_warmup_not_a_stall(tmp_path):
     job.kill()
     check(report, "process_stall", [1])
     assert report["step"] == oob_workers.STALL_STEP and report["threshold_s"] == THRESHOLD_S
-    # With the warm-up threshold at the threshold, that first step is a stall of the group.
-    job, report = stalled_job("sleep", tmp_path / "short", env={"OOB_FIRST_STEP_S": "2.5",
-                                                               "OOB_WARMUP_THRESHOLD_S": str(THRESHOLD_S)})
-    job.kill()
-    assert report["step"] == 0 and report["scope"] == "peer_group", report
+    # (With the warm-up threshold at the threshold that first step is a stall of the group:
+    # tests/cpp/oob/observer_test.cc, without spawning a world.)
 
 
 @needs_daemon
 @pytest.mark.distributed
-@pytest.mark.parametrize("parallel", ["fsdp2", "hsdp"])
-@pytest.mark.parametrize("scenario,kind,rank", [("desync", "collective_desync", 2), ("sleep", "process_stall", 1)])
+@pytest.mark.parametrize("parallel,scenario,kind,rank", [("hsdp", "desync", "collective_desync", 2),
+                                                        ("fsdp2", "sleep", "process_stall", 1)])
 def test_sharded_training(parallel, scenario, kind, rank, tmp_path):
-    # FSDP2's all-gathers and reduce-scatters are public calls (published asynchronously).
+    # FSDP2's all-gathers and reduce-scatters are public calls (published asynchronously);
+    # HSDP adds the replicate all-reduce. A desync is told from the collectives published, a
+    # process stall from the layers (the same under either).
     job, report = stalled_job(scenario, tmp_path, env={"OOB_PARALLEL": parallel})
     job.kill()
     check(report, kind, [rank])
@@ -118,9 +117,10 @@ def test_sharded_training(parallel, scenario, kind, rank, tmp_path):
 
 @needs_daemon
 @pytest.mark.distributed
-@pytest.mark.parametrize("scenario,kind,rank", [("desync", "collective_desync", 2), ("sleep", "process_stall", 1)])
-def test_deepspeed_training(scenario, kind, rank, tmp_path):
-    # DeepSpeed's collectives go through torch.distributed's public calls: published as ours.
+def test_deepspeed_training(tmp_path):
+    # DeepSpeed's collectives go through torch.distributed's public calls: published as ours,
+    # so a skipped one is a desync (a process stall is seen from the layers, as in any job).
+    scenario, kind, rank = "desync", "collective_desync", 2
     pytest.importorskip("deepspeed")
     job, report = stalled_job(scenario, tmp_path, env={"OOB_PARALLEL": "zero2"})
     job.kill()
