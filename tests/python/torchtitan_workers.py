@@ -77,7 +77,10 @@ def _signatures(trainer):
     return out
 
 
-def conformance(layout):
+def conformance(layout, fault_free_steps=0):
+    """The adapter conformance checks on a Trainer of `layout`; then, with
+    `fault_free_steps`, a fresh job of the same world trains that many steps with a check
+    each and state integrity on (its outcome under "run")."""
     from adapter_conformance import check_adapter
     from lm_resiliency.frameworks import select_adapter
     from lm_resiliency.frameworks.torchtitan_checkpoint import TorchTitanCheckpointer
@@ -106,6 +109,8 @@ def conformance(layout):
            "blocks": sorted(adapter.blocks()), "holds": [adapter.holds(k) for k in ("embedding", "output")],
            "replay": adapter.optimizer_replay_support(), "modules": adapter.module_replay_support()}
     trainer.close()
+    if fault_free_steps:
+        out["run"] = run(layout, fault_free_steps, ["--lmr-check-interval", "1", "--lmr-state-integrity", "on"])
     return out
 
 
