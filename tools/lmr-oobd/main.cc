@@ -37,8 +37,9 @@ std::string usage() {
        "  --run-id=ID --instance=TOKEN --generation=G --group=NAME --host=NAME\n"
        "  --master-addr=HOST --master-port=PORT [--serve]   TCP rendezvous (--serve hosts the store)\n"
        "                                                    (without them: files under DIR/rendezvous)\n"
-    << "  --threshold-s=" << w.threshold_s << " --warmup-threshold-s=" << w.warmup_threshold_s << " --poll-ms=" << w.poll_s * 1000 << " --join-ms=" << w.join_s * 1000
-    << " --gather-ms=" << w.gather_s * 1000 << " --setup-timeout-s=" << w.setup_timeout_s << "\n"
+    << "  --threshold-s=" << w.threshold_s << " --warmup-threshold-s=" << w.warmup_threshold_s
+    << " --poll-ms=" << w.poll_s * 1000 << " --join-ms=" << w.join_s * 1000 << " --gather-ms=" << w.gather_s * 1000
+    << " --setup-timeout-s=" << w.setup_timeout_s << "\n"
     << "  --io-absolute-s=" << w.io_absolute_s << " --io-relative=" << w.io_relative
     << " --io-persistence-s=" << w.io_persistence_s << "\n"
     << "  --gloo-hostname=127.0.0.1 --gloo-iface=IF --parent-pid=PID --ready-fd=FD\n"
@@ -71,11 +72,32 @@ struct Args {
 };
 
 Args parse(int argc, char** argv) {
-  static const char* known[] = {"segment",       "state-dir",       "group-ranks",   "index",       "run-id",
-                                "instance",      "generation",      "group",         "host",        "master-addr",
-                                "master-port",   "serve",           "threshold-s",   "warmup-threshold-s",   "poll-ms",     "join-ms",
-                                "gather-ms",     "setup-timeout-s", "io-absolute-s", "io-relative", "io-persistence-s",
-                                "gloo-hostname", "gloo-iface",      "parent-pid",    "ready-fd",    "bind-addr"};
+  static const char* known[] = {"segment",
+                                "state-dir",
+                                "group-ranks",
+                                "index",
+                                "run-id",
+                                "instance",
+                                "generation",
+                                "group",
+                                "host",
+                                "master-addr",
+                                "master-port",
+                                "serve",
+                                "threshold-s",
+                                "warmup-threshold-s",
+                                "poll-ms",
+                                "join-ms",
+                                "gather-ms",
+                                "setup-timeout-s",
+                                "io-absolute-s",
+                                "io-relative",
+                                "io-persistence-s",
+                                "gloo-hostname",
+                                "gloo-iface",
+                                "parent-pid",
+                                "ready-fd",
+                                "bind-addr"};
   Args a;
   for (int i = 1; i < argc; ++i) {
     std::string s = argv[i];

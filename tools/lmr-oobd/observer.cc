@@ -10,8 +10,8 @@
 #include "lmr/common/hex.h"
 #include "lmr/common/log.h"
 #include "lmr/common/sha256.h"
-#include "lmr/oob/watch.h"
 #include "lmr/oob/report.h"
+#include "lmr/oob/watch.h"
 #include "lmr/oob/wire.h"
 
 namespace lmr::oobd {
