@@ -30,10 +30,17 @@ def qualify(*args, timeout=900):
 
 # --- bad input: one line, exit status 2, nothing started -------------------------------
 
-def failure(run):
-    """What a failed run printed: its start (generation 0) and its end (the scores)."""
-    out = run.stdout if len(run.stdout) <= 9000 else run.stdout[:4500] + "\n[...]\n" + run.stdout[-4500:]
-    return out + run.stderr[-3000:]
+def failure(run, out=None):
+    """What a failed run printed: its start (generation 0) and its end (the scores), and
+    the warnings, errors and exits torchrun logged for each generation (under `out`)."""
+    text = run.stdout if len(run.stdout) <= 9000 else run.stdout[:4500] + "\n[...]\n" + run.stdout[-4500:]
+    text += run.stderr[-3000:]
+    for log in sorted(out.glob("runs/*/torchrun.log")) if out is not None else []:
+        lines = [line for line in log.read_text(errors="replace").splitlines()
+                 if any(w in line for w in ("ERROR", "Error", "Traceback", "exit", "restart", "leaving", "resum", "decision"))]
+        text += f"\n--- {log.relative_to(out)} ---\n" + "\n".join(lines[:40] + (["[...]"] + lines[-20:]
+                                                                                if len(lines) > 60 else lines[40:]))
+    return text
 
 
 def _bad_campaign(tmp_path):
@@ -238,7 +245,7 @@ def test_metrics_count_what_the_hooks_receive_and_serve_on_loopback():
 def test_default_qualification_localizes_every_family_and_recovers(tmp_path):
     out = tmp_path / "q"
     run = qualify("--out", str(out), "--plain", "--metrics-port", str(_free_port()))
-    assert run.returncode == 0, failure(run)
+    assert run.returncode == 0, failure(run, out)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["passed"] and list(summary["left_out"]) == ["comm_straggler"]
     (campaign,) = summary["runs"]
@@ -266,7 +273,7 @@ def test_default_qualification_localizes_every_family_and_recovers(tmp_path):
 def test_fault_free_run_attributes_nothing(tmp_path):
     out = tmp_path / "q"
     run = qualify("--out", str(out), "--plain", "--clean", "1", "--steps", "30", "--no-plots")
-    assert run.returncode == 0, failure(run)
+    assert run.returncode == 0, failure(run, out)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["clean"]["runs"] == 1 and summary["clean"]["attributions"] == 0
     assert summary["clean"]["checks"] >= 29
