@@ -30,6 +30,9 @@ def qualify(*args, timeout=900):
 
 # --- bad input: one line, exit status 2, nothing started -------------------------------
 
+LOGGED = ("ERROR", "Error", "Traceback", "exit", "restart", "leaving", "resum", "decision")
+
+
 def failure(run, out=None):
     """What a failed run printed: its start (generation 0) and its end (the scores), and
     the warnings, errors and exits torchrun logged for each generation (under `out`)."""
@@ -37,7 +40,7 @@ def failure(run, out=None):
     text += run.stderr[-3000:]
     for log in sorted(out.glob("runs/*/torchrun.log")) if out is not None else []:
         lines = [line for line in log.read_text(errors="replace").splitlines()
-                 if any(w in line for w in ("ERROR", "Error", "Traceback", "exit", "restart", "leaving", "resum", "decision"))]
+                 if any(w in line for w in LOGGED)]
         text += f"\n--- {log.relative_to(out)} ---\n" + "\n".join(lines[:40] + (["[...]"] + lines[-20:]
                                                                                 if len(lines) > 60 else lines[40:]))
     return text

@@ -13,8 +13,8 @@ from lm_resiliency.errors import InvalidArgumentError
 __all__ = ["HangDetectionConfig", "derived_port", "rendezvous_endpoint"]
 
 _WATCH = _core.WatchOptions()
-_WATCH_FIELDS = ("threshold_s", "warmup_threshold_s", "poll_s", "join_s", "gather_s", "setup_timeout_s", "io_absolute_s", "io_relative",
-                 "io_persistence_s")
+_WATCH_FIELDS = ("threshold_s", "warmup_threshold_s", "poll_s", "join_s", "gather_s", "setup_timeout_s",
+                 "io_absolute_s", "io_relative", "io_persistence_s")
 
 
 @dataclasses.dataclass
@@ -23,10 +23,10 @@ class HangDetectionConfig:
 
     ``threshold_s`` must exceed the longest normal gap between visible progress events (a
     step's backward without DDP/FSDP collectives, a checkpoint write) after the first step;
-    until the process completes its first step ``warmup_threshold_s`` applies instead. Rendezvous: TCP at
-    ``hang_master_addr``/``hang_master_port`` when either is given; under torchrun, TCP at
-    MASTER_ADDR on a port derived from the run id and the generation; otherwise files in
-    ``hang_state_dir`` (which must then be shared by every host of the job). Reports are
+    until the process completes its first step ``warmup_threshold_s`` applies instead.
+    Rendezvous: TCP at ``hang_master_addr``/``hang_master_port`` when either is given;
+    under torchrun, TCP at MASTER_ADDR on a port derived from the run id and the
+    generation; otherwise files in ``hang_state_dir`` (which must then be shared by every host of the job). Reports are
     written to ``hang_state_dir`` in every case (default: a directory under the system
     temporary directory named by the run id).
     """
