@@ -93,3 +93,13 @@ def nccl_c3() -> dict:
         t[12345] += 1.0
     differ = lmr.c3_exact(lmr.signature(t))
     return {"same": same.status.name, "differ": differ.status.name, "ranks": list(same.peer_ranks)}
+
+
+def preloaded_state() -> dict:
+    """What a rank inherited from its warm parent (see test_distributed.py)."""
+    import os
+    import sys
+
+    return {"parent": os.getppid(), "marker": "dist_workers_preload" in sys.modules,
+            "shim": getattr(sys.modules.get("dist_workers_preload"), "CALLED", None),
+            "env": os.environ.get("LMR_TEST_RANK_ENV"), "world": dist.get_world_size()}

@@ -1,15 +1,70 @@
-"""Launching oob_workers.py ranks as separate processes and watching what they write."""
+"""Launching oob_workers.py ranks as separate processes and watching what they write.
 
+Each rank is its own process, as under torchrun, but forked from the fork server that
+``lm_resiliency.workloads.spawn`` uses (torch and lm_resiliency imported once) instead of
+a fresh interpreter: what these tests exercise (a daemon per rank, signals, killed and
+stopped processes, exit codes) does not depend on how the process began. Its atexit
+handlers run as they would at a fresh interpreter's exit."""
+
+import atexit
 import glob
 import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 
+from lm_resiliency.workloads.launch import fork_server
+
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _rank_main(argv, env, log_path):
+    os.environ.clear()
+    os.environ.update(env)
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    sys.argv = argv
+    if HERE not in sys.path:
+        sys.path.insert(0, HERE)
+    import oob_workers
+
+    try:
+        oob_workers.main()
+    finally:
+        atexit._run_exitfuncs()  # what a fresh interpreter runs at exit (the monitor's close)
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+class _Rank:
+    """A rank process with the part of subprocess.Popen's interface the tests use."""
+
+    def __init__(self, argv, env, log_path):
+        self._proc = fork_server().Process(target=_rank_main, args=(argv, env, log_path), daemon=True)
+        self._proc.start()
+        self.pid = self._proc.pid
+
+    @property
+    def returncode(self):
+        return self._proc.exitcode
+
+    def poll(self):
+        return self._proc.exitcode
+
+    def wait(self, timeout=None):
+        self._proc.join(timeout)
+        if self._proc.exitcode is None:
+            raise TimeoutError(f"rank process {self.pid} still runs after {timeout} s")
+        return self._proc.exitcode
+
+    def kill(self):
+        self._proc.kill()
 
 
 def free_port():
@@ -27,12 +82,9 @@ class Job:
         base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world),
                     PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
         base.update({k: v for k, v in (env or {}).items() if k != "STATE"})
-        self.procs = []
-        for rank in range(world):
-            log = open(os.path.join(self.out, f"log-{rank}.txt"), "w")
-            self.procs.append(subprocess.Popen(
-                [sys.executable, os.path.join(HERE, "oob_workers.py"), scenario, self.state, self.out],
-                env=dict(base, RANK=str(rank), LOCAL_RANK=str(rank)), stdout=log, stderr=subprocess.STDOUT))
+        argv = [os.path.join(HERE, "oob_workers.py"), scenario, self.state, self.out]
+        self.procs = [_Rank(argv, dict(base, RANK=str(rank), LOCAL_RANK=str(rank)),
+                            os.path.join(self.out, f"log-{rank}.txt")) for rank in range(world)]
 
     def wait_for(self, predicate, timeout, what):
         end = time.monotonic() + timeout
@@ -83,7 +135,7 @@ class Job:
         for p in self.procs:
             try:
                 p.wait(max(0.1, end - time.monotonic()))
-            except subprocess.TimeoutExpired:
+            except TimeoutError:
                 raise AssertionError("ranks did not finish\n" + self.logs())
         return [p.returncode for p in self.procs]
 

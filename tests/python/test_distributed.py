@@ -68,3 +68,26 @@ def test_spawn_reports_the_failing_rank():
 def test_spawn_reports_a_rank_that_returns_nothing_usable():
     with pytest.raises(RuntimeError, match="without a result"):
         spawn(dist_workers.return_unpicklable, 2, timeout=60)
+
+
+def test_worlds_with_a_preload_fork_from_one_warm_parent():
+    preload = ("dist_workers_preload:shim", "dist_workers")
+    first = spawn(dist_workers.preloaded_state, 2, preload=preload, env={"LMR_TEST_RANK_ENV": "a"})
+    second = spawn(dist_workers.preloaded_state, 3, preload=preload, env={"LMR_TEST_RANK_ENV": "b"})
+    parents = {r["parent"] for r in first + second}
+    assert len(parents) == 1  # one parent served both worlds
+    # The shim ran once, in the parent; every rank has its world's own environment.
+    assert all(r["marker"] and r["shim"] == [next(iter(parents))] for r in first + second)
+    assert [r["env"] for r in first] == ["a", "a"] and [r["env"] for r in second] == ["b"] * 3
+    assert [r["world"] for r in second] == [3, 3, 3]
+    plain = spawn(dist_workers.preloaded_state, 1)[0]
+    assert plain["parent"] not in parents and not plain["marker"]
+    # A failing rank is reported as from any world, and the parent serves the next one.
+    with pytest.raises(RuntimeError, match="rank 1 failed"):
+        spawn(dist_workers.fail_on_rank_one, 2, preload=preload)
+    assert spawn(dist_workers.preloaded_state, 1, preload=preload)[0]["parent"] in parents
+
+
+def test_a_preload_that_fails_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="(?s)could not import.*this preload fails on purpose"):
+        spawn(dist_workers.preloaded_state, 2, preload=("dist_workers_preload:broken",))

@@ -38,7 +38,7 @@ def env(tmp_path_factory):
 def test_conformance(env, layout, world):
     # HSDP and TP x FSDP go on in the same world with a fault-free run (one world start less).
     fault_free = 10 if layout in ("hsdp", "tp_fsdp") else 0
-    out = spawn(w.conformance, world, args=(layout, fault_free), env=env, timeout=600)
+    out = spawn(w.conformance, world, preload=torchtitan_cpu.PRELOAD, args=(layout, fault_free), env=env, timeout=600)
     assert all(o["name"] == "torchtitan" and o["checks"] == EXPECTED for o in out)
     assert all(o["replay"] is None for o in out)  # AdamW over copies, bit for bit
     mesh = {"fsdp": [("fsdp", 2, "shard")], "hsdp": [("dp_replicate", 2, "replicate"), ("fsdp", 2, "shard")],
@@ -75,7 +75,7 @@ CELLS = {
 def test_campaign_in_each_layout(env, layout, tmp_path):
     world, ranks, blocks, layers, localized = CELLS[layout]
     c = w.tt_campaign(ranks, blocks)
-    per_rank = spawn(w.run, world, timeout=900, env={**env, "LMR_TT_LAYERS": str(layers)},
+    per_rank = spawn(w.run, world, preload=torchtitan_cpu.PRELOAD, timeout=900, env={**env, "LMR_TT_LAYERS": str(layers)},
                      args=(layout, STEPS, ["--lmr-check-interval", "1", "--lmr-state-integrity", "on",
                                            "--lmr-artifacts", str(tmp_path)], [], c))
     assert all(out["clock"] == (STEPS, STEPS) for out in per_rank)
@@ -115,10 +115,10 @@ def fault_free_run_attributes_nothing(layout, per_rank, steps):
 
 
 def test_resume_from_torchtitan_checkpoints_keeps_the_campaign_clock(env, tmp_path):
-    first = spawn(w.resume_run, 2, args=(str(tmp_path), 6), env=env, timeout=600)
+    first = spawn(w.resume_run, 2, preload=torchtitan_cpu.PRELOAD, args=(str(tmp_path), 6), env=env, timeout=600)
     assert sorted(os.listdir(tmp_path / "checkpoint")) == ["step-3", "step-6"]
     assert [(r["injection_id"], r["status"]) for r in first[1]["records"]] == [("early@2/f", "completed")]
-    second = spawn(w.resume_run, 2, args=(str(tmp_path), 12), env=env, timeout=600)
+    second = spawn(w.resume_run, 2, preload=torchtitan_cpu.PRELOAD, args=(str(tmp_path), 12), env=env, timeout=600)
     for out in second:
         assert out["step"] == 12 and out["clock"] == (12, 12)
         assert [r["step"] for r in out["results"]] == list(range(7, 13))  # counted from the resumed step
@@ -131,15 +131,15 @@ def test_resume_from_torchtitan_checkpoints_keeps_the_campaign_clock(env, tmp_pa
 def test_a_plain_torchtitan_checkpoint_still_resumes(env, tmp_path):
     """A checkpoint TorchTitan wrote without LM Resiliency has no campaign state: the clock
     then comes from TorchTitan's train state."""
-    spawn(w.plain_run, 2, args=(str(tmp_path), 3), env=env, timeout=600)
-    second = spawn(w.resume_run, 2, args=(str(tmp_path), 6), env=env, timeout=600)
+    spawn(w.plain_run, 2, preload=torchtitan_cpu.PRELOAD, args=(str(tmp_path), 3), env=env, timeout=600)
+    second = spawn(w.resume_run, 2, preload=torchtitan_cpu.PRELOAD, args=(str(tmp_path), 6), env=env, timeout=600)
     for out in second:
         assert out["step"] == 6 and out["clock"] == (6, 6) and out["loaded"] is None
         assert [r["step"] for r in out["results"]] == [4, 5, 6]
 
 
 def test_certified_checkpoints_resume_bit_for_bit(env, tmp_path):
-    first = spawn(w.certify_run, 2, args=(str(tmp_path), 10, 1), env=env, timeout=600)
+    first = spawn(w.certify_run, 2, preload=torchtitan_cpu.PRELOAD, args=(str(tmp_path), 10, 1), env=env, timeout=600)
     manifest = json.loads(first[0]["manifest"])
     verified = [c for c in manifest["checkpoints"] if c["state"] == "RECOVERY_VERIFIED"]
     assert verified, manifest
@@ -147,7 +147,7 @@ def test_certified_checkpoints_resume_bit_for_bit(env, tmp_path):
     files = set(os.listdir(next(c["location"] for c in verified if c["step"] == newest)))
     assert {".metadata", "lmr-checkpoint.json", "rank-0.pt", "rank-1.pt"} <= files, files
     # Another seed, TorchTitan's own latest checkpoint present: the trusted one wins.
-    second = spawn(w.certify_run, 2, args=(str(tmp_path), 10, 2), env=env, timeout=600)
+    second = spawn(w.certify_run, 2, preload=torchtitan_cpu.PRELOAD, args=(str(tmp_path), 10, 2), env=env, timeout=600)
     for before, after in zip(first, second):
         assert after["resumed"] == newest and after["step"] == 10
         saved = dict(before["saved"][newest], step=newest + 1)  # Trainer.step is incremented before a step
@@ -164,7 +164,7 @@ def test_lmr_torchtitan_is_installed_and_lists_its_options():
 
 
 def test_bad_input_is_refused_with_what_is_wrong(env):
-    errors = spawn(w.refusals, 1, env=env, timeout=300)[0]
+    errors = spawn(w.refusals, 1, preload=torchtitan_cpu.PRELOAD, env=env, timeout=300)[0]
     assert "--checkpoint.enable" in errors["durable"]
     assert "check_interval must be an int >= 0" in errors["interval"]
     assert "pass the Trainer alone" in errors["optimizer"]
@@ -183,7 +183,7 @@ def test_campaign_with_cuda_tensors_on_ranks_sharing_the_gpu(env, tmp_path):
     has no reduce-scatter of CUDA tensors), the campaign localized; the shims the machine's
     torch still needs are printed."""
     c = w.tt_campaign((1, 2, 3), (1, 0, 1))
-    per_rank = spawn(w.run, 4, timeout=900, env=env,
+    per_rank = spawn(w.run, 4, preload=torchtitan_cpu.PRELOAD, timeout=900, env=env,
                      args=("ddp", STEPS, ["--lmr-check-interval", "1", "--lmr-state-integrity", "on",
                                           "--lmr-artifacts", str(tmp_path)], [], c))
     assert all(out["device"].startswith("cuda") for out in per_rank)

@@ -40,6 +40,11 @@ class _CpuDeviceModule:
     device_count = staticmethod(lambda: 1)
 
 
+# What the warm parent of the TorchTitan tests imports once (lm_resiliency.workloads.spawn's
+# preload): the shims, then the Trainer, the run's entry point and the datasets library.
+PRELOAD = ("torchtitan_cpu:install", "torchtitan.train", "lm_resiliency.frameworks.torchtitan_run",
+           "torchtitan_workers", "datasets")
+
 _installed = []
 APPLIED = []  # the gaps install() closed in this process (which it needs depends on the machine)
 
@@ -187,9 +192,33 @@ import os
 from torchtitan.models.llama3.config_registry import llama3_debugmodel
 
 
+def _quarter_width(layers):
+    """The debug model's modules at a quarter of its width (dim 64, 4 heads, the tokenizer's
+    512 tokens, RoPE tables for 64 positions): the same Trainer, model code and parameter
+    names, a sixteenth of the arithmetic, which is what CPU ranks sharing two cores spend
+    their time on."""
+    import torchtitan.models.llama3 as l3
+    from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm, compute_ffn_hidden_dim
+
+    dim, heads, vocab = 64, 4, 512
+    return l3.Llama3Model.Config(
+        dim=dim, vocab_size=vocab,
+        tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim, param_init=l3._EMBEDDING_INIT),
+        norm=RMSNorm.Config(normalized_shape=dim, param_init=l3._NORM_INIT),
+        lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init=l3._output_linear_init(dim)),
+        layers=l3._build_llama3_layers(
+            fuse_qkv=True, n_layers=layers, dim=dim, n_heads=heads,
+            hidden_dim=compute_ffn_hidden_dim(dim, multiple_of=64),
+            rope=ComplexRoPE.Config(dim=dim // heads, max_seq_len=64, theta=500000, scaling="llama"),
+            attn_backend="flex"))
+
+
 def llama3_cpu_tiny():
-    """The llama3 debug model with 2 layers (4 under PP), sequence 32, 2 sequences a rank."""
+    """The llama3 debug model at a quarter of its width with 2 layers (4 under PP), sequence
+    32, 2 sequences a rank, no activation checkpointing."""
     c = llama3_debugmodel()
+    c.model_spec.model = _quarter_width(int(os.environ.get("LMR_TT_LAYERS", "2")))
+    c.loss.loss_fn.global_vocab_size = c.model_spec.model.vocab_size
     root = os.environ["LMR_TT_ASSETS"]
     c.hf_assets_path = os.path.join(root, "tokenizer")
     c.dataloader.dataset_path = os.path.join(root, "c4_tiny")
@@ -197,10 +226,10 @@ def llama3_cpu_tiny():
     c.training.local_batch_size = 2
     c.training.steps = 3
     c.training.disable_cuda_graphs = True
+    c.activation_checkpoint = None  # nothing to save on a model this size: backward without recomputing
     c.parallelism.spmd_backend = "partial_dtensor"
     c.metrics.log_freq = 1000
     c.validator.enable = False
-    c.model_spec.model.layers = c.model_spec.model.layers[:int(os.environ.get("LMR_TT_LAYERS", "2"))]
     return c
 '''
 
