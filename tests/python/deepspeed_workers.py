@@ -22,6 +22,12 @@ from lm_resiliency.workloads import Decoder, DecoderConfig, SyntheticTokens
 from lm_resiliency.workloads.model import Block, RMSNorm, rotary_tables
 
 VOCAB, SEQ, MICRO = 128, 16, 4
+# What the warm parent of the DeepSpeed tests imports once (lm_resiliency.workloads.spawn's
+# preload): DeepSpeed's engine and pipeline modules.
+PRELOAD = ("deepspeed", "deepspeed.runtime.engine", "deepspeed.pipe", "deepspeed_workers",
+           # its engine checks the optimizer against Muon, whose module compiles a function
+           # at import: torch._inductor, 5-7 s a rank
+           "deepspeed.runtime.zero.muon.muon_optimizer")
 
 
 def _deepspeed():

@@ -10,6 +10,10 @@ from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
 from injection_util import campaign, incident
 
 VOCAB = 128
+# What the warm parent of these tests imports once (lm_resiliency.workloads.spawn's preload):
+# transformers and the two models' code, about 5 s a process on 2 cores.
+PRELOAD = ("transformers", "transformers.models.gpt2.modeling_gpt2", "transformers.models.llama.modeling_llama",
+           "hf_workers")
 
 
 def hf_model(kind):

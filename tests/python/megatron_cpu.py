@@ -124,6 +124,22 @@ def _gloo_cuda_without_coalescing():
     APPLIED.append("6:gloo-cuda-one-collective-at-a-time")
 
 
+# What the warm parent of the Megatron tests imports once (lm_resiliency.workloads.spawn's
+# preload). install() still runs in each rank: its shims need the rank's process group.
+PRELOAD = ("megatron_cpu:preload", "megatron_workers")
+
+
+def preload():
+    """Megatron Core's modules the tests build with, after the triton stub (gap 1); no other
+    shim, and nothing that touches CUDA."""
+    _triton_stub()
+    import megatron.core.distributed  # noqa: F401
+    import megatron.core.models.gpt.gpt_layer_specs  # noqa: F401
+    import megatron.core.models.gpt.gpt_model  # noqa: F401
+    import megatron.core.optimizer  # noqa: F401
+    import megatron.core.pipeline_parallel  # noqa: F401
+
+
 _installed = []
 
 

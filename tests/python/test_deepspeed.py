@@ -29,7 +29,7 @@ STEPS = 28
 
 @pytest.mark.parametrize("stage,pipeline,clip", [(0, False, 0.0), (1, True, 1.0), (2, False, 1.0), (3, False, 1.0)])
 def test_conformance(stage, pipeline, clip):
-    out = spawn(deepspeed_workers.conformance, 4, args=(stage, pipeline, clip), timeout=600)
+    out = spawn(deepspeed_workers.conformance, 4, preload=deepspeed_workers.PRELOAD, args=(stage, pipeline, clip), timeout=600)
     assert all(o["name"] == "deepspeed" and o["checks"] == EXPECTED for o in out)
     if pipeline:  # ranks 0, 1 are stage 0 (embedding, block 0), ranks 2, 3 stage 1 (block 1, head)
         assert [o["blocks"] for o in out] == [[0], [0], [1], [1]]
@@ -62,7 +62,7 @@ def _scored(per_rank, pipeline, ranks, tmp_path):
 def test_campaign_is_localized(stage, pipeline, world, tmp_path):
     # The pipeline: 4 blocks on 2 stages of 3 replicas each (two replicas have no strict majority).
     ranks = (1, 4, 5, 2) if pipeline else (1, 2, 3, 0)
-    per_rank = spawn(deepspeed_workers.train, world, timeout=900,
+    per_rank = spawn(deepspeed_workers.train, world, preload=deepspeed_workers.PRELOAD, timeout=900,
                      args=(stage, pipeline, STEPS, True, 1, 4 if pipeline else 2, ranks, str(tmp_path)))
     c, records, results, report, compare = _scored(per_rank, pipeline, ranks, tmp_path)
     for occurrence in report.occurrences:
@@ -80,7 +80,7 @@ def test_campaign_is_localized(stage, pipeline, world, tmp_path):
 
 @pytest.mark.parametrize("stage", [2, 3])
 def test_fault_free_run_attributes_nothing(stage):
-    per_rank = spawn(deepspeed_workers.train, 4, args=(stage, False, 16, False), timeout=600)
+    per_rank = spawn(deepspeed_workers.train, 4, preload=deepspeed_workers.PRELOAD, args=(stage, False, 16, False), timeout=600)
     results = replay_results(per_rank[0]["results"])
     assert len(results) == 16
     assert all(r.status == "Agree" for r in results), [(r.step, r.status, r.inconclusive_reasons) for r in results
@@ -90,7 +90,7 @@ def test_fault_free_run_attributes_nothing(stage):
 
 
 def test_clock_follows_global_steps_with_gradient_accumulation(tmp_path):
-    per_rank = spawn(deepspeed_workers.train, 4, timeout=600,
+    per_rank = spawn(deepspeed_workers.train, 4, preload=deepspeed_workers.PRELOAD, timeout=600,
                      args=(2, False, STEPS, True, 2, 2, (1, 2, 3, 0), str(tmp_path)))
     for out in per_rank:
         # (engine.global_steps, harness iterations, session iterations) after each optimizer step
@@ -104,7 +104,7 @@ def test_clock_follows_global_steps_with_gradient_accumulation(tmp_path):
 def test_certified_deepspeed_checkpoints_resume(stage, tmp_path):
     """Certification captures the engine's own checkpoint files at each check and verifies
     them; a job built from another seed resumes from the newest verified one, bit for bit."""
-    out = spawn(deepspeed_workers.certify_run, 4, args=(stage, str(tmp_path), 10), timeout=600)
+    out = spawn(deepspeed_workers.certify_run, 4, preload=deepspeed_workers.PRELOAD, args=(stage, str(tmp_path), 10), timeout=600)
     manifest = json.loads(out[0]["manifest"])
     verified = [c for c in manifest["checkpoints"] if c["state"] == "RECOVERY_VERIFIED"]
     assert verified, manifest
@@ -112,23 +112,23 @@ def test_certified_deepspeed_checkpoints_resume(stage, tmp_path):
     files = {p.name for p in pathlib.Path(newest["location"]).iterdir()}
     assert "lmr-checkpoint.json" in files and {f"lmr-rank-{r}.pt" for r in range(4)} <= files
     assert any(f.endswith("optim_states.pt") for f in files), files  # DeepSpeed's own files
-    resumed = spawn(deepspeed_workers.resume_run, 4, args=(stage, str(tmp_path)), timeout=600)
+    resumed = spawn(deepspeed_workers.resume_run, 4, preload=deepspeed_workers.PRELOAD, args=(stage, str(tmp_path)), timeout=600)
     for rank, (before, after) in enumerate(zip(out, resumed)):
         assert after["step"] == after["completed"] == newest["step"]
         assert after["state"] == before["saved"][newest["step"]], rank
 
 
 def test_an_incomplete_checkpoint_is_refused_on_every_rank(tmp_path):
-    out = spawn(deepspeed_workers.certify_run, 2, args=(2, str(tmp_path), 4), timeout=600)
+    out = spawn(deepspeed_workers.certify_run, 2, preload=deepspeed_workers.PRELOAD, args=(2, str(tmp_path), 4), timeout=600)
     assert out[0]["saved"]
     checkpoint = max(tmp_path.glob("step-*"))
     (checkpoint / "lmr-rank-1.pt").unlink()
-    failures = spawn(deepspeed_workers.load_missing, 2, args=(str(checkpoint),), timeout=600)
+    failures = spawn(deepspeed_workers.load_missing, 2, preload=deepspeed_workers.PRELOAD, args=(str(checkpoint),), timeout=600)
     assert all("lmr-rank-1.pt is missing" in f for f in failures), failures
 
 
 def test_a_step_deepspeed_skips_is_not_an_iteration():
-    out = spawn(deepspeed_workers.overflow_run, 4, args=(6, 3), timeout=600)
+    out = spawn(deepspeed_workers.overflow_run, 4, preload=deepspeed_workers.PRELOAD, args=(6, 3), timeout=600)
     for rank in out:
         # DeepSpeed counts the skipped update in global_steps; LM Resiliency does not.
         assert rank["clock"] == [(1, 0, 1, 1, 1), (2, 0, 2, 2, 2), (3, 1, 2, 2, 2), (4, 1, 3, 3, 3),
@@ -140,9 +140,9 @@ def test_a_step_deepspeed_skips_is_not_an_iteration():
 
 def test_a_master_weight_fault_needs_its_owner_and_is_seen_at_rest():
     # The head's fp32 master is the last of the flat partitions: rank 3 of 4 owns it alone.
-    refused = spawn(deepspeed_workers.master_fault, 4, args=(0,), timeout=600)
+    refused = spawn(deepspeed_workers.master_fault, 4, preload=deepspeed_workers.PRELOAD, args=(0,), timeout=600)
     assert all("rank 0 owns no fragment of this parameter's fp32 master" in r["error"] for r in refused), refused
-    out = spawn(deepspeed_workers.master_fault, 4, args=(3,), timeout=600)
+    out = spawn(deepspeed_workers.master_fault, 4, preload=deepspeed_workers.PRELOAD, args=(3,), timeout=600)
     results = {step: (status, ranks, sources, tensors) for step, status, ranks, sources, tensors in out[0]["results"]}
     status, ranks, sources, tensors = results[3]
     assert ranks == [3] and "integrity.state" in sources, results[3]
@@ -157,7 +157,7 @@ def test_zero2_with_cuda_tensors_on_ranks_sharing_the_gpu(bf16, tmp_path):
     """The accelerator machine: 4 ranks on GPU 0 over gloo (DeepSpeed picks the CUDA
     accelerator), the same campaign localized."""
     ranks = (1, 2, 3, 0)
-    per_rank = spawn(deepspeed_workers.train, 4, timeout=900,
+    per_rank = spawn(deepspeed_workers.train, 4, preload=deepspeed_workers.PRELOAD, timeout=900,
                      args=(2, False, STEPS, True, 1, 2, ranks, str(tmp_path), bf16))
     assert all(out["device"].startswith("cuda") for out in per_rank)
     c, records, results, report, compare = _scored(per_rank, False, ranks, tmp_path)

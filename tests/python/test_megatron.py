@@ -15,6 +15,7 @@ import pytest
 if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
     pytest.skip("megatron-core is not installed", allow_module_level=True)
 
+import megatron_cpu  # noqa: E402
 import megatron_workers as w  # noqa: E402
 from lm_resiliency import _core  # noqa: E402
 from lm_resiliency.fault_injection import FaultCampaign, FaultInjectionRecord, evaluate  # noqa: E402
@@ -52,7 +53,7 @@ def test_completed_iterations_come_from_megatron_training(monkeypatch):
 @pytest.mark.parametrize("tp,pp,distributed_optimizer,world", [(1, 1, False, 2), (1, 1, True, 2), (2, 1, True, 4),
                                                                (1, 2, True, 4)])
 def test_conformance(tp, pp, distributed_optimizer, world):
-    out = spawn(w.conformance, world, args=(tp, pp, distributed_optimizer), timeout=600)
+    out = spawn(w.conformance, world, preload=megatron_cpu.PRELOAD, args=(tp, pp, distributed_optimizer), timeout=600)
     assert all(o["checks"] == EXPECTED and o["applied"] for o in out)
     dp = world // (tp * pp)
     role = "shard" if distributed_optimizer else "replicate"
@@ -71,8 +72,8 @@ def test_conformance(tp, pp, distributed_optimizer, world):
 def test_expert_parallel_layouts_are_refused():
     """Experts laid out as the dense layers (expert model parallel 1) share their mesh;
     under expert parallelism they are not replicas across the data-parallel group."""
-    assert spawn(w.expert_layout, 4, args=(1,), timeout=600)[0] == [("dp", 4, "shard")]
-    refusals = spawn(w.expert_layout, 4, args=(2,), timeout=600)
+    assert spawn(w.expert_layout, 4, preload=megatron_cpu.PRELOAD, args=(1,), timeout=600)[0] == [("dp", 4, "shard")]
+    refusals = spawn(w.expert_layout, 4, preload=megatron_cpu.PRELOAD, args=(2,), timeout=600)
     assert all("expert model parallel 2, expert data parallel 2, data parallel 4" in r for r in refusals), refusals
 
 
@@ -80,7 +81,7 @@ def test_conformance_with_virtual_pipeline_stages():
     """PP2 x VPP2 x DP2: two model chunks a rank, layer_number global across virtual stages
     (rank 0's chunks hold layers 1 and 3), the embedding on the first chunk of the first
     stage, the head on the last chunk of the last."""
-    out = spawn(w.conformance, 4, args=(1, 2, True, 2), timeout=600)
+    out = spawn(w.conformance, 4, preload=megatron_cpu.PRELOAD, args=(1, 2, True, 2), timeout=600)
     assert all(o["checks"] == EXPECTED and o["applied"] for o in out)
     assert out[0]["mesh"] == [("pp", 2, "model"), ("dp", 2, "shard")]
     assert [o["part_blocks"] for o in out] == [[[0], [2]]] * 2 + [[[1], [3]]] * 2
@@ -120,7 +121,7 @@ def localized_by_campaign(per_rank):
 def test_campaign(cell):
     tp, pp, distributed_optimizer, blocks, precision, state, localized = CELLS[cell]
     steps = 18 if state is None else 20
-    per_rank = spawn(w.train, 4, args=(tp, pp, distributed_optimizer, steps, True, (1, 2, 3), blocks, precision,
+    per_rank = spawn(w.train, 4, preload=megatron_cpu.PRELOAD, args=(tp, pp, distributed_optimizer, steps, True, (1, 2, 3), blocks, precision,
                                        state), timeout=600)
     got, report = localized_by_campaign(per_rank)
     assert got == localized, report.table()
@@ -132,7 +133,7 @@ def test_campaign(cell):
 def test_a_retired_weight_fault_keeps_what_the_update_wrote(distributed_optimizer):
     """Megatron's mixed-precision optimizers copy the fp32 main parameters into the model's
     after each update: retiring a weight fault must not put back a pre-update value."""
-    per_rank = spawn(w.weight_fault_retired, 2, args=(distributed_optimizer,), timeout=600)
+    per_rank = spawn(w.weight_fault_retired, 2, preload=megatron_cpu.PRELOAD, args=(distributed_optimizer,), timeout=600)
     for out in per_rank:
         assert out["compared"] > 0 and out["mismatched"] == [], out
     assert per_rank[1]["records"] == ["completed"]
@@ -142,7 +143,7 @@ def test_skipped_updates_are_not_iterations():
     """fp16 from a loss scale of 2^20: Megatron skips the first three updates (overflow).
     They advance neither the campaign nor the checks; the fault due at iteration 2 fires at
     the fifth optimizer step."""
-    per_rank = spawn(w.skipped_updates, 2, args=(8, 2.0 ** 20), timeout=600)
+    per_rank = spawn(w.skipped_updates, 2, preload=megatron_cpu.PRELOAD, args=(8, 2.0 ** 20), timeout=600)
     for out in per_rank:
         assert out["seen"] == [(False, 0, 0)] * 3 + [(True, i, i) for i in range(1, 6)], out["seen"]
         assert out["checked"] == [1, 2, 3, 4, 5]
@@ -155,7 +156,7 @@ def test_skipped_updates_are_not_iterations():
 def test_bucket_reductions_are_timed_and_show_the_late_rank(overlap, hang_detection, tmp_path):
     """Megatron's bucket reduce-scatters and parameter all-gathers run inside torch's
     coalescing manager, out of the timing's sight: the adapter publishes them."""
-    per_rank = spawn(w.comm_run, 4, args=(11, 300.0, hang_detection, overlap), timeout=600,
+    per_rank = spawn(w.comm_run, 4, preload=megatron_cpu.PRELOAD, args=(11, 300.0, hang_detection, overlap), timeout=600,
                      env={"LMR_TEST_OOB_DIR": str(tmp_path)})
     rounds = per_rank[0]["rounds"]
     assert all(p["rounds"] == rounds for p in per_rank[1:])  # the same verdicts, the same calls timed
@@ -176,7 +177,7 @@ def test_bucket_reductions_are_timed_and_show_the_late_rank(overlap, hang_detect
 @pytest.mark.parametrize("precision", ["fp32", pytest.param("bf16", marks=pytest.mark.gpu)])
 def test_fault_free_run_attributes_nothing(precision):
     """fp32 on CPU; bf16 on the accelerator machine, 4 ranks sharing its GPU through gloo."""
-    per_rank = spawn(w.train, 4, args=(1, 1, True, 10, False, (1, 2, 3), (2, 0, 2), precision), timeout=600)
+    per_rank = spawn(w.train, 4, preload=megatron_cpu.PRELOAD, args=(1, 1, True, 10, False, (1, 2, 3), (2, 0, 2), precision), timeout=600)
     for out in per_rank:
         results = replay_results(out["results"])
         assert len(results) == 10 and all(r.status == "Agree" for r in results), [
@@ -190,7 +191,7 @@ def test_bf16_campaign_on_ranks_sharing_the_gpu():
     """The accelerator machine: GPTModel (local spec) in bf16 under Megatron's DDP and
     DistributedOptimizer, 4 ranks on GPU 0 through gloo; hidden-output, gradient, weight
     and optimizer-state SDC all localized. The test-only shims it needed are printed."""
-    per_rank = spawn(w.train, 4, args=(1, 1, True, 20, True, (1, 2, 3), (2, 0, 2), "bf16", 1), timeout=900)
+    per_rank = spawn(w.train, 4, preload=megatron_cpu.PRELOAD, args=(1, 1, True, 20, True, (1, 2, 3), (2, 0, 2), "bf16", 1), timeout=900)
     assert all(out["device"].startswith("cuda") for out in per_rank)
     print("shims applied with torch", __import__("torch").__version__, per_rank[0]["shims"])
     got, report = localized_by_campaign(per_rank)
@@ -203,7 +204,7 @@ def test_certified_checkpoints_resume_bit_for_bit(distributed_optimizer, trainin
     """Over dist_checkpointing, or megatron.training's checkpointing (what pretrain saves,
     with its LR scheduler): the newest trusted checkpoint restores every parameter and
     optimizer fragment bit for bit in a job started from another seed."""
-    out = spawn(w.certify_run, 2, args=(str(tmp_path), 10, distributed_optimizer, training), timeout=600)
+    out = spawn(w.certify_run, 2, preload=megatron_cpu.PRELOAD, args=(str(tmp_path), 10, distributed_optimizer, training), timeout=600)
     manifest = json.loads(out[0]["manifest"])
     verified = [c for c in manifest["checkpoints"] if c["state"] == "RECOVERY_VERIFIED"]
     assert verified, manifest
@@ -216,7 +217,7 @@ def test_certified_checkpoints_resume_bit_for_bit(distributed_optimizer, trainin
                                                                              f"iter_{newest['step']:07d}")))
     else:
         assert {".metadata", "metadata.json"} <= files, files
-    resumed = spawn(w.resume_run, 2, args=(str(tmp_path), distributed_optimizer, training), timeout=600)
+    resumed = spawn(w.resume_run, 2, preload=megatron_cpu.PRELOAD, args=(str(tmp_path), distributed_optimizer, training), timeout=600)
     for before, after in zip(out, resumed):
         assert after["step"] == newest["step"]
         assert after["state"] == before["saved"][newest["step"]]
@@ -224,14 +225,14 @@ def test_certified_checkpoints_resume_bit_for_bit(distributed_optimizer, trainin
 
 
 def test_megatron_training_checkpoints_need_its_arguments(tmp_path):
-    errors = spawn(w.training_without_arguments, 2, args=(str(tmp_path / "c"),), timeout=600)
+    errors = spawn(w.training_without_arguments, 2, preload=megatron_cpu.PRELOAD, args=(str(tmp_path / "c"),), timeout=600)
     assert all("megatron.training's arguments are not set" in e for e in errors), errors
     assert not (tmp_path / "c" / "lmr-checkpoint.json").exists()
 
 
 def test_an_incomplete_checkpoint_is_refused_on_every_rank(tmp_path):
-    spawn(w.certify_run, 2, args=(str(tmp_path), 4, True), timeout=600)
+    spawn(w.certify_run, 2, preload=megatron_cpu.PRELOAD, args=(str(tmp_path), 4, True), timeout=600)
     checkpoint = max(tmp_path.glob("step-*"))
     (checkpoint / "lmr-rank-1.pt").unlink()
-    failures = spawn(w.load_missing, 2, args=(str(checkpoint),), timeout=600)
+    failures = spawn(w.load_missing, 2, preload=megatron_cpu.PRELOAD, args=(str(checkpoint),), timeout=600)
     assert all("lmr-rank-1.pt is missing" in f for f in failures), failures

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.distributed
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
 def test_transformers_model_campaign_is_localized(kind, parallel):
     steps = 24
-    per_rank = spawn(hf_workers.train, 4, args=(kind, parallel, steps), timeout=600)
+    per_rank = spawn(hf_workers.train, 4, preload=hf_workers.PRELOAD, args=(kind, parallel, steps), timeout=600)
     c = FaultCampaign.from_json(hf_workers.hf_campaign(kind, parallel))
     records = [FaultInjectionRecord.from_dict(r) for rank in per_rank for r in rank["records"]]
     results = replay_results(per_rank[0]["results"])
@@ -40,7 +40,7 @@ def test_transformers_model_campaign_is_localized(kind, parallel):
 def test_state_faults_in_a_transformers_model_are_localized_by_state_integrity(kind, parallel):
     # Under FSDP2 each shard has one owner, so replay cannot see a corrupted weight (every
     # rank computes with the same gathered values); the owner's at-rest check does.
-    per_rank = spawn(hf_workers.integrity_train, 4, args=(kind, parallel, 12), timeout=600)
+    per_rank = spawn(hf_workers.integrity_train, 4, preload=hf_workers.PRELOAD, args=(kind, parallel, 12), timeout=600)
     c = FaultCampaign.from_json(hf_workers.state_campaign(kind))
     records = [FaultInjectionRecord.from_dict(r) for rank in per_rank for r in rank["records"]]
     results = replay_results(per_rank[0]["results"])
