@@ -1,10 +1,12 @@
 # LM Resiliency: every target does its own set-up and can be run again safely.
 #   make demo   set-up, build, then lmr-qualify: 4 CPU ranks (gloo), DDP, every fault family, a self-healing restart
-#   make test   set-up, build, C++ tests (ctest), Python tests (pytest)
-#   make test-fast  the same without the tests that spawn multi-rank worlds
+#   make test   set-up, build, C++ tests (ctest), Python tests (pytest); then the 25 slowest
+#               tests and the time of each phase
+#   make test-fast  C++ tests and the Python tests that spawn no world (after a build)
 #   make lint   ruff check, clang-format --dry-run -Werror, then make lint-threads
 #   make format apply ruff's safe fixes and clang-format
-#   make lint-threads  liblmr under clang -Wthread-safety -Werror (syntax only; a minute or more)
+#   make lint-threads  liblmr under clang -Wthread-safety -Werror (syntax only, the sources that
+#               reach an annotated header: about 30 s)
 #   make bench  set-up, build with benchmarks, CPU benchmark ratios
 #   make deps   Debian packages and the .venv only
 
@@ -17,10 +19,12 @@ APT_PACKAGES := libgtest-dev nlohmann-json3-dev libgloo-dev libbenchmark-dev cca
 JOBS ?= $(shell nproc)
 MEGATRON_CORE := megatron-core==0.19.2
 # One persistent build tree serves pip, ctest and the benchmarks, so the sources compile once.
+# Unity batches and precompiled headers (CMakeLists.txt) cut a clean build to about a third.
 PIP_BASE_FLAGS := --no-build-isolation --no-deps -q \
 	-Cbuild-dir=$(BUILD_DIR) \
 	-Ccmake.define.LMR_OOB=ON \
-	-Ccmake.define.LMR_WERROR=ON
+	-Ccmake.define.LMR_WERROR=ON \
+	-Ccmake.define.LMR_UNITY_BUILD=ON
 PIP_BUILD_FLAGS := $(PIP_BASE_FLAGS) \
 	-Ccmake.define.LMR_BUILD_TESTS=ON \
 	-Ccmake.define.LMR_BUILD_BENCHMARKS=ON
@@ -33,10 +37,11 @@ CLANG_FORMAT := clang-format-19
 LINT_APT_PACKAGES := $(CLANG_FORMAT) clang
 # The C++ that clang-format checks: what git tracks under these paths.
 FORMAT_FILES = $(shell git ls-files -- include src python/bindings tools tests/cpp 'bench/*.cc' fuzz | grep -E '\.(h|cc|cu|cuh)$$')
-# The library's sources for the thread-safety check (CUDA files are not parsed by it).
-THREAD_CHECK_FILES = $(shell git ls-files -- src tools | grep -E '\.cc$$')
+# The library's sources for the thread-safety check: those that reach an annotated header
+# (CUDA files are not parsed by it).
+THREAD_CHECK_FILES = $(shell scripts/thread_check_files.sh)
 
-.PHONY: deps apt apt-install venv build demo test test-fast test-cpp test-python bench fuzz clean \
+.PHONY: deps apt apt-install venv build compile demo test test-fast test-cpp test-python bench fuzz clean \
 	lint lint-apt lint-threads format
 
 deps: apt venv
@@ -54,19 +59,26 @@ apt-install:
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
+# --no-compile: modules are byte-compiled when first imported, not all of them at install
+# (torch alone has thousands): half the set-up time.
+PIP_INSTALL := $(PY) -m pip install -q --no-compile
 $(VENV)/.deps-stamp: requirements-dev.txt requirements-frameworks.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements-dev.txt
-	DS_BUILD_OPS=0 $(PY) -m pip install -q --no-build-isolation -r requirements-frameworks.txt torch==2.13.0
+	$(PIP_INSTALL) --upgrade pip
+	$(PIP_INSTALL) -r requirements-dev.txt
+	DS_BUILD_OPS=0 $(PIP_INSTALL) --no-build-isolation -r requirements-frameworks.txt torch==2.13.0
 	# Megatron Core's metadata asks for Python >= 3.12 but its cp311 wheel runs here; its deps
 	# (torch, numpy, packaging) are already installed.
-	$(PY) -m pip install -q --ignore-requires-python --no-deps $(MEGATRON_CORE)
+	$(PIP_INSTALL) --ignore-requires-python --no-deps $(MEGATRON_CORE)
 	touch $@
 
 venv: $(VENV)/.deps-stamp
 
 build: deps
+	@$(MAKE) --no-print-directory compile
+
+# The package and the test and benchmark programs, without the set-up.
+compile:
 	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PY) -m pip install $(PIP_BUILD_FLAGS) .
 
 # The demo builds only what it runs (no test or benchmark programs); make test adds them to the
@@ -82,10 +94,18 @@ test-cpp: build
 test-python: build
 	$(PY) -m pytest -q tests/python
 
-test: test-cpp test-python
+# Each phase timed (scripts/timed); the summary is printed whether the tests pass or not.
+# .ci/run times `make lint` into the same summary (LMR_KEEP_TIMES=1).
+test:
+	@[ -n "$(LMR_KEEP_TIMES)" ] || scripts/timed --reset
+	@scripts/timed set-up $(MAKE) --no-print-directory deps && \
+	  scripts/timed build $(MAKE) --no-print-directory compile && \
+	  scripts/timed ctest ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS) && \
+	  scripts/timed pytest $(PY) -m pytest -q --durations=25 tests/python; \
+	  status=$$?; scripts/timed --summary; exit $$status
 
 test-fast: test-cpp
-	$(PY) -m pytest -q -m "not distributed" tests/python
+	$(PY) -m pytest -q --durations=10 -m "not distributed" tests/python
 
 bench: build
 	$(PY) bench/run_cpu_bench.py --build-dir $(BUILD_DIR)
@@ -95,8 +115,9 @@ bench: build
 	$(PY) bench/oob_latency.py
 	$(PY) bench/moe_overhead.py --rounds 3 --steps 10
 
+# With the build's packages: one apt-get for both in CI, which lints first.
 lint-apt:
-	@$(MAKE) --no-print-directory apt-install PACKAGES="$(LINT_APT_PACKAGES)"
+	@$(MAKE) --no-print-directory apt-install PACKAGES="$(APT_PACKAGES) $(LINT_APT_PACKAGES)"
 
 lint: venv lint-apt
 	$(VENV)/bin/ruff check .
@@ -113,7 +134,7 @@ format: venv lint-apt
 
 # Clang's thread-safety analysis over liblmr and its tools (lmr::Mutex, LMR_GUARDED_BY): syntax
 # only, with the include paths of the real build; gcc builds ignore the annotations.
-lint-threads: apt lint-apt
+lint-threads: lint-apt
 	@printf '%s\n' $(THREAD_CHECK_FILES) | xargs -P $(JOBS) -n 4 clang++ -std=c++20 -fsyntax-only \
 	  -Wthread-safety -Wthread-safety-beta -Werror -Iinclude -Isrc -Itools/lmr-oobd -DLMR_VERSION='"lint"'
 	@echo "thread-safety analysis: clean"

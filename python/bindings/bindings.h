@@ -3,7 +3,12 @@
 
 #include <nanobind/nanobind.h>
 
+#include <string>
+
 namespace lmr::python {
+
+// A C++ byte string as Python bytes.
+inline nanobind::bytes asBytes(const std::string& s) { return nanobind::bytes(s.data(), s.size()); }
 
 void registerErrors(nanobind::module_& m);
 void registerConsensus(nanobind::module_& m);

@@ -33,8 +33,6 @@ std::vector<bool> kinds(const nb::bytes& b) {
   return out;
 }
 
-nb::bytes asBytes(const std::string& s) { return nb::bytes(s.data(), s.size()); }
-
 DetailSpec detailSpec(const replay::IntegrityDetail& d) {
   std::string k, after;
   for (bool s : d.is_state) k.push_back(s ? 1 : 0);

@@ -33,8 +33,6 @@ replay::PeerLayout peerLayout(const std::vector<std::int64_t>& ranks, const Grou
   return replay::PeerLayout{ranks, state_groups, expert_groups, ep_groups};
 }
 
-nb::bytes asBytes(const std::string& s) { return nb::bytes(s.data(), s.size()); }
-
 mesh::Layout layout(const std::vector<DimSpec>& dims, std::int64_t world) {
   std::vector<mesh::Dim> out;
   for (const auto& [name, size, role] : dims) {

@@ -28,9 +28,6 @@ void checkHeader(const Json& j, const char* kind) {
   }
 }
 
-std::string prefixed(std::string_view source, const std::string& message) {
-  return std::string(source) + ": " + message;
-}
 
 // The record the manifest implies for `r`'s candidate, to compare field by field.
 void checkAgainstManifest(const InjectionArtifact& a, const InjectionRecord& r, const std::string& where) {
@@ -113,7 +110,7 @@ InjectionArtifact InjectionArtifact::parse(std::string_view text, std::string_vi
       a.records.push_back(InjectionRecord::fromJson(records[i], item("records", i)));
     return a;
   } catch (const InvalidArgument& e) {
-    throw InvalidArgument(prefixed(source, e.message()));
+    throw InvalidArgument(std::string(source) + ": " + e.message());
   }
 }
 
@@ -143,7 +140,7 @@ std::vector<LocalizationResult> parseLocalizationArtifact(std::string_view text,
       out.push_back(LocalizationResult::fromJson(results[i], item("results", i)));
     return out;
   } catch (const InvalidArgument& e) {
-    throw InvalidArgument(prefixed(source, e.message()));
+    throw InvalidArgument(std::string(source) + ": " + e.message());
   }
 }
 

@@ -49,7 +49,7 @@ std::set<TargetKey> targetsOf(const LocalizationResult& r) {
   return out;
 }
 
-struct Action {
+struct Expectation {
   TargetKey target;
   std::string kind;
   std::optional<std::string> component;
@@ -58,12 +58,12 @@ struct Action {
 
 // Checks that `results` localize exactly `actions`: rank and resource sets, and the pairing
 // of actions that name both. Appends reasons (prefixed by `scope`) and returns success.
-bool matchTargets(const std::vector<Action>& actions, const std::vector<const LocalizationResult*>& results,
+bool matchTargets(const std::vector<Expectation>& actions, const std::vector<const LocalizationResult*>& results,
                   const std::string& scope, std::vector<std::string>& reasons) {
   std::set<std::int64_t> er, rr;
   std::set<std::string> es, rs;
   std::set<TargetKey> paired;
-  for (const Action& a : actions) {
+  for (const Expectation& a : actions) {
     if (a.target.first) er.insert(*a.target.first);
     if (a.target.second) es.insert(*a.target.second);
     if (a.target.first && a.target.second) paired.insert(a.target);
@@ -118,12 +118,12 @@ bool matchTargets(const std::vector<Action>& actions, const std::vector<const Lo
 // is derived per result and per action by the given functions. Only results for which
 // `result_label` yields labels take part.
 template <typename Label>
-bool matchAssociations(const std::vector<Action>& actions, const std::vector<const LocalizationResult*>& results,
+bool matchAssociations(const std::vector<Expectation>& actions, const std::vector<const LocalizationResult*>& results,
                        const std::function<std::vector<Label>(const LocalizationResult&)>& result_labels,
-                       const std::function<std::optional<Label>(const Action&)>& action_label, const std::string& what,
+                       const std::function<std::optional<Label>(const Expectation&)>& action_label, const std::string& what,
                        std::vector<std::string>& reasons) {
   std::set<std::pair<Label, TargetKey>> expected, reported;
-  for (const Action& a : actions)
+  for (const Expectation& a : actions)
     if (auto l = action_label(a)) expected.emplace(*l, a.target);
   bool any = false;
   for (const LocalizationResult* r : results) {
@@ -291,10 +291,10 @@ CampaignReport evaluate(const Campaign& campaign, const std::vector<InjectionRec
         std::all_of(recs.begin(), recs.end(), [](auto* r) { return r->status == RecordStatus::kSkippedProbability; });
     std::map<std::string, const InjectionRecord*> by_fault;
     for (const InjectionRecord* r : recs) by_fault[r->fault_id] = r;
-    std::vector<Action> actions;
+    std::vector<Expectation> actions;
     bool all_injected = true;
     for (const Fault& f : inc->faults) {
-      Action a{{f.target.expectedRank(), f.target.resource},
+      Expectation a{{f.target.expectedRank(), f.target.resource},
                std::string(expectedKind(f.type, f.target.surface)),
                f.target.component,
                std::nullopt};
@@ -315,7 +315,7 @@ CampaignReport evaluate(const Campaign& campaign, const std::vector<InjectionRec
     std::set<std::string> kinds;
     std::set<std::int64_t> ranks;
     std::set<std::string> resources, components;
-    for (const Action& a : actions) {
+    for (const Expectation& a : actions) {
       kinds.insert(a.kind);
       if (a.target.first) ranks.insert(*a.target.first);
       if (a.target.second) resources.insert(*a.target.second);
@@ -364,8 +364,8 @@ CampaignReport evaluate(const Campaign& campaign, const std::vector<InjectionRec
           attributed = false;
           continue;
         }
-        std::vector<Action> of_kind;
-        for (const Action& a : actions)
+        std::vector<Expectation> of_kind;
+        for (const Expectation& a : actions)
           if (a.kind == k) of_kind.push_back(a);
         std::vector<const LocalizationResult*> said;
         for (const LocalizationResult* r : attributing)
@@ -406,7 +406,7 @@ CampaignReport evaluate(const Campaign& campaign, const std::vector<InjectionRec
                                for (const auto& c : *r.components) out.emplace_back(r.kind.value_or(""), c);
                              return out;
                            },
-                           [&](const Action& a) -> std::optional<Label> {
+                           [&](const Expectation& a) -> std::optional<Label> {
                              if (!a.component) return std::nullopt;
                              return Label{reported_kinds.empty() ? "" : a.kind, *a.component};
                            },
@@ -416,7 +416,7 @@ CampaignReport evaluate(const Campaign& campaign, const std::vector<InjectionRec
       }
       // Layer evidence: a specific layer must belong to the targets it names.
       const bool any_layer_target =
-          std::any_of(actions.begin(), actions.end(), [](const Action& a) { return a.layer.has_value(); });
+          std::any_of(actions.begin(), actions.end(), [](const Expectation& a) { return a.layer.has_value(); });
       for (const LocalizationResult* r : attributing) {
         if (r->layer_id && *r->layer_id >= 0 && !any_layer_target) {
           s.reasons.push_back("layer " + std::to_string(*r->layer_id) + " reported for targets that are not layers");
@@ -430,7 +430,7 @@ CampaignReport evaluate(const Campaign& campaign, const std::vector<InjectionRec
                            return (r.layer_id && *r.layer_id >= 0) ? std::vector<std::int64_t>{*r.layer_id}
                                                                    : std::vector<std::int64_t>{};
                          },
-                         [](const Action& a) { return a.layer; }, "layer", s.reasons) &&
+                         [](const Expectation& a) { return a.layer; }, "layer", s.reasons) &&
                      attributed;
       }
     }

@@ -5,14 +5,6 @@
 
 namespace lmr::campaign {
 
-namespace {
-
-std::string prefixed(std::string_view source, const std::string& message) {
-  return std::string(source) + ": " + message;
-}
-
-}  // namespace
-
 Journal Journal::fromJson(const Json& j, std::string_view source) {
   try {
     json::requireKnownKeys(j, "", {"campaign", "manifest_identity", "attempts"});
@@ -34,7 +26,7 @@ Journal Journal::fromJson(const Json& j, std::string_view source) {
     }
     return out;
   } catch (const InvalidArgument& e) {
-    throw InvalidArgument(prefixed(source, e.message()));
+    throw InvalidArgument(std::string(source) + ": " + e.message());
   }
 }
 

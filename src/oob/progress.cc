@@ -24,11 +24,6 @@ constexpr std::uint32_t kVersion = 2;
 using A64 = std::atomic<std::int64_t>;
 using AU64 = std::atomic<std::uint64_t>;
 
-// A single-writer seqlock section.
-struct alignas(64) Section {
-  AU64 seq{0};
-};
-
 inline void beginWrite(AU64& seq) noexcept {
   seq.store(seq.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
@@ -53,12 +48,17 @@ bool readConsistent(const AU64& seq, Read read) noexcept {
 
 }  // namespace
 
+// A single-writer seqlock section of Shared.
+struct alignas(64) SeqlockSection {
+  std::atomic<std::uint64_t> seq{0};
+};
+
 struct Shared {
   std::atomic<std::uint32_t> magic;
   std::uint32_t version;
   std::atomic<std::int32_t> owner_pid;
   char token[16];
-  Section progress;
+  SeqlockSection progress;
   AU64 step, steps_here;
   A64 layer;
   AU64 layer_calls;
@@ -66,9 +66,9 @@ struct Shared {
   AU64 group, meta, sequence;
   std::atomic<std::uint32_t> in_collective;
   A64 collective_since_ns, progress_ns;
-  Section dataloader;
+  SeqlockSection dataloader;
   A64 dataloader_since_ns, dataloader_last_ns;
-  Section checkpoint;
+  SeqlockSection checkpoint;
   A64 checkpoint_since_ns, checkpoint_last_ns;
 };
 

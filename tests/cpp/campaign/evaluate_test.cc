@@ -12,7 +12,7 @@ namespace {
 using json::Json;
 
 // One campaign with an incident per situation the scoring rules distinguish.
-const char* kManifest = R"({
+const char* kEvaluatedManifest = R"({
   "name": "scoring",
   "incidents": [
     {"incident_id": "sdc", "trigger": {"at": [10]}, "lifetime": {"matching_calls": 1},
@@ -37,7 +37,7 @@ const char* kManifest = R"({
 
 class Scoring : public ::testing::Test {
  protected:
-  Scoring() : campaign(Campaign::parse(kManifest)) {}
+  Scoring() : campaign(Campaign::parse(kEvaluatedManifest)) {}
 
   // Records of every action of every incident, injected and verified.
   std::vector<InjectionRecord> records(bool inject = true) const {
@@ -255,7 +255,7 @@ TEST(LocalizationResultJson, StrictFields) {
 }
 
 TEST(InjectionRecordJson, RoundTripAndLifecycle) {
-  const Campaign c = Campaign::parse(kManifest);
+  const Campaign c = Campaign::parse(kEvaluatedManifest);
   InjectionRecord r = makeRecord(c, 0, 0, Candidate{0, 10, 110, true}, 2);
   EXPECT_EQ(r.occurrence_id, "sdc@10#2");
   EXPECT_EQ(r.injection_id, "sdc@10#2/f");

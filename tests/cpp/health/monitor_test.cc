@@ -41,7 +41,7 @@ class ThrowingSource : public Source {
   PollResult poll() override { throw IoError("sensor bus unreadable"); }
 };
 
-Reading reading(const char* metric, double value) { return Reading{DeviceInfo{0, "GPU-x", "", ""}, metric, value, ""}; }
+Reading sensorReading(const char* metric, double value) { return Reading{DeviceInfo{0, "GPU-x", "", ""}, metric, value, ""}; }
 
 bool waitFor(const std::function<bool()>& done, double seconds = 10) {
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
@@ -54,9 +54,9 @@ bool waitFor(const std::function<bool()>& done, double seconds = 10) {
 
 TEST(HealthMonitor, ThreadPollsAndDeliversEachFatalOnce) {
   auto source = std::make_shared<ScriptedSource>(std::vector<std::vector<Reading>>{
-      {reading(metric::kEccUncorrectableVolatile, 0)},
-      {reading(metric::kEccUncorrectableVolatile, 0)},
-      {reading(metric::kEccUncorrectableVolatile, 2), reading(metric::kRemapFailure, 1)},
+      {sensorReading(metric::kEccUncorrectableVolatile, 0)},
+      {sensorReading(metric::kEccUncorrectableVolatile, 0)},
+      {sensorReading(metric::kEccUncorrectableVolatile, 2), sensorReading(metric::kRemapFailure, 1)},
   });
   MonitorOptions options;
   options.interval_s = 0.01;
@@ -88,7 +88,7 @@ TEST(HealthMonitor, ThreadPollsAndDeliversEachFatalOnce) {
 
 TEST(HealthMonitor, FailingSourceIsStoredAndOthersStillPolled) {
   auto good =
-      std::make_shared<ScriptedSource>(std::vector<std::vector<Reading>>{{reading(metric::kDeviceLost, 1)}}, "good");
+      std::make_shared<ScriptedSource>(std::vector<std::vector<Reading>>{{sensorReading(metric::kDeviceLost, 1)}}, "good");
   Monitor monitor(MonitorOptions{}, {std::make_shared<ThrowingSource>(), good}, nullptr);
   auto events = monitor.pollOnce();
   ASSERT_EQ(events.size(), 1u);
@@ -112,7 +112,7 @@ TEST(HealthMonitor, FailingSourceIsStoredAndOthersStillPolled) {
 
 TEST(HealthMonitor, CallbackFailureIsStoredNotPropagated) {
   auto source =
-      std::make_shared<ScriptedSource>(std::vector<std::vector<Reading>>{{reading(metric::kRemapFailure, 1)}});
+      std::make_shared<ScriptedSource>(std::vector<std::vector<Reading>>{{sensorReading(metric::kRemapFailure, 1)}});
   Monitor monitor(MonitorOptions{}, {source}, [](const Event&) { throw std::runtime_error("manager bug"); });
   EXPECT_EQ(monitor.pollOnce().size(), 1u);
   ASSERT_EQ(monitor.errors().size(), 1u);
@@ -122,7 +122,7 @@ TEST(HealthMonitor, CallbackFailureIsStoredNotPropagated) {
 
 TEST(HealthMonitor, StopFromCallbackIsRefused) {
   auto source =
-      std::make_shared<ScriptedSource>(std::vector<std::vector<Reading>>{{reading(metric::kRemapFailure, 1)}});
+      std::make_shared<ScriptedSource>(std::vector<std::vector<Reading>>{{sensorReading(metric::kRemapFailure, 1)}});
   MonitorOptions options;
   options.interval_s = 0.01;
   Monitor* self = nullptr;

@@ -18,7 +18,7 @@
 namespace lmr::oob {
 namespace {
 
-const std::string kToken = "job-token-0123456789";
+const std::string kWireToken = "job-token-0123456789";
 
 std::string hexOf(const Tag& t) { return toHex(std::string_view(reinterpret_cast<const char*>(t.data()), 32)); }
 
@@ -35,47 +35,47 @@ TEST(Wire, HmacSha256MatchesRfc4231) {
 }
 
 TEST(Wire, RequestsRoundTripAndAnyDamageIsRefused) {
-  const std::string f = encodeRequest(kToken, kStoreSet, "oob-1/ready/0", std::string("h\0st", 4));
-  const StoreRequest r = decodeRequest(kToken, f);
+  const std::string f = encodeRequest(kWireToken, kStoreSet, "oob-1/ready/0", std::string("h\0st", 4));
+  const StoreRequest r = decodeRequest(kWireToken, f);
   EXPECT_EQ(r.op, kStoreSet);
   EXPECT_EQ(r.key, "oob-1/ready/0");
   EXPECT_EQ(r.value, std::string("h\0st", 4));
   EXPECT_THROW(decodeRequest("another-job-token", f), PeerFailure);  // no token, no request
-  for (std::size_t n = 0; n < f.size(); ++n) EXPECT_THROW(decodeRequest(kToken, f.substr(0, n)), PeerFailure) << n;
-  EXPECT_THROW(decodeRequest(kToken, f + "x"), PeerFailure);
+  for (std::size_t n = 0; n < f.size(); ++n) EXPECT_THROW(decodeRequest(kWireToken, f.substr(0, n)), PeerFailure) << n;
+  EXPECT_THROW(decodeRequest(kWireToken, f + "x"), PeerFailure);
   for (std::size_t i = 0; i < f.size(); ++i) {
     std::string bad = f;
     bad[i] = static_cast<char>(bad[i] ^ 0x40);
-    EXPECT_THROW(decodeRequest(kToken, bad), PeerFailure) << "byte " << i;
+    EXPECT_THROW(decodeRequest(kWireToken, bad), PeerFailure) << "byte " << i;
   }
 }
 
 // A correctly tagged request (a token holder) is still checked: op and key.
 TEST(Wire, AuthenticatedButMalformedRequestsAreRefused) {
-  std::string unknown_op = encodeRequest(kToken, 9, "k", "");
-  EXPECT_THROW(decodeRequest(kToken, unknown_op), PeerFailure);
-  EXPECT_THROW(encodeRequest(kToken, kStoreSet, "bad key", ""), InvalidArgument);
-  EXPECT_THROW(encodeRequest(kToken, kStoreSet, "", ""), InvalidArgument);
-  EXPECT_THROW(encodeRequest(kToken, kStoreSet, std::string(kMaxStoreKey + 1, 'k'), ""), InvalidArgument);
-  EXPECT_THROW(encodeRequest(kToken, kStoreSet, "k", std::string(kMaxStoreValue + 1, 'v')), InvalidArgument);
+  std::string unknown_op = encodeRequest(kWireToken, 9, "k", "");
+  EXPECT_THROW(decodeRequest(kWireToken, unknown_op), PeerFailure);
+  EXPECT_THROW(encodeRequest(kWireToken, kStoreSet, "bad key", ""), InvalidArgument);
+  EXPECT_THROW(encodeRequest(kWireToken, kStoreSet, "", ""), InvalidArgument);
+  EXPECT_THROW(encodeRequest(kWireToken, kStoreSet, std::string(kMaxStoreKey + 1, 'k'), ""), InvalidArgument);
+  EXPECT_THROW(encodeRequest(kWireToken, kStoreSet, "k", std::string(kMaxStoreValue + 1, 'v')), InvalidArgument);
   EXPECT_NO_THROW(checkStoreKey("oob-ab12/mesh/3/rank_0:x.y-z"));
   for (const char* bad : {"a b", "a\nb", "a\\b", "\xff"}) EXPECT_THROW(checkStoreKey(bad), InvalidArgument) << bad;
   // A length field that claims more than the frame holds, or more than the limit.
   std::string frame(1, static_cast<char>(kStoreGet));
   frame += std::string("\xff\xff\xff\xff", 4);
-  EXPECT_THROW(decodeRequest(kToken, frame), PeerFailure);
+  EXPECT_THROW(decodeRequest(kWireToken, frame), PeerFailure);
 }
 
 TEST(Wire, RepliesAreBoundToTheirRequest) {
-  const StoreRequest a = decodeRequest(kToken, encodeRequest(kToken, kStoreGet, "a", ""));
-  const StoreRequest b = decodeRequest(kToken, encodeRequest(kToken, kStoreGet, "b", ""));
-  const std::string reply = encodeReply(kToken, a.tag, kStatusYes, "value-of-a");
-  EXPECT_EQ(decodeReply(kToken, a.tag, reply), (std::pair<std::uint8_t, std::string>{kStatusYes, "value-of-a"}));
-  EXPECT_THROW(decodeReply(kToken, b.tag, reply), PeerFailure);  // played back to another request
+  const StoreRequest a = decodeRequest(kWireToken, encodeRequest(kWireToken, kStoreGet, "a", ""));
+  const StoreRequest b = decodeRequest(kWireToken, encodeRequest(kWireToken, kStoreGet, "b", ""));
+  const std::string reply = encodeReply(kWireToken, a.tag, kStatusYes, "value-of-a");
+  EXPECT_EQ(decodeReply(kWireToken, a.tag, reply), (std::pair<std::uint8_t, std::string>{kStatusYes, "value-of-a"}));
+  EXPECT_THROW(decodeReply(kWireToken, b.tag, reply), PeerFailure);  // played back to another request
   EXPECT_THROW(decodeReply("another-job-token", a.tag, reply), PeerFailure);
   for (std::size_t n = 0; n < reply.size(); ++n)
-    EXPECT_THROW(decodeReply(kToken, a.tag, reply.substr(0, n)), PeerFailure);
-  EXPECT_THROW(decodeReply(kToken, a.tag, encodeReply(kToken, a.tag, 7, "")), PeerFailure);
+    EXPECT_THROW(decodeReply(kWireToken, a.tag, reply.substr(0, n)), PeerFailure);
+  EXPECT_THROW(decodeReply(kWireToken, a.tag, encodeReply(kWireToken, a.tag, 7, "")), PeerFailure);
 }
 
 TEST(Wire, StoreStateIsBoundedAndAFullStoreChangesNothing) {
@@ -121,19 +121,19 @@ TEST(Wire, ViewsCarryTheTokenAndTheirRound) {
   v.stalled_ns = 5;
   v.in_collective = 1;
   std::strcpy(v.host, "host-2");
-  const std::string bytes = encodeView(kToken, "oob-1/mesh/3/", v);
+  const std::string bytes = encodeView(kWireToken, "oob-1/mesh/3/", v);
   ASSERT_EQ(bytes.size(), kViewBytes);
-  const ViewRecord back = decodeView(kToken, "oob-1/mesh/3/", bytes, 12);
+  const ViewRecord back = decodeView(kWireToken, "oob-1/mesh/3/", bytes, 12);
   EXPECT_EQ(back.stalled_ns, 5);
   EXPECT_STREQ(back.host, "host-2");
-  EXPECT_THROW(decodeView(kToken, "oob-1/mesh/4/", bytes, 12), PeerFailure);  // replayed into another round
+  EXPECT_THROW(decodeView(kWireToken, "oob-1/mesh/4/", bytes, 12), PeerFailure);  // replayed into another round
   EXPECT_THROW(decodeView("another-job-token", "oob-1/mesh/3/", bytes, 12), PeerFailure);
-  EXPECT_THROW(decodeView(kToken, "oob-1/mesh/3/", bytes, 11), PeerFailure);  // claims another rank
-  EXPECT_THROW(decodeView(kToken, "oob-1/mesh/3/", bytes.substr(1), 12), PeerFailure);
+  EXPECT_THROW(decodeView(kWireToken, "oob-1/mesh/3/", bytes, 11), PeerFailure);  // claims another rank
+  EXPECT_THROW(decodeView(kWireToken, "oob-1/mesh/3/", bytes.substr(1), 12), PeerFailure);
   const auto rejects = [&](auto&& damage) {
     ViewRecord w = v;
     damage(w);
-    EXPECT_THROW(decodeView(kToken, "c", encodeView(kToken, "c", w), 12), PeerFailure);
+    EXPECT_THROW(decodeView(kWireToken, "c", encodeView(kWireToken, "c", w), 12), PeerFailure);
   };
   rejects([](ViewRecord& w) { w.stalled_ns = -1; });
   rejects([](ViewRecord& w) { w.checkpoint_ns = -7; });
@@ -148,7 +148,7 @@ TEST(Wire, ViewsCarryTheTokenAndTheirRound) {
 // length; each is dropped (counted, logged), nothing is stored, and the server still
 // answers the job's own clients.
 TEST(Wire, TheServerDropsWhatItCannotAuthenticate) {
-  TcpStoreServer server(0, "127.0.0.1", kToken);
+  TcpStoreServer server(0, "127.0.0.1", kWireToken);
   const auto send = [&](const std::string& bytes) {
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
@@ -169,7 +169,7 @@ TEST(Wire, TheServerDropsWhatItCannotAuthenticate) {
   EXPECT_EQ(server.requests(), 0u);
   TcpStoreOptions o;
   o.port = server.port();
-  o.token = kToken;
+  o.token = kWireToken;
   TcpStore job(o);
   EXPECT_FALSE(job.tryGet("oob-1/latest"));
   job.set("oob-1/latest", "3");
