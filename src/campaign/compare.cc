@@ -28,7 +28,6 @@ void checkHeader(const Json& j, const char* kind) {
   }
 }
 
-
 // The record the manifest implies for `r`'s candidate, to compare field by field.
 void checkAgainstManifest(const InjectionArtifact& a, const InjectionRecord& r, const std::string& where) {
   const Campaign& c = *a.campaign;

@@ -120,8 +120,8 @@ bool matchTargets(const std::vector<Expectation>& actions, const std::vector<con
 template <typename Label>
 bool matchAssociations(const std::vector<Expectation>& actions, const std::vector<const LocalizationResult*>& results,
                        const std::function<std::vector<Label>(const LocalizationResult&)>& result_labels,
-                       const std::function<std::optional<Label>(const Expectation&)>& action_label, const std::string& what,
-                       std::vector<std::string>& reasons) {
+                       const std::function<std::optional<Label>(const Expectation&)>& action_label,
+                       const std::string& what, std::vector<std::string>& reasons) {
   std::set<std::pair<Label, TargetKey>> expected, reported;
   for (const Expectation& a : actions)
     if (auto l = action_label(a)) expected.emplace(*l, a.target);
@@ -295,9 +295,9 @@ CampaignReport evaluate(const Campaign& campaign, const std::vector<InjectionRec
     bool all_injected = true;
     for (const Fault& f : inc->faults) {
       Expectation a{{f.target.expectedRank(), f.target.resource},
-               std::string(expectedKind(f.type, f.target.surface)),
-               f.target.component,
-               std::nullopt};
+                    std::string(expectedKind(f.type, f.target.surface)),
+                    f.target.component,
+                    std::nullopt};
       if (f.target.component == "transformer_block") a.layer = f.target.index;
       actions.push_back(a);
       auto it = by_fault.find(f.fault_id);

@@ -41,7 +41,9 @@ class ThrowingSource : public Source {
   PollResult poll() override { throw IoError("sensor bus unreadable"); }
 };
 
-Reading sensorReading(const char* metric, double value) { return Reading{DeviceInfo{0, "GPU-x", "", ""}, metric, value, ""}; }
+Reading sensorReading(const char* metric, double value) {
+  return Reading{DeviceInfo{0, "GPU-x", "", ""}, metric, value, ""};
+}
 
 bool waitFor(const std::function<bool()>& done, double seconds = 10) {
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
@@ -87,8 +89,8 @@ TEST(HealthMonitor, ThreadPollsAndDeliversEachFatalOnce) {
 }
 
 TEST(HealthMonitor, FailingSourceIsStoredAndOthersStillPolled) {
-  auto good =
-      std::make_shared<ScriptedSource>(std::vector<std::vector<Reading>>{{sensorReading(metric::kDeviceLost, 1)}}, "good");
+  auto good = std::make_shared<ScriptedSource>(
+      std::vector<std::vector<Reading>>{{sensorReading(metric::kDeviceLost, 1)}}, "good");
   Monitor monitor(MonitorOptions{}, {std::make_shared<ThrowingSource>(), good}, nullptr);
   auto events = monitor.pollOnce();
   ASSERT_EQ(events.size(), 1u);
