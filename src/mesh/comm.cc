@@ -56,6 +56,37 @@ consensus::TimingResult comparePair(double a, double b, const std::vector<std::i
   return t;
 }
 
+// The members of one collective that arrived late: `lateness` is each member's arrival after
+// the earliest (the longest wait less its own). The reference is the strict majority that
+// arrived closest together (the shortest span of n/2 + 1 sorted arrivals): its median arrival
+// and its spread (1.4826 x MAD, at least the floor). A member is late when it arrived after
+// that median by more than kappa times the spread and by more than the absolute threshold.
+// Early arrivals make nobody wait, and lie outside the majority: they cannot widen the spread
+// a late member is measured against (with the median and MAD of all members, one early rank
+// beside one late rank in a group of 4 hid an 80 ms lateness). As with timing consensus,
+// the late members must be a strict minority, else nobody is named.
+std::vector<std::size_t> lateArrivals(const std::vector<double>& lateness, const consensus::TimingOptions& o) {
+  std::vector<double> sorted = lateness;
+  std::sort(sorted.begin(), sorted.end());
+  const std::size_t n = sorted.size(), h = n / 2 + 1;
+  std::size_t first = 0;
+  for (std::size_t k = 1; k + h <= n; ++k)
+    if (sorted[k + h - 1] - sorted[k] < sorted[first + h - 1] - sorted[first]) first = k;
+  const std::vector<double> majority(sorted.begin() + static_cast<std::ptrdiff_t>(first),
+                                     sorted.begin() + static_cast<std::ptrdiff_t>(first + h));
+  const double reference = median(majority);
+  std::vector<double> deviations;
+  for (double v : majority) deviations.push_back(std::fabs(v - reference));
+  const double scale = std::max(1.4826 * median(deviations), o.scale_floor);
+  std::vector<std::size_t> late;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double excess = lateness[i] - reference;
+    if (excess > o.kappa * scale && excess > o.absolute_threshold) late.push_back(i);
+  }
+  if (2 * late.size() >= n) late.clear();
+  return late;
+}
+
 }  // namespace
 
 ResourceMap ResourceMap::fromJson(std::string_view text, std::int64_t world_size) {
@@ -191,9 +222,7 @@ CommVerdict CommTracker::observe(std::int64_t step, const std::vector<Collective
       const double most = *std::max_element(o.wait.begin(), o.wait.end());
       std::vector<double> lateness;
       for (double w : o.wait) lateness.push_back(most - w);
-      const consensus::TimingResult t = consensus::timing(lateness, options_.timing, o.members);
-      if (t.status == consensus::Status::kAttributed)
-        for (std::int64_t r : t.attributedRanks()) late.insert(r);
+      for (std::size_t i : lateArrivals(lateness, options_.timing)) late.insert(o.members[i]);
     }
   }
   std::set<std::string> slow, candidates, healthy;

@@ -118,6 +118,34 @@ TEST(CommStragglers, ALateComputingRankIsNotASlowLink) {
   EXPECT_FALSE(v.rank);
 }
 
+// What a 4-rank DDP world on a busy 2-core host recorded (bucket all-reduce waits, ms): rank 2
+// computed 80 ms longer, and rank 3 happened to arrive 30 ms before ranks 0 and 1. An early
+// arrival makes nobody wait; it must not widen the spread that rank 2 is measured against.
+TEST(CommStragglers, AnEarlyArrivalDoesNotHideALateOne) {
+  const std::vector<std::vector<double>> rounds = {
+      {0.0633, 0.0628, 0.0007, 0.0935}, {0.0500, 0.0742, 0.0072, 0.0471}, {0.0652, 0.0972, 0.0012, 0.0743}};
+  CommTracker t;
+  int step = 0;
+  for (const std::vector<double>& wait : rounds) {
+    CollectiveObservation o{"world", {0, 1, 2, 3}, "ddp_bucket", 1 << 20, wait, {0.001, 0.001, 0.001, 0.001}};
+    const CommVerdict v = t.observe(++step, {o});
+    EXPECT_EQ(v.late_ranks, std::vector<std::int64_t>{2}) << "round " << step;
+  }
+  // Spread arrivals with nobody well behind the majority: nobody is late; one 25 ms behind
+  // a tight majority is.
+  CollectiveObservation spread{"world", {0, 1, 2, 3}, "ddp_bucket", 1 << 20, {0.030, 0.021, 0.012, 0.0}, {}};
+  spread.transfer.assign(4, 0.001);
+  EXPECT_TRUE(t.observe(++step, {spread}).late_ranks.empty());
+  CollectiveObservation behind{"world", {0, 1, 2, 3}, "ddp_bucket", 1 << 20, {0.026, 0.025, 0.025, 0.0}, {}};
+  behind.transfer.assign(4, 0.001);
+  EXPECT_EQ(t.observe(++step, {behind}).late_ranks, std::vector<std::int64_t>{3});
+  // Two of four late (a pipelined check's rank 0 held back 220 ms beside rank 2's 300 ms):
+  // no strict minority, nobody named.
+  CollectiveObservation two{"world", {0, 1, 2, 3}, "ddp_bucket", 1 << 20, {0.0818, 0.2942, 0.0011, 0.3120}, {}};
+  two.transfer.assign(4, 0.001);
+  EXPECT_TRUE(t.observe(++step, {two}).late_ranks.empty());
+}
+
 TEST(CommStragglers, AHealthyGroupHoldingTheSharedRankContradicts) {
   std::vector<Group> groups = kMesh;
   groups.push_back({"pair", {5, 6}});  // holds rank 5, stays fast
