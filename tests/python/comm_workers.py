@@ -64,20 +64,25 @@ def fault(fault_id, fault_type, target, parameters):
     return {"fault_id": fault_id, "type": fault_type, "target": target, "parameters": parameters}
 
 
+# The mesh run's windows (iterations, inclusive): 6 slow rounds each (a group is confirmed
+# in 3 of the last 5), 3 fault-free ones between them, the steps of the run.
+LINK, GROUP = (5, 10), (14, 19)  # the campaign's slow link and slow group (comm_campaign)
+COMPUTE = (23, 28)  # iterations during which rank 3 computes slowly (see mesh_run)
+MESH_STEPS = 31
+
+
 def comm_campaign(delay_ms):
-    """A slow link on rank 5 (host h2); later ranks 6 and 7 slow in their shard group only
-    (a slow group, no one rank)."""
-    window = {"iterations": 8}
+    """A slow link on rank 5 (host h2) during LINK; ranks 6 and 7 slow in their shard group
+    only during GROUP (a slow group, no one rank)."""
+    window = {"iterations": LINK[1] - LINK[0] + 1}
+    assert GROUP[1] - GROUP[0] == LINK[1] - LINK[0]
     return campaign(
-        {"incident_id": "link", "trigger": {"at": [9]}, "lifetime": window, "faults": [
+        {"incident_id": "link", "trigger": {"at": [LINK[0]]}, "lifetime": window, "faults": [
             fault("f", "delay", {"rank": 5, "surface": "collective", "resource": "h2"}, {"delay_ms": delay_ms})]},
-        {"incident_id": "group", "trigger": {"at": [23]}, "lifetime": window, "faults": [
+        {"incident_id": "group", "trigger": {"at": [GROUP[0]]}, "lifetime": window, "faults": [
             fault(f"r{r}", "delay", {"rank": r, "surface": "collective", "resource": "h3"},
                   {"delay_ms": delay_ms, "group_size": 2}) for r in (6, 7)]},
     )
-
-
-COMPUTE = (37, 44)  # iterations during which rank 3 computes slowly (see mesh_run)
 
 
 def _slow_compute(model, harness, delay_ms):

@@ -110,18 +110,18 @@ def clone_model(model):
     return copy.deepcopy(model)
 
 
-def sdc_campaign(ranks, blocks, gradient_parameter, weight_parameter):
-    """Hidden-output SDC at 3, gradient SDC at 8 and weight SDC at 13, each for 3 iterations,
-    on ranks `ranks` and transformer blocks `blocks` (in that order)."""
-    (a, b, c), window = ranks, {"iterations": 3}
+def sdc_campaign(ranks, blocks, gradient_parameter, weight_parameter, at=(3, 8, 13), iterations=3):
+    """Hidden-output, gradient and weight SDC at iterations `at`, each for `iterations`
+    iterations, on ranks `ranks` and transformer blocks `blocks` (in that order)."""
+    (a, b, c), window = ranks, {"iterations": iterations}
     return campaign(
-        incident("hidden", [3], "tensor_corruption",
+        incident("hidden", [at[0]], "tensor_corruption",
                  {"rank": a, "component": "transformer_block", "index": blocks[0], "surface": "output"},
                  {"operation": "sign_flip", "scope": "row"}, window),
-        incident("gradient", [8], "tensor_corruption",
+        incident("gradient", [at[1]], "tensor_corruption",
                  {"rank": b, "component": "transformer_block", "index": blocks[1], "surface": "gradient"},
                  {"operation": "noise", "std": 1.0, "scope": "1%", "parameter": gradient_parameter}, window),
-        incident("weight", [13], "tensor_corruption",
+        incident("weight", [at[2]], "tensor_corruption",
                  {"rank": c, "component": "transformer_block", "index": blocks[2], "surface": "weight"},
                  {"operation": "scale", "factor": 4.0, "scope": "1%", "parameter": weight_parameter}, window),
     )

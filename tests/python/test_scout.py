@@ -81,7 +81,7 @@ def test_state_sdc_without_a_majority_of_copies_is_never_misattributed():
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp2", "hsdp"])
 def test_fault_free_run_agrees_everywhere(parallel):
-    per_rank = spawn(scout_workers.run, 4, args=(parallel, "none", 60, 4))
+    per_rank = spawn(scout_workers.run, 4, args=(parallel, "none", 30, 2))  # 15 checks
     results = replay_results(per_rank[0]["results"])
     assert len(results) == 15  # state integrity is off on CPU by default
     recipes = {rid.split(".")[0] for r in results for rid in r.checked_recipe_ids}

@@ -24,8 +24,9 @@ LAYOUTS["pp_fsdp"] = LAYOUTS["pp"]  # the data-parallel degree follows from the 
 
 
 def tt_campaign(ranks=(1, 2, 3), blocks=(1, 0, 1)):
-    """Hidden-output, gradient and weight SDC on ranks `ranks`, blocks `blocks`."""
-    return sdc_campaign(ranks, blocks, "feed_forward.w2.weight", "feed_forward.w1.weight")
+    """Hidden-output, gradient and weight SDC on ranks `ranks`, blocks `blocks`, at
+    iterations 3, 6 and 9 for 2 iterations each (a run of 12 steps sees all three)."""
+    return sdc_campaign(ranks, blocks, "feed_forward.w2.weight", "feed_forward.w1.weight", at=(3, 6, 9), iterations=2)
 
 
 def _shared_dir(prefix):
@@ -77,10 +78,10 @@ def _signatures(trainer):
     return out
 
 
-def conformance(layout, fault_free_steps=0):
-    """The adapter conformance checks on a Trainer of `layout`; then, with
-    `fault_free_steps`, a fresh job of the same world trains that many steps with a check
-    each and state integrity on (its outcome under "run")."""
+def conformance(layout, campaign_run=None):
+    """The adapter conformance checks on a Trainer of `layout`; then, with `campaign_run`
+    (run's arguments after the layout), a fresh job of the same world runs a campaign (its
+    outcome under "run"): one world start for both."""
     from adapter_conformance import check_adapter
     from lm_resiliency.frameworks import select_adapter
     from lm_resiliency.frameworks.torchtitan_checkpoint import TorchTitanCheckpointer
@@ -109,8 +110,8 @@ def conformance(layout, fault_free_steps=0):
            "blocks": sorted(adapter.blocks()), "holds": [adapter.holds(k) for k in ("embedding", "output")],
            "replay": adapter.optimizer_replay_support(), "modules": adapter.module_replay_support()}
     trainer.close()
-    if fault_free_steps:
-        out["run"] = run(layout, fault_free_steps, ["--lmr-check-interval", "1", "--lmr-state-integrity", "on"])
+    if campaign_run is not None:
+        out["run"] = run(layout, *campaign_run)
     return out
 
 
