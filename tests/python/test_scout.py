@@ -119,6 +119,22 @@ def test_compute_delay_needs_confirmation_rounds():
     assert all(1 not in ranks for ranks in confirmed.values())
 
 
+def test_straggler_margin_follows_the_clock_the_replay_is_timed_on():
+    """CPU replays are timed on the host clock, which cannot see time the hypervisor steals
+    (a suite run once confirmed a healthy rank on 5-ms margins): 20 ms there, 5 ms on CUDA;
+    a value the user sets wins; a bad one names the field."""
+    from lm_resiliency.errors import InvalidArgumentError
+    from lm_resiliency.scout import ReplayHarnessConfig
+
+    default = ReplayHarnessConfig()
+    assert default.straggler_options("cpu").timing.absolute_threshold == pytest.approx(0.02)
+    assert default.straggler_options("cuda").timing.absolute_threshold == pytest.approx(0.005)
+    chosen = ReplayHarnessConfig(straggler_absolute_s=0.001)
+    assert chosen.straggler_options("cpu").timing.absolute_threshold == pytest.approx(0.001)
+    with pytest.raises(InvalidArgumentError, match="straggler_absolute_s"):
+        ReplayHarnessConfig(straggler_absolute_s=-1.0)
+
+
 @pytest.mark.parametrize("layers", [2, 4])
 def test_every_hidden_layer_is_checked_when_it_is_due_alone(layers):
     """Layer 0's check is due on its own (hidden rotation only): it runs like any other

@@ -10,6 +10,8 @@ from lm_resiliency.errors import InvalidArgumentError
 from lm_resiliency.scout.oob.config import HangDetectionConfig
 
 _DEFAULTS = _core.StragglerOptions()
+# The straggler margin for models on the CPU (ReplayHarnessConfig.straggler_absolute_s).
+CPU_STRAGGLER_ABSOLUTE_S = 0.02
 
 
 @dataclasses.dataclass
@@ -55,7 +57,12 @@ class ReplayHarnessConfig:
     integrity_at_rest: Optional[bool] = None
     # Outlier test of each check (defaults: lmr::replay::StragglerOptions).
     straggler_kappa: float = _DEFAULTS.timing.kappa
-    straggler_absolute_s: float = _DEFAULTS.timing.absolute_threshold
+    # A slow replay exceeds the median by at least this many seconds. None: 5 ms on CUDA
+    # (lmr::replay::StragglerOptions; GPU event time); 20 ms on CPU, where a replay is timed
+    # on the host clock: run-queue waits are taken out (scout/timing.py), but time the
+    # hypervisor takes from a virtual CPU (steal) is invisible to the guest and comes in
+    # slices of several milliseconds.
+    straggler_absolute_s: Optional[float] = None
     straggler_relative: float = _DEFAULTS.timing.relative_threshold
     # Confirmation: a straggler is an outlier in `confirmation_rounds` of the last
     # `confirmation_checks` checks of one recipe within `temporal_window` steps.
@@ -119,6 +126,8 @@ class ReplayHarnessConfig:
                                        f"got {self.timing_repeats!r}")
         for name in ("straggler_kappa", "straggler_absolute_s", "straggler_relative"):
             v = getattr(self, name)
+            if v is None and name == "straggler_absolute_s":
+                continue
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
                 raise InvalidArgumentError(f"ReplayHarnessConfig.{name} must be a non-negative number")
 
@@ -135,12 +144,16 @@ class ReplayHarnessConfig:
         if self.hang_detection is not None and not isinstance(self.hang_detection, HangDetectionConfig):
             raise InvalidArgumentError("ReplayHarnessConfig.hang_detection must be a HangDetectionConfig or None")
 
-    def straggler_options(self) -> "_core.StragglerOptions":
-        """These settings as lmr::replay::StragglerOptions."""
+    def straggler_options(self, device_type: str = "cuda") -> "_core.StragglerOptions":
+        """These settings as lmr::replay::StragglerOptions, for a model on `device_type`
+        (which resolves ``straggler_absolute_s=None``)."""
         o = _core.StragglerOptions()
         timing = o.timing
         timing.kappa = float(self.straggler_kappa)
-        timing.absolute_threshold = float(self.straggler_absolute_s)
+        absolute = self.straggler_absolute_s
+        if absolute is None:
+            absolute = timing.absolute_threshold if device_type == "cuda" else CPU_STRAGGLER_ABSOLUTE_S
+        timing.absolute_threshold = float(absolute)
         timing.relative_threshold = float(self.straggler_relative)
         o.timing = timing
         o.confirmation_rounds, o.confirmation_checks = self.confirmation_rounds, self.confirmation_checks

@@ -67,8 +67,8 @@ class ReplayHarness:
         # groups judge the AllToAll.
         self._moe_layers = self._adapter.moe_layers()
         self._expert_groups, self._ep_groups = expert_layout(dims, world, self._peers.ranks)
-        self._tracker = _core.StragglerTracker(self.config.straggler_options())
         self._device = next(iter(self._adapter.model_parts()[0].parameters())).device
+        self._tracker = _core.StragglerTracker(self.config.straggler_options(self._device.type))
         self._determinism = Determinism(self.config.deterministic, self._device)
         # Pipelined: a check's fingerprints and times are read at the next boundary (see
         # scout/started_check.py); on by default on CUDA.
