@@ -246,7 +246,7 @@ def test_metrics_count_what_the_hooks_receive_and_serve_on_loopback():
 
 @pytest.mark.distributed
 @pytest.mark.long_by_design("make demo's job end to end: two torchrun generations of four fresh ranks, "
-                            "91 steps and 6.4 s of injected stalls")
+                            "91 steps and 16 s of injected stalls and desynchronization")
 def test_default_qualification_localizes_every_family_and_recovers(tmp_path):
     out = tmp_path / "q"
     run = qualify("--out", str(out), "--plain", "--metrics-port", str(_free_port()))
