@@ -70,6 +70,13 @@ def test_spawn_reports_a_rank_that_returns_nothing_usable():
         spawn(dist_workers.return_unpicklable, 2, timeout=60)
 
 
+def test_a_world_that_cannot_start_says_why():
+    """Arguments a rank cannot receive fail at the start with the pickling error itself (the
+    cleanup once joined the unstarted processes and raised an AssertionError instead)."""
+    with pytest.raises(Exception, match="pickle") as failure:
+        spawn(dist_workers.c3_checks, 2, args=(lambda: 0,))
+    assert not isinstance(failure.value, AssertionError)
+
 def test_worlds_with_a_preload_fork_from_one_warm_parent():
     preload = ("dist_workers_preload:shim", "dist_workers")
     first = spawn(dist_workers.preloaded_state, 2, preload=preload, env={"LMR_TEST_RANK_ENV": "a"})

@@ -110,5 +110,6 @@ def run_world(ctx: Any, fn: Callable[..., Any], world_size: int, args: Sequence[
             if p.is_alive():
                 p.terminate()
         for p in procs:
-            p.join(timeout=10)
+            if p.pid is not None:  # a start that failed (its error is the one raised) left none
+                p.join(timeout=10)
         shutil.rmtree(workdir, ignore_errors=True)
