@@ -9,7 +9,7 @@ import html
 import os
 from typing import Any
 
-from lm_resiliency.qualify.summary import rows
+from lm_resiliency.qualify.rows import rows
 
 _STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}
@@ -41,7 +41,7 @@ def _run_section(run: Any, titles: dict[str, str], out: str) -> str:
     if o.report.occurrences:
         parts.append("<table><tr><th>occurrence</th><th>family</th><th>expected</th><th>injected</th><th>detected</th>"
                      "<th>localized</th><th>latency</th><th>rollback</th><th>recovery</th><th>reasons</th></tr>")
-        for r in rows(run, titles):
+        for r in rows(run.outcome, titles):
             latency = "-" if r["latency_ms"] is None else f"{r['latency_ms']:.0f} ms"
             rollback = "-" if r["rollback_steps"] is None else f"{r['rollback_steps']} steps"
             recovery = "-" if r["recovery_s"] is None else f"{r['recovery_s']:.1f} s"

@@ -15,7 +15,9 @@ import sys
 from typing import Any, Optional
 
 from lm_resiliency.fault_injection import write_localization_artifact
+from lm_resiliency.qualify.html_report import write_html
 from lm_resiliency.qualify.outcome import Outcome
+from lm_resiliency.qualify.rows import rows, table
 
 TRUST_MANIFEST = "lmr-trust-manifest.json"
 
@@ -101,52 +103,6 @@ def write_run_artifacts(run: Run) -> None:
         json.dump(run_summary(run), f, indent=2)
 
 
-def _expected(occ: dict) -> str:
-    parts = [f"rank {','.join(map(str, occ['expected_ranks']))}" if occ["expected_ranks"] else "",
-             f"on {','.join(occ['expected_resources'])}" if occ["expected_resources"] else "",
-             "/".join(occ["expected_kinds"])]
-    return " ".join(p for p in parts if p)
-
-
-def rows(run: Run, titles: dict[str, str]) -> list[dict[str, Any]]:
-    """One row per occurrence: what was injected, expected, found, and for a recovery its
-    rollback and time."""
-    o = run.outcome
-    recovery = {r.decided_at: r for r in o.recoveries}
-    out = []
-    for occ in o.report.occurrences:
-        row = {"occurrence": occ["occurrence_id"], "family": titles.get(occ["incident_id"], occ["incident_id"]),
-               "iteration": occ["iteration"], "expected": _expected(occ), "injected": occ["injection_succeeded"],
-               "detected": occ["detected"], "localized": occ["localized"], "latency_ms": occ["latency_ms"],
-               "reasons": occ["reasons"], "rollback_steps": None, "recovery_s": None}
-        incident = next((i for i in o.campaign.incidents if i["incident_id"] == occ["incident_id"]), {})
-        if incident.get("lifetime", {}).get("until") == "recovery":
-            r = next((r for at, r in sorted(recovery.items()) if at >= occ["iteration"]), None)
-            if r is not None:
-                row["rollback_steps"], row["recovery_s"] = r.rollback_steps, r.recovery_seconds
-                row["recovered_from"] = r.checkpoint
-        out.append(row)
-    return out
-
-
-def _cell(v: Any, fmt: str = "{}") -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    return fmt.format(v)
-
-
-def table(run: Run, titles: dict[str, str]) -> str:
-    header = ("occurrence", "family", "expected", "detected", "localized", "latency", "rollback", "recovery")
-    lines = [(r["occurrence"], r["family"], r["expected"], _cell(r["detected"]), _cell(r["localized"]),
-              _cell(r["latency_ms"], "{:.0f} ms"), _cell(r["rollback_steps"], "{} steps"),
-              _cell(r["recovery_s"], "{:.1f} s")) for r in rows(run, titles)]
-    widths = [max(len(h), *(len(x[i]) for x in lines)) if lines else len(h) for i, h in enumerate(header)]
-    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    return "\n".join([fmt.format(*header)] + [fmt.format(*x) for x in lines])
-
-
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     """The Wilson score interval of a proportion k/n (95% by default)."""
     if n == 0:
@@ -180,7 +136,7 @@ def run_summary(run: Run) -> dict[str, Any]:
                          "stall_reports": len(g.reports), "health_monitor": g.health_monitor,
                          "health_events": len(g.health)} for g in o.generations],
         "totals": o.report.totals,
-        "occurrences": rows(run, {}),
+        "occurrences": rows(run.outcome, {}),
         "recoveries": [dataclasses.asdict(r) for r in o.recoveries],
         "attributions": {"total": len(o.attributions), "occurrence": sum(a.explanation == "occurrence"
                                                                            for a in o.attributions),
@@ -220,7 +176,7 @@ def summarize(setup: Any, runs: list[Run], out: str, plots: bool = True) -> tupl
         o = r.outcome
         lines.append(f"\n{r.label}: {o.campaign.name} ({o.campaign.identity[:19]}...), "
                      f"{len(o.generations)} generation(s), {r.seconds:.0f} s")
-        lines.append(table(r, titles))
+        lines.append(table(r.outcome, titles))
         t = o.report.totals
         residual = sum(1 for a in o.attributions if a.explanation == "residual")
         lines.append(f"totals: {t['occurrences']} occurrences, {t['injected']} injected, {t['detected']} detected, "
@@ -257,8 +213,6 @@ def summarize(setup: Any, runs: list[Run], out: str, plots: bool = True) -> tupl
         summary["plots"], note = draw(runs, out)
         if note:
             lines.append(note)
-    from lm_resiliency.qualify.html_report import write_html
-
     write_html(os.path.join(out, "report.html"), summary, runs, titles)
     with open(os.path.join(out, "summary.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2)
