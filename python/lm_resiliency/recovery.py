@@ -23,8 +23,8 @@ import torch.distributed as dist
 
 from lm_resiliency import _core
 from lm_resiliency.attach import attach
-from lm_resiliency.checkpoint.certify import read_manifest, retire_abandoned
 from lm_resiliency.checkpoint.config import DurableCheckpointConfig
+from lm_resiliency.checkpoint.manifest_io import read_manifest, retire_abandoned
 from lm_resiliency.checkpoint.topology import topology_digest
 from lm_resiliency.errors import InvalidArgumentError, LmrIOError
 from lm_resiliency.scout.oob.publisher import checkpoint_io

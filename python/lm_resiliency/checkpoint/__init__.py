@@ -4,7 +4,8 @@ callback contract (config.py), the built-in adapter over torch.distributed.check
 lmr::ckpt's; the restart loop is lm_resiliency.recovery."""
 
 from lm_resiliency._core import CkptCheckpoint, CkptManifest, RecoveryDecision, select_recovery
-from lm_resiliency.checkpoint.certify import CheckpointCertifier, read_manifest
+from lm_resiliency.checkpoint.certify import CheckpointCertifier
+from lm_resiliency.checkpoint.manifest_io import read_manifest
 from lm_resiliency.checkpoint.config import RECOVERY_EXIT_CODE, DurableCheckpointConfig
 from lm_resiliency.checkpoint.dcp import DCPCheckpointer
 from lm_resiliency.checkpoint.latest import LatestTier, LocalSnapshotTier
