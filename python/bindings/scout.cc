@@ -201,6 +201,8 @@ void registerScout(nb::module_& m) {
       .def_rw("confirmation_rounds", &replay::StragglerOptions::confirmation_rounds)
       .def_rw("confirmation_checks", &replay::StragglerOptions::confirmation_checks)
       .def_rw("temporal_window", &replay::StragglerOptions::temporal_window);
+  m.def("straggler_defaults", &replay::stragglerDefaults, nb::arg("host_clock"),
+        "lmr::replay::stragglerDefaults: the straggler options for a host (CPU) or device clock.");
 
   nb::class_<replay::StragglerTracker>(m, "StragglerTracker")
       .def(nb::init<replay::StragglerOptions>(), nb::arg("options"))

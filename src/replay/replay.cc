@@ -103,6 +103,12 @@ std::string contractDigest(const std::vector<std::string>& fields) {
   return std::string(reinterpret_cast<const char*>(d.data()), 16);
 }
 
+StragglerOptions stragglerDefaults(bool host_clock) {
+  StragglerOptions o;
+  if (host_clock) o.timing.absolute_threshold = 0.020;
+  return o;
+}
+
 StragglerTracker::StragglerTracker(StragglerOptions options) : options_(std::move(options)) {
   if (options_.confirmation_rounds < 1) throw InvalidArgument("confirmation_rounds must be >= 1");
   if (options_.confirmation_checks < options_.confirmation_rounds)

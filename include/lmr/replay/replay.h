@@ -90,6 +90,12 @@ struct StragglerOptions {
   std::int64_t temporal_window = 1000;   // checks more than this many steps old are forgotten
 };
 
+// The defaults for a model's clock. Replays timed on the host clock (CPU models) take
+// run-queue waits out, but time the hypervisor steals from a virtual CPU is invisible to the
+// guest and comes in slices of several milliseconds: there a slow peer must exceed the
+// median by 20 ms. Device clocks (CUDA events) keep the 5 ms above.
+StragglerOptions stragglerDefaults(bool host_clock);
+
 // Confirms compute stragglers across the checks of one recipe (e.g. "hidden.3").
 //
 // A straggler is slow every time; a noisy host is slow sometimes. Two rules use that:

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from lm_resiliency import _core
 from lm_resiliency.attach import CERTIFICATION
 from lm_resiliency.checkpoint.config import DurableCheckpointConfig
-from lm_resiliency.checkpoint.manifest_io import read_manifest, retire_abandoned
+from lm_resiliency.checkpoint.manifest_io import is_distributed, read_manifest, retire_abandoned
 from lm_resiliency.checkpoint.topology import topology_digest
 from lm_resiliency.errors import InvalidArgumentError
 from lm_resiliency.orchestration import OrchestrationHooks
@@ -34,10 +34,6 @@ from lm_resiliency.scout.oob.publisher import checkpoint_io, forbid_collectives
 log = logging.getLogger("lm_resiliency.checkpoint")
 
 OUTCOMES = _core.CKPT_OUTCOMES  # by severity: the world takes the worst
-
-
-def _distributed() -> bool:
-    return dist.is_available() and dist.is_initialized()
 
 
 def outcome_of(result: Any, catalog: list[str]) -> tuple[int, list[bool], str]:
@@ -64,7 +60,7 @@ class CheckpointCertifier:
         self.config = config
         self._harness = harness
         self._hooks = hooks
-        self._distributed = _distributed()
+        self._distributed = is_distributed()
         self.rank = dist.get_rank() if self._distributed else 0
         world = dist.get_world_size() if self._distributed else 1
         if config.writer_rank >= world:

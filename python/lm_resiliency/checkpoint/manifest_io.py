@@ -17,7 +17,7 @@ from lm_resiliency.scout.oob.publisher import checkpoint_io, forbid_collectives
 log = logging.getLogger("lm_resiliency.checkpoint")
 
 
-def _distributed() -> bool:
+def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
@@ -39,14 +39,14 @@ def read_manifest(config: DurableCheckpointConfig, group: Any = None) -> Any:
     """The trust manifest in config.directory as the writer reads it (every rank gets the
     writer's copy when distributed: collective), or a new empty one."""
     text, error = None, ""
-    writer = not _distributed() or dist.get_rank() == config.writer_rank
+    writer = not is_distributed() or dist.get_rank() == config.writer_rank
     if writer:
         try:
             found = _core.CkptManifest.read(config.directory)
             text = found.to_json() if found is not None else None
         except Exception as e:  # noqa: BLE001 - raised on every rank below
             error = describe(e)
-    if _distributed():
+    if is_distributed():
         box = [(text, error) if writer else None]
         dist.broadcast_object_list(box, src=config.writer_rank, group=group)
         text, error = box[0]

@@ -10,8 +10,6 @@ from lm_resiliency.errors import InvalidArgumentError
 from lm_resiliency.scout.oob.config import HangDetectionConfig
 
 _DEFAULTS = _core.StragglerOptions()
-# The straggler margin for models on the CPU (ReplayHarnessConfig.straggler_absolute_s).
-CPU_STRAGGLER_ABSOLUTE_S = 0.02
 
 
 @dataclasses.dataclass
@@ -57,11 +55,9 @@ class ReplayHarnessConfig:
     integrity_at_rest: Optional[bool] = None
     # Outlier test of each check (defaults: lmr::replay::StragglerOptions).
     straggler_kappa: float = _DEFAULTS.timing.kappa
-    # A slow replay exceeds the median by at least this many seconds. None: 5 ms on CUDA
-    # (lmr::replay::StragglerOptions; GPU event time); 20 ms on CPU, where a replay is timed
-    # on the host clock: run-queue waits are taken out (scout/timing.py), but time the
-    # hypervisor takes from a virtual CPU (steal) is invisible to the guest and comes in
-    # slices of several milliseconds.
+    # A slow replay exceeds the median by at least this many seconds. None: the default of
+    # the model's clock (lmr::replay::stragglerDefaults: 5 ms on CUDA events, 20 ms on the
+    # host clock of CPU models, where hypervisor steal is invisible to the guest).
     straggler_absolute_s: Optional[float] = None
     straggler_relative: float = _DEFAULTS.timing.relative_threshold
     # Confirmation: a straggler is an outlier in `confirmation_rounds` of the last
@@ -147,13 +143,11 @@ class ReplayHarnessConfig:
     def straggler_options(self, device_type: str = "cuda") -> "_core.StragglerOptions":
         """These settings as lmr::replay::StragglerOptions, for a model on `device_type`
         (which resolves ``straggler_absolute_s=None``)."""
-        o = _core.StragglerOptions()
+        o = _core.straggler_defaults(host_clock=device_type != "cuda")
         timing = o.timing
         timing.kappa = float(self.straggler_kappa)
-        absolute = self.straggler_absolute_s
-        if absolute is None:
-            absolute = timing.absolute_threshold if device_type == "cuda" else CPU_STRAGGLER_ABSOLUTE_S
-        timing.absolute_threshold = float(absolute)
+        if self.straggler_absolute_s is not None:
+            timing.absolute_threshold = float(self.straggler_absolute_s)
         timing.relative_threshold = float(self.straggler_relative)
         o.timing = timing
         o.confirmation_rounds, o.confirmation_checks = self.confirmation_rounds, self.confirmation_checks

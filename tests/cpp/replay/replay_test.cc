@@ -198,5 +198,17 @@ TEST(Replay, StragglerRoundsExpireAndNeedThreePeers) {
   EXPECT_THROW(replay::StragglerTracker(kOfN(3, 2)), InvalidArgument);
 }
 
+TEST(StragglerDefaults, HostClockNeedsTwentyMillisecondsDeviceClockFive) {
+  const replay::StragglerOptions host = replay::stragglerDefaults(true);
+  const replay::StragglerOptions device = replay::stragglerDefaults(false);
+  EXPECT_DOUBLE_EQ(host.timing.absolute_threshold, 0.020);
+  EXPECT_DOUBLE_EQ(device.timing.absolute_threshold, replay::StragglerOptions{}.timing.absolute_threshold);
+  EXPECT_EQ(host.confirmation_rounds, device.confirmation_rounds);
+  // A peer 10 ms over the median of quick replays is an outlier on the device clock only.
+  const std::vector<std::vector<double>> times{{0.001}, {0.001}, {0.001}, {0.011}};
+  EXPECT_FALSE(replay::StragglerTracker{host}.observe("hidden.0", 1, times, {0, 1, 2, 3}).check.bitmap[3]);
+  EXPECT_TRUE(replay::StragglerTracker{device}.observe("hidden.0", 1, times, {0, 1, 2, 3}).check.bitmap[3]);
+}
+
 }  // namespace
 }  // namespace lmr
