@@ -108,6 +108,14 @@ void registerCampaign(nb::module_& m) {
   m.attr("SAFETY_CLASSES") = names(all_safety);
   m.attr("TEMPORAL_CLASSES") = names(all_temporal);
   m.attr("RECORD_STATUSES") = names(all_status);
+  std::vector<std::string> module_surfaces, parameter_surfaces;  // lmr::campaign's, for the target resolver
+  for (int i = 0; i <= static_cast<int>(Surface::kConfig); ++i) {
+    const auto s = static_cast<Surface>(i);
+    if (isModuleSurface(s)) module_surfaces.emplace_back(name(s));
+    if (isParameterSurface(s)) parameter_surfaces.emplace_back(name(s));
+  }
+  m.attr("MODULE_SURFACES") = nb::frozenset(nb::cast(module_surfaces));
+  m.attr("PARAMETER_SURFACES") = nb::frozenset(nb::cast(parameter_surfaces));
   m.def("required_safety", [](const std::string& t, const std::string& s) {
     return std::string(name(requiredSafety(failureType(t), surface(s))));
   });

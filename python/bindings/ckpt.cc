@@ -21,6 +21,11 @@ using namespace lmr::ckpt;
 
 std::string str(auto v) { return std::string(name(v)); }
 
+std::string upper(std::string s) {
+  for (char& ch : s) ch = static_cast<char>(ch >= 'a' && ch <= 'z' ? ch - 'a' + 'A' : ch);
+  return s;
+}
+
 void bindCheckpoint(nb::module_& m) {
   nb::class_<Checkpoint>(m, "CkptCheckpoint", "One captured state in the trust manifest.")
       .def(
@@ -63,6 +68,7 @@ void bindDecision(nb::module_& m) {
       .def_ro("available", &RecoveryDecision::available)
       .def_ro("reason", &RecoveryDecision::reason)
       .def_ro("status", &RecoveryDecision::status)
+      .def_ro("restart", &RecoveryDecision::restart)
       .def(
           "to_json", [](const RecoveryDecision& d, int indent) { return toJson(d, indent); }, nb::arg("indent") = -1)
       .def_static("from_json", [](const std::string& text) { return parseDecision(text); })
@@ -108,15 +114,24 @@ void bindCertifier(nb::module_& m) {
       .def_ro("durable", &CaptureDecision::durable)
       .def_prop_ro("state", [](const CaptureDecision& c) { return str(c.state); })
       .def_ro("latest", &CaptureDecision::latest)
+      .def_ro("snapshot", &CaptureDecision::snapshot)
       .def_ro("performance_fault", &CaptureDecision::performance_fault)
       .def_ro("reason", &CaptureDecision::reason);
   nb::class_<Changes>(m, "CertificationChanges")
       .def_ro("capture", &Changes::capture)
       .def_ro("promoted", &Changes::promoted)
-      .def_ro("rejected", &Changes::rejected);
+      .def_ro("rejected", &Changes::rejected)
+      .def_ro("recover", &Changes::recover);
   nb::class_<Certifier>(m, "Certifier", "Checkpoint trust from the job-wide outcome of each check (lmr::ckpt).")
-      .def(nb::init<std::vector<std::string>, Manifest, std::int64_t, bool>(), nb::arg("catalog"), nb::arg("manifest"),
-           nb::arg("completed") = 0, nb::arg("dynamic") = false)
+      .def(nb::init<std::vector<std::string>, Manifest, std::int64_t, bool, std::int64_t>(), nb::arg("catalog"),
+           nb::arg("manifest"), nb::arg("completed") = 0, nb::arg("dynamic") = false, nb::arg("latest_interval") = 0)
+      .def(
+          "at_boundary",
+          [](const Certifier& c, std::int64_t step, bool checked, bool integrity_sdc_everywhere) {
+            return str(c.atBoundary(BoundaryFacts{step, checked, integrity_sdc_everywhere}));
+          },
+          nb::arg("step"), nb::arg("checked"), nb::arg("integrity_sdc_everywhere") = false,
+          "\"skip\", \"capture\" or \"observe\" (lmr::ckpt::BoundaryAction).")
       .def_prop_ro("abandoned", &Certifier::abandoned)
       .def(
           "observe",
@@ -128,11 +143,16 @@ void bindCertifier(nb::module_& m) {
       .def("boundary", &Certifier::boundary)
       .def("captured", &Certifier::captured)
       .def("removed", &Certifier::removed)
+      .def("snapshots", &Certifier::snapshots)
       .def("recovered", &Certifier::recovered)
       .def("set_decision", &Certifier::setDecision)
       .def_prop_ro("manifest", &Certifier::manifest)
       .def_prop_ro("catalog", &Certifier::catalog)
       .def_prop_ro("covered", &Certifier::covered);
+  // The vocabulary Python uses by these names, never by its own literals.
+  for (Tier t : {Tier::kDurable, Tier::kLatest}) m.attr(("TIER_" + upper(str(t))).c_str()) = str(t);
+  for (TrustState s : {TrustState::kLatest, TrustState::kCandidate, TrustState::kRecoveryVerified, TrustState::kRejected})
+    m.attr(("TRUST_" + str(s)).c_str()) = str(s);
   nb::list outcomes;
   for (Outcome o : kOutcomes) outcomes.append(str(o));
   m.attr("CKPT_OUTCOMES") = nb::tuple(outcomes);  // by severity
@@ -158,6 +178,22 @@ void bindCertifier(nb::module_& m) {
       },
       nb::arg("manifest"), nb::arg("failure"), nb::arg("at_step"), nb::arg("emergency") = "not_run",
       nb::arg("now") = 0.0);
+  m.def(
+      "emergency_verdict",
+      [](const std::string& worst, const std::vector<bool>& accepted) {
+        return str(emergencyVerdict(parseOutcome(worst), accepted));
+      },
+      nb::arg("worst"), nb::arg("accepted"),
+      "\"sdc\", \"clean\" or \"incomplete\" of an emergency replay (lmr::ckpt::emergencyVerdict).");
+  m.def(
+      "plan_resume",
+      [](Manifest& mf, const std::string& topology, double now) -> std::optional<std::tuple<RecoveryDecision, bool>> {
+        auto plan = planResume(mf, topology, now);
+        if (!plan) return std::nullopt;
+        return std::make_tuple(plan->decision, plan->undiagnosed);
+      },
+      nb::arg("manifest"), nb::arg("topology"), nb::arg("now") = 0.0,
+      "(decision, undiagnosed) a starting job resumes from, or None (lmr::ckpt::planResume).");
   m.def("require_topology", &requireTopology);
   m.def(
       "apply_recovery", [](Manifest& mf, const std::string& id) { return applyRecovery(mf, id); },

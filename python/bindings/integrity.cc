@@ -58,6 +58,7 @@ std::vector<replay::IntegritySummary> summariesOf(const std::vector<nb::bytes>& 
 }  // namespace
 
 void registerIntegrity(nb::module_& m) {
+  m.attr("INTEGRITY_RECIPE") = replay::kIntegrityRecipe;  // the recipe id of state-integrity results
   m.def(
       "integrity_local",
       [](const nb::bytes& layout, const nb::bytes& is_state, const nb::bytes& after,

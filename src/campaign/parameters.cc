@@ -40,8 +40,7 @@ std::string enumValue(const Json& v, const std::string& path, const auto& allowe
 void validateBuiltInParameters(const Fault& fault, const std::string& path) {
   const Json& p = fault.parameters;
   const Surface surface = fault.target.surface;
-  const bool parameter_surface = surface == Surface::kWeight || surface == Surface::kBias ||
-                                 surface == Surface::kGradient || surface == Surface::kOptimizerState;
+  const bool parameter_surface = isParameterSurface(surface);
 
   // Which keys this (type, operation, surface) accepts.
   std::vector<std::string_view> allowed;

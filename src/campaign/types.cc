@@ -118,6 +118,8 @@ bool isModuleSurface(Surface s) noexcept {
   }
 }
 
+bool isParameterSurface(Surface s) noexcept { return isStateSurface(s) || s == Surface::kGradient; }
+
 bool isStateSurface(Surface s) noexcept {
   return s == Surface::kWeight || s == Surface::kBias || s == Surface::kOptimizerState;
 }

@@ -61,14 +61,32 @@ LocalOutcome classify(const CheckEvidence& e, const std::vector<std::string>& ca
   return out;
 }
 
-Certifier::Certifier(std::vector<std::string> catalog, Manifest manifest, std::int64_t completed, bool dynamic)
+EmergencyReplay emergencyVerdict(Outcome worst, const std::vector<bool>& accepted) {
+  if (worst == Outcome::kSdc) return EmergencyReplay::kSdc;
+  const bool all = std::all_of(accepted.begin(), accepted.end(), [](bool ok) { return ok; });
+  return worst <= Outcome::kStraggler && all ? EmergencyReplay::kClean : EmergencyReplay::kIncomplete;
+}
+
+std::string_view name(BoundaryAction action) noexcept {
+  switch (action) {
+    case BoundaryAction::kSkip: return "skip";
+    case BoundaryAction::kCapture: return "capture";
+    case BoundaryAction::kObserve: return "observe";
+  }
+  return "?";
+}
+
+Certifier::Certifier(std::vector<std::string> catalog, Manifest manifest, std::int64_t completed, bool dynamic,
+                     std::int64_t latest_interval)
     : catalog_(std::move(catalog)),
       catalog_set_(catalog_.begin(), catalog_.end()),
       dynamic_(dynamic),
+      latest_interval_(latest_interval),
       manifest_(std::move(manifest)) {
   if (catalog_set_.empty()) throw InvalidArgument("a certification catalog needs at least one recipe");
   if (catalog_set_.size() != catalog_.size()) throw InvalidArgument("the certification catalog repeats a recipe");
   if (completed < 0) throw InvalidArgument("completed steps must be >= 0");
+  if (latest_interval < 0) throw InvalidArgument("latest_interval must be >= 0");
   abandoned_ = continueFrom(manifest_, completed);
   last_step_ = completed;
 }
@@ -87,6 +105,14 @@ std::vector<std::string> Certifier::rejectUntrusted(const std::string& reason, s
   return out;
 }
 
+BoundaryAction Certifier::atBoundary(const BoundaryFacts& f) const {
+  if (f.checked) return BoundaryAction::kObserve;
+  // A corrupted replica stays diverged: once tainted, a later finding adds nothing.
+  if (f.integrity_sdc_everywhere && !manifest_.tainted_since) return BoundaryAction::kObserve;
+  const bool due = latest_interval_ > 0 && f.step % latest_interval_ == 0;
+  return due ? BoundaryAction::kCapture : BoundaryAction::kSkip;
+}
+
 Changes Certifier::observe(const CheckOutcome& o) {
   if (o.step < last_step_)
     throw InvalidArgument("check after step " + std::to_string(o.step) + " comes after step " +
@@ -101,6 +127,7 @@ Changes Certifier::observe(const CheckOutcome& o) {
     // Every checkpoint that no complete cycle validated may hold the fault: none is kept.
     ch.rejected = rejectUntrusted("SDC detected" + at + (o.reason.empty() ? "" : ": " + o.reason), o.step);
     cap.reason = "rejected: SDC detected" + at;
+    ch.recover = manifest_.tainted_since == o.step;
     return ch;
   }
   if (manifest_.tainted_since) {
@@ -123,6 +150,7 @@ Changes Certifier::observe(const CheckOutcome& o) {
   const bool dense = !dynamic_ && this_check == catalog_set_.size();
   if (covered_.size() < catalog_set_.size()) {
     cap.latest = true;
+    cap.snapshot = latest_interval_ > 0 && o.step % latest_interval_ == 0;
     cap.reason = "accepted" + at + "; cycle " + std::to_string(covered_.size()) + "/" +
                  std::to_string(catalog_set_.size()) + " recipes";
     return ch;
@@ -138,6 +166,7 @@ Changes Certifier::observe(const CheckOutcome& o) {
   }
   cap.durable = true;
   cap.latest = true;
+  cap.snapshot = latest_interval_ > 0 && o.step % latest_interval_ == 0;
   cap.state = dense ? TrustState::kRecoveryVerified : TrustState::kCandidate;
   cap.reason = dense ? "dense check accepted" + at : "catalog cycle complete and accepted" + at;
   return ch;
@@ -150,11 +179,12 @@ CaptureDecision Certifier::boundary(std::int64_t step) const {
     return cap;
   }
   cap.latest = true;
+  cap.snapshot = latest_interval_ > 0 && step % latest_interval_ == 0;
   cap.reason = "no check at step " + std::to_string(step);
   return cap;
 }
 
-void Certifier::captured(Checkpoint checkpoint) {
+std::vector<std::string> Certifier::captured(Checkpoint checkpoint) {
   if (manifest_.find(checkpoint.id)) throw InvalidArgument("checkpoint id \"" + checkpoint.id + "\" already exists");
   if (!manifest_.checkpoints.empty() && checkpoint.step < manifest_.checkpoints.back().step)
     throw InvalidArgument("checkpoint \"" + checkpoint.id + "\" at step " + std::to_string(checkpoint.step) +
@@ -162,12 +192,25 @@ void Certifier::captured(Checkpoint checkpoint) {
                           ")");
   if (checkpoint.state == TrustState::kCandidate || checkpoint.state == TrustState::kRecoveryVerified)
     checkpoint.certified_at = checkpoint.step;
+  std::vector<std::string> commit;
+  if (checkpoint.state == TrustState::kRecoveryVerified) commit.push_back(checkpoint.id);
   manifest_.checkpoints.push_back(std::move(checkpoint));
+  return commit;
 }
 
-void Certifier::removed(const std::string& id) {
+bool Certifier::removed(const std::string& id) {
+  const auto& d = manifest_.decision;
+  if (d && d->status == "pending" && d->checkpoint_id == id) return false;
   auto& list = manifest_.checkpoints;
   list.erase(std::remove_if(list.begin(), list.end(), [&](const Checkpoint& c) { return c.id == id; }), list.end());
+  return true;
+}
+
+std::vector<Checkpoint> Certifier::snapshots() const {
+  std::vector<Checkpoint> out;
+  for (const auto& c : manifest_.checkpoints)
+    if (c.tier == Tier::kLatest && c.state != TrustState::kRejected) out.push_back(c);
+  return out;
 }
 
 std::vector<Checkpoint> Certifier::recovered(const std::string& id) {

@@ -64,14 +64,15 @@ Json decisionJson(const RecoveryDecision& d) {
               {"topology", d.topology},
               {"available", d.available},
               {"reason", d.reason},
-              {"status", d.status}};
+              {"status", d.status},
+              {"restart", d.restart}};
 }
 
 RecoveryDecision parseDecisionValue(const Json& v, const std::string& path) {
   json::requireObject(v, path);
   json::requireKnownKeys(v, path,
                          {"mode", "source", "failure", "decided_at", "decided_time", "step", "checkpoint_id",
-                          "location", "tier", "topology", "available", "reason", "status"});
+                          "location", "tier", "topology", "available", "reason", "status", "restart"});
   auto str = [&](std::string_view key) {
     return json::asString(json::requireMember(v, path, key), json::child(path, key));
   };
@@ -99,6 +100,8 @@ RecoveryDecision parseDecisionValue(const Json& v, const std::string& path) {
     json::fail(json::child(path, "available"), "disagrees with mode \"" + d.mode + "\"");
   if (d.available && (d.step < 0 || d.checkpoint_id.empty()))
     json::fail(path, "an available decision needs a checkpoint_id and a step >= 0");
+  d.restart =
+      v.contains("restart") ? json::asBoolean(v.at("restart"), json::child(path, "restart")) : d.failure == "sdc";
   return d;
 }
 

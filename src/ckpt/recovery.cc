@@ -64,6 +64,7 @@ RecoveryDecision selectRecovery(const Manifest& m, Failure failure, std::int64_t
   d.decided_time = now;
   d.failure = std::string(name(failure));
   d.decided_at = at_step;
+  d.restart = failure == Failure::kSdc;
   bool verified_only = true;
   std::string why;
   switch (failure) {
@@ -103,6 +104,15 @@ RecoveryDecision selectRecovery(const Manifest& m, Failure failure, std::int64_t
   d.reason =
       why + "; selected " + c->id + " (step " + std::to_string(c->step) + ", " + std::string(name(c->state)) + ")";
   return d;
+}
+
+std::optional<ResumePlan> planResume(Manifest& m, const std::string& job_topology, double now) {
+  const RecoveryDecision* pending = m.decision ? &*m.decision : nullptr;
+  if (pending && pending->status == "pending" && m.find(pending->checkpoint_id)) return ResumePlan{*pending, false};
+  if (m.checkpoints.empty()) return std::nullopt;
+  m.topology = job_topology;
+  return ResumePlan{selectRecovery(m, Failure::kUncertain, m.checkpoints.back().step, EmergencyReplay::kNotRun, now),
+                    true};
 }
 
 std::vector<Checkpoint> continueFrom(Manifest& m, std::int64_t step) {

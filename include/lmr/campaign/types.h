@@ -84,6 +84,9 @@ std::optional<RecordStatus> parseRecordStatus(std::string_view s) noexcept;
 
 // Surfaces that name a module of the model (they need `module_path` or `component`).
 bool isModuleSurface(Surface s) noexcept;
+// Module surfaces that act on one of the module's parameters (weight, bias, gradient,
+// optimizer_state): the fault names it with parameters.parameter.
+bool isParameterSurface(Surface s) noexcept;
 // Surfaces holding parameter state (weight, bias, optimizer_state).
 bool isStateSurface(Surface s) noexcept;
 

@@ -16,7 +16,10 @@
 //   static catalog. A dynamic catalog (MoE execution regimes, which grow as training admits
 //   shapes) never verifies at once: its first complete accepted cycle makes a CANDIDATE and
 //   the next one promotes it.
-// - Between those boundaries the state may be captured to the fast tier as LATEST.
+// - Between those boundaries the state may be captured to the fast tier as LATEST, every
+//   `latest_interval` steps.
+// - A state-integrity SDC found between checks, on a replica group spanning the world (so
+//   every rank holds the same verdict), is a boundary of its own: observed at once.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +29,7 @@
 #include <vector>
 
 #include "lmr/ckpt/manifest.h"
+#include "lmr/ckpt/recovery.h"
 
 namespace lmr::ckpt {
 
@@ -59,6 +63,26 @@ struct LocalOutcome {
 // inconclusive, straggler, healthy. Ranks agree on the worst outcome afterwards.
 LocalOutcome classify(const CheckEvidence& evidence, const std::vector<std::string>& catalog);
 
+// The verdict of an emergency replay (a full check before a hang's or an uncertain failure's
+// decision) from the job-wide outcome and the catalog recipes every rank accepted: SDC; clean
+// when nothing worse than a straggler was seen and every recipe was accepted; else incomplete.
+EmergencyReplay emergencyVerdict(Outcome worst, const std::vector<bool>& accepted);
+
+// What the caller knows of one optimizer boundary (the same on every rank).
+struct BoundaryFacts {
+  std::int64_t step = 0;
+  bool checked = false;                   // a SCOUT check concluded at this boundary
+  bool integrity_sdc_everywhere = false;  // a state-integrity SDC not yet observed, whose peers span the world
+};
+
+// What the caller does at a boundary.
+enum class BoundaryAction {
+  kSkip,     // nothing can be captured: no check, no integrity SDC to observe, no snapshot due
+  kCapture,  // no check: ask boundary(step) whether the due fast-tier snapshot may be taken
+  kObserve,  // agree the outcome over the ranks (the check's, made SDC by an integrity finding) and observe() it
+};
+std::string_view name(BoundaryAction action) noexcept;
+
 struct CheckOutcome {
   std::int64_t step = 0;
   Outcome outcome = Outcome::kHealthy;
@@ -70,7 +94,8 @@ struct CheckOutcome {
 struct CaptureDecision {
   bool durable = false;  // capture it now through save_candidate, with state `state`
   TrustState state = TrustState::kLatest;
-  bool latest = false;   // it may be captured to the fast tier (LATEST)
+  bool latest = false;    // it may be captured to the fast tier (LATEST)
+  bool snapshot = false;  // ... and a fast-tier snapshot is due at this step: take it
   bool performance_fault = false;  // a straggler was confirmed: capture, and report it
   std::string reason;
 };
@@ -79,6 +104,7 @@ struct Changes {
   CaptureDecision capture;
   std::vector<std::string> promoted;  // ids now RECOVERY_VERIFIED: commit_candidate them
   std::vector<std::string> rejected;  // ids now REJECTED: quarantine them
+  bool recover = false;               // this check tainted the state: decide a recovery (failure sdc) now
 };
 
 class Certifier {
@@ -87,19 +113,27 @@ class Certifier {
   // is the state to continue from (an empty one for a new job) and `completed` the job's
   // completed steps: checkpoints after it are dropped (continueFrom, recovery.h; abandoned()
   // lists them), so a job that starts over never promotes or resumes another timeline's.
-  // `dynamic`: the catalog is a dynamic one (see above).
-  Certifier(std::vector<std::string> catalog, Manifest manifest, std::int64_t completed = 0, bool dynamic = false);
+  // `dynamic`: the catalog is a dynamic one (see above). `latest_interval`: steps between
+  // fast-tier snapshots, 0 for none.
+  Certifier(std::vector<std::string> catalog, Manifest manifest, std::int64_t completed = 0, bool dynamic = false,
+            std::int64_t latest_interval = 0);
   const std::vector<Checkpoint>& abandoned() const { return abandoned_; }
 
+  // What to do at a boundary (see BoundaryAction).
+  BoundaryAction atBoundary(const BoundaryFacts& facts) const;
   // A check concluded after step `outcome.step`. Steps never go back (InvalidArgument).
   Changes observe(const CheckOutcome& outcome);
   // A boundary without a check: whether the state may go to the fast tier.
   CaptureDecision boundary(std::int64_t step) const;
   // A capture that succeeded (after observe/boundary allowed it). InvalidArgument for a
-  // duplicate id or a step before the last checkpoint's.
-  void captured(Checkpoint checkpoint);
-  // A checkpoint a tier removed (retention): dropped from the manifest.
-  void removed(const std::string& id);
+  // duplicate id or a step before the last checkpoint's. Returns the ids to commit now:
+  // this one when it was captured RECOVERY_VERIFIED (a dense check), else none.
+  std::vector<std::string> captured(Checkpoint checkpoint);
+  // A checkpoint a tier removed (retention): dropped from the manifest, unless a pending
+  // decision names it (the relaunch loads it; false then).
+  bool removed(const std::string& id);
+  // The fast-tier checkpoints the manifest lists and has not rejected.
+  std::vector<Checkpoint> snapshots() const;
   // The job resumed from checkpoint `id`: applyRecovery (recovery.h), and the cycle in
   // progress starts over.
   std::vector<Checkpoint> recovered(const std::string& id);
@@ -118,6 +152,7 @@ class Certifier {
   std::set<std::string> covered_;
   std::int64_t last_step_ = -1;
   bool dynamic_ = false;
+  std::int64_t latest_interval_ = 0;
   Manifest manifest_;
   std::vector<Checkpoint> abandoned_;
 };

@@ -54,6 +54,10 @@ struct RecoveryDecision {
   bool available = false;
   std::string reason;
   std::string status = "pending";  // "pending" until the relaunched job loaded it, then "applied"
+  // Whether the ranks leave for a relaunch when self-healing is on: an SDC leaves the running
+  // state tainted, so the job must go back; other failures already stopped or slowed the job
+  // and its launcher restarts it. Manifests written before this field read it so.
+  bool restart = false;
   bool operator==(const RecoveryDecision&) const = default;
 };
 

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -30,6 +31,17 @@ EmergencyReplay parseEmergencyReplay(std::string_view text);
 // `now`: seconds since the epoch, recorded as decided_time.
 RecoveryDecision selectRecovery(const Manifest& manifest, Failure failure, std::int64_t at_step,
                                 EmergencyReplay emergency = EmergencyReplay::kNotRun, double now = 0.0);
+
+// What a job starting up resumes from: the manifest's pending decision while its checkpoint is
+// still listed; otherwise, when the manifest lists checkpoints, the decision for an uncertain
+// failure (a crash or a stop nobody diagnosed) at the newest one's step, taken under
+// `job_topology` (which becomes the manifest's); nullopt when it lists none (a fresh start).
+// The plan's decision may be unavailable (nothing trusted): the job then starts over.
+struct ResumePlan {
+  RecoveryDecision decision;
+  bool undiagnosed = false;  // there was no pending decision: this one is decided here
+};
+std::optional<ResumePlan> planResume(Manifest& manifest, const std::string& job_topology, double now = 0.0);
 
 // A job continues the manifest's timeline from `step` (completed optimizer steps):
 // checkpoints after it belong to an abandoned timeline and leave the manifest (returned, for

@@ -223,5 +223,63 @@ TEST(Classify, WhatOneRanksCheckSaysForTrust) {
   EXPECT_THROW(parseOutcome("SDC"), InvalidArgument);
 }
 
+// The boundary rules the Python certifier obeys: observe at a check, or at a state-integrity
+// SDC whose peers span the world (once: a tainted state adds nothing); otherwise capture only
+// where a fast-tier snapshot is due.
+TEST(Certifier, TheBoundaryDecisionSaysWhatTheCallerDoes) {
+  Certifier c(kCatalog, Manifest{}, 0, false, 4);
+  EXPECT_EQ(c.atBoundary({3, false, false}), BoundaryAction::kSkip);
+  EXPECT_EQ(c.atBoundary({4, false, false}), BoundaryAction::kCapture);
+  EXPECT_EQ(c.atBoundary({3, true, false}), BoundaryAction::kObserve);
+  EXPECT_EQ(c.atBoundary({3, false, true}), BoundaryAction::kObserve);
+  EXPECT_TRUE(c.boundary(4).snapshot);
+  EXPECT_FALSE(c.boundary(5).snapshot);
+  EXPECT_TRUE(c.boundary(5).latest);
+  EXPECT_TRUE(c.observe(ok(8, {"embedding"})).capture.snapshot);
+  EXPECT_FALSE(c.observe(ok(9, {"hidden.0"})).capture.snapshot);
+  auto ch = c.observe(ok(10, {}, Outcome::kSdc));
+  EXPECT_TRUE(ch.recover);  // this check tainted the state: decide now
+  EXPECT_FALSE(c.observe(ok(11, {}, Outcome::kSdc)).recover);
+  EXPECT_EQ(c.atBoundary({12, false, true}), BoundaryAction::kCapture);  // tainted; due at 12, boundary() refuses
+  EXPECT_FALSE(c.boundary(12).latest);
+  EXPECT_FALSE(c.boundary(12).snapshot);
+  EXPECT_EQ(name(BoundaryAction::kObserve), "observe");
+
+  Certifier none(kCatalog, Manifest{});
+  EXPECT_EQ(none.atBoundary({4, false, false}), BoundaryAction::kSkip);
+  EXPECT_FALSE(none.boundary(4).snapshot);
+  EXPECT_THROW(Certifier(kCatalog, Manifest{}, 0, false, -1), InvalidArgument);
+}
+
+TEST(Certifier, ADenseCaptureIsCommittedAtOnceAndAPendingDecisionPinsItsSnapshot) {
+  Manifest m;
+  m.topology = "topo";
+  Certifier c(kCatalog, m, 0, false, 1);
+  EXPECT_EQ(c.captured(latest(1)), std::vector<std::string>{});
+  EXPECT_EQ(c.captured(durable(2, TrustState::kCandidate)), std::vector<std::string>{});
+  EXPECT_EQ(c.captured(durable(3, TrustState::kRecoveryVerified)), std::vector<std::string>{"durable-3"});
+  EXPECT_EQ(c.captured(latest(4)), std::vector<std::string>{});
+  ASSERT_EQ(c.snapshots().size(), 2u);
+  EXPECT_EQ(c.snapshots()[1].id, "latest-4");
+  RecoveryDecision d = selectRecovery(c.manifest(), Failure::kStraggler, 4);
+  ASSERT_EQ(d.checkpoint_id, "latest-4");
+  c.setDecision(d);
+  EXPECT_FALSE(c.removed("latest-4"));  // the relaunch loads it
+  EXPECT_TRUE(c.removed("latest-1"));
+  EXPECT_EQ(c.snapshots().size(), 1u);
+  d.status = "applied";
+  c.setDecision(d);
+  EXPECT_TRUE(c.removed("latest-4"));
+  EXPECT_TRUE(c.snapshots().empty());
+}
+
+TEST(Certifier, AnEmergencyReplayIsCleanOnlyWhenItAcceptedEverything) {
+  EXPECT_EQ(emergencyVerdict(Outcome::kSdc, {true, true}), EmergencyReplay::kSdc);
+  EXPECT_EQ(emergencyVerdict(Outcome::kHealthy, {true, true}), EmergencyReplay::kClean);
+  EXPECT_EQ(emergencyVerdict(Outcome::kStraggler, {true, true}), EmergencyReplay::kClean);
+  EXPECT_EQ(emergencyVerdict(Outcome::kHealthy, {true, false}), EmergencyReplay::kIncomplete);
+  EXPECT_EQ(emergencyVerdict(Outcome::kInconclusive, {true, true}), EmergencyReplay::kIncomplete);
+}
+
 }  // namespace
 }  // namespace lmr::ckpt

@@ -117,5 +117,29 @@ TEST(Manifest, AWriteRemovesTemporariesOfKilledWriters) {
   std::filesystem::remove_all(dir);
 }
 
+// A decision written before it said whether the ranks leave reads as what it meant then: only
+// an SDC sent them away. A non-boolean value is refused with its JSON path.
+TEST(Manifest, ADecisionWithoutRestartReadsAsItsFailureMeantIt) {
+  RecoveryDecision d = *sample().decision;
+  for (const std::string failure : {"sdc", "hang"}) {
+    d.failure = failure;
+    d.restart = !d.restart;  // whatever it was: the old file does not say
+    std::string text = toJson(d, -1);
+    const std::string field = std::string(",\"restart\":") + (d.restart ? "true" : "false");
+    ASSERT_NE(text.find(field), std::string::npos);
+    text.erase(text.find(field), field.size());
+    EXPECT_EQ(parseDecision(text).restart, failure == "sdc") << failure;
+  }
+  std::string bad = toJson(d, -1);
+  const std::string value = std::string("\"restart\":") + (d.restart ? "true" : "false");
+  bad.replace(bad.find(value), value.size(), "\"restart\":1");
+  try {
+    parseDecision(bad);
+    ADD_FAILURE() << "accepted " << bad;
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(e.message().find("restart"), std::string::npos) << e.message();
+  }
+}
+
 }  // namespace
 }  // namespace lmr::ckpt

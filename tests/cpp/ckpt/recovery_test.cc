@@ -64,5 +64,41 @@ TEST(Recovery, NamesParse) {
   EXPECT_THROW(parseEmergencyReplay(""), InvalidArgument);
 }
 
+TEST(Recovery, OnlyAnSdcSendsTheRanksAwayForARelaunch) {
+  const Manifest m = manifest();
+  EXPECT_TRUE(selectRecovery(m, Failure::kSdc, 11).restart);
+  EXPECT_TRUE(selectRecovery(Manifest{}, Failure::kSdc, 11).restart);  // unavailable: the caller says so
+  for (Failure f : {Failure::kInaccessible, Failure::kStraggler, Failure::kHang, Failure::kUncertain})
+    EXPECT_FALSE(selectRecovery(m, f, 11).restart) << name(f);
+}
+
+TEST(Recovery, AStartingJobResumesThePendingDecisionOrAnUndiagnosedFailure) {
+  Manifest empty;
+  EXPECT_FALSE(planResume(empty, "t1", 5.0).has_value());
+
+  Manifest m = manifest();
+  m.topology = "";
+  auto plan = planResume(m, "t1", 5.0);  // no decision: a crash nobody diagnosed
+  ASSERT_TRUE(plan.has_value());
+  EXPECT_TRUE(plan->undiagnosed);
+  EXPECT_EQ(plan->decision.failure, "uncertain");
+  EXPECT_EQ(plan->decision.checkpoint_id, "durable-4");  // uncertain, not replayed: verified only
+  EXPECT_EQ(plan->decision.decided_at, 10);
+  EXPECT_EQ(m.topology, "t1");
+
+  m.decision = selectRecovery(m, Failure::kStraggler, 9);
+  ASSERT_EQ(m.decision->checkpoint_id, "latest-9");
+  plan = planResume(m, "t1", 6.0);
+  ASSERT_TRUE(plan.has_value());
+  EXPECT_FALSE(plan->undiagnosed);
+  EXPECT_EQ(plan->decision, *m.decision);
+
+  m.decision->status = "applied";  // already loaded once: a later crash is undiagnosed again
+  EXPECT_TRUE(planResume(m, "t1", 7.0)->undiagnosed);
+  m.decision->status = "pending";
+  m.checkpoints.erase(m.checkpoints.begin() + 2);  // its checkpoint is gone
+  EXPECT_TRUE(planResume(m, "t1", 8.0)->undiagnosed);
+}
+
 }  // namespace
 }  // namespace lmr::ckpt
