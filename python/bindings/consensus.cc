@@ -30,6 +30,14 @@ void registerConsensus(nb::module_& m) {
       .value("Agree", Status::kAgree)
       .value("Attributed", Status::kAttributed)
       .value("Inconclusive", Status::kInconclusive);
+  m.def(
+      "worse_status",
+      [](const std::string& a, const std::string& b) {
+        return std::string(
+            consensus::statusName(consensus::worse(consensus::parseStatus(a), consensus::parseStatus(b))));
+      },
+      nb::arg("a"), nb::arg("b"),
+      "The worse of two status names (lmr::consensus::worse: Attributed > Inconclusive > Agree).");
 
   nb::class_<ExactResult>(m, "ExactResult")
       .def_ro("status", &ExactResult::status)

@@ -79,18 +79,24 @@ void registerScout(nb::module_& m) {
 
   m.def(
       "replay_plan",
-      [](const CadenceSpec& c, std::int64_t step, std::int64_t layers, std::int64_t slices, std::int64_t moe_layers) {
-        return planTuple(replay::planAt(cadence(c), step, layers, slices, moe_layers));
+      [](const CadenceSpec& c, std::int64_t step, std::int64_t layers, std::int64_t slices, std::int64_t moe_layers,
+         bool modules, bool optimizer) {
+        return planTuple(replay::planAt(cadence(c), step, layers, slices, moe_layers, {modules, optimizer}));
       },
       nb::arg("cadence"), nb::arg("step"), nb::arg("layers"), nb::arg("slices"), nb::arg("moe_layers") = 0,
+      nb::arg("modules") = true, nb::arg("optimizer") = true,
       "(embedding, hidden layer or None, output, optimizer slice or None, MoE layer position or None) due after "
       "`step`.");
   m.def(
       "replay_full_plan",
-      [](std::int64_t step, std::int64_t layers, std::int64_t slices, std::int64_t moe_layers) {
-        return planTuple(replay::fullPlan(step, layers, slices, moe_layers));
+      [](std::int64_t step, std::int64_t layers, std::int64_t slices, std::int64_t moe_layers, bool modules,
+         bool optimizer) {
+        return planTuple(replay::fullPlan(step, layers, slices, moe_layers, {modules, optimizer}));
       },
-      nb::arg("step"), nb::arg("layers"), nb::arg("slices"), nb::arg("moe_layers") = 0);
+      nb::arg("step"), nb::arg("layers"), nb::arg("slices"), nb::arg("moe_layers") = 0, nb::arg("modules") = true,
+      nb::arg("optimizer") = true);
+  std::vector<std::string> classes(replay::kRecipeClasses.begin(), replay::kRecipeClasses.end());
+  m.attr("REPLAY_RECIPE_CLASSES") = nb::tuple(nb::cast(classes));  // a check's layout order
   m.def(
       "replay_catalog",
       [](const CadenceSpec& c, const std::vector<std::int64_t>& layer_ids, std::int64_t slices,
@@ -203,6 +209,16 @@ void registerScout(nb::module_& m) {
       .def_rw("temporal_window", &replay::StragglerOptions::temporal_window);
   m.def("straggler_defaults", &replay::stragglerDefaults, nb::arg("host_clock"),
         "lmr::replay::stragglerDefaults: the straggler options for a host (CPU) or device clock.");
+  nb::class_<replay::CheckDefaults>(m, "CheckDefaults",
+                                    "lmr::replay::CheckDefaults: a check's defaults on a host or device clock.")
+      .def_ro("straggler", &replay::CheckDefaults::straggler)
+      .def_ro("pipelined", &replay::CheckDefaults::pipelined)
+      .def_ro("timing_repeats", &replay::CheckDefaults::timing_repeats)
+      .def_ro("state_integrity", &replay::CheckDefaults::state_integrity)
+      .def_ro("comm_absolute_s", &replay::CheckDefaults::comm_absolute_s);
+  m.def("check_defaults", &replay::checkDefaults, nb::arg("host_clock"));
+  m.def("integrity_at_rest_by_default", &replay::integrityAtRestByDefault, nb::arg("replicas"),
+        nb::arg("smallest_group"));
 
   nb::class_<replay::StragglerTracker>(m, "StragglerTracker")
       .def(nb::init<replay::StragglerOptions>(), nb::arg("options"))

@@ -47,6 +47,17 @@ std::string_view statusName(Status status) noexcept {
   return "Unknown";
 }
 
+Status parseStatus(std::string_view name) {
+  for (Status s : {Status::kAgree, Status::kAttributed, Status::kInconclusive})
+    if (statusName(s) == name) return s;
+  throw InvalidArgument("unknown status \"" + std::string(name) + "\" (expected Agree, Attributed or Inconclusive)");
+}
+
+Status worse(Status a, Status b) noexcept {
+  auto rank = [](Status s) { return s == Status::kAttributed ? 2 : s == Status::kInconclusive ? 1 : 0; };
+  return rank(b) > rank(a) ? b : a;
+}
+
 std::vector<std::int64_t> ExactResult::attributedRanks() const { return detail::ranksOf(bitmap, peer_ranks); }
 
 ExactResult exact(std::span<const std::string> evidence, std::span<const std::int64_t> peer_ranks) {

@@ -40,8 +40,22 @@ Intervals effectiveIntervals(const Cadence& c, std::int64_t layers, std::int64_t
                    pick(c.optimizer_interval), moe_layers > 0 ? rotating(c.moe_interval, moe_layers) : 0};
 }
 
+namespace {
+
+Plan masked(Plan p, PlanOptions options) {
+  if (!options.modules) {
+    p.embedding = p.output = false;
+    p.hidden_layer.reset();
+    p.moe_layer.reset();
+  }
+  if (!options.optimizer) p.optimizer_slice.reset();
+  return p;
+}
+
+}  // namespace
+
 Plan planAt(const Cadence& cadence, std::int64_t step, std::int64_t layers, std::int64_t slices,
-            std::int64_t moe_layers) {
+            std::int64_t moe_layers, PlanOptions options) {
   if (step < 1) throw InvalidArgument("replay steps are 1-based");
   if (slices < 1) throw InvalidArgument("optimizer replay needs at least one slice");
   const Intervals iv = effectiveIntervals(cadence, layers, moe_layers);
@@ -51,10 +65,11 @@ Plan planAt(const Cadence& cadence, std::int64_t step, std::int64_t layers, std:
   p.output = iv.output > 0 && step % iv.output == 0;
   if (iv.optimizer > 0 && step % iv.optimizer == 0) p.optimizer_slice = (step / iv.optimizer - 1) % slices;
   if (iv.moe > 0 && step % iv.moe == 0) p.moe_layer = (step / iv.moe - 1) % moe_layers;
-  return p;
+  return masked(p, options);
 }
 
-Plan fullPlan(std::int64_t step, std::int64_t layers, std::int64_t slices, std::int64_t moe_layers) {
+Plan fullPlan(std::int64_t step, std::int64_t layers, std::int64_t slices, std::int64_t moe_layers,
+              PlanOptions options) {
   if (layers < 1 || slices < 1) throw InvalidArgument("a full plan needs layers and slices");
   if (moe_layers < 0) throw InvalidArgument("MoE layers must be >= 0");
   Plan p;
@@ -63,7 +78,7 @@ Plan fullPlan(std::int64_t step, std::int64_t layers, std::int64_t slices, std::
   p.output = true;
   p.optimizer_slice = std::max<std::int64_t>(step - 1, 0) % slices;
   if (moe_layers > 0) p.moe_layer = std::max<std::int64_t>(step - 1, 0) % moe_layers;
-  return p;
+  return masked(p, options);
 }
 
 std::vector<std::string> catalog(const Cadence& cadence, const std::vector<std::int64_t>& layer_ids,
@@ -108,6 +123,20 @@ StragglerOptions stragglerDefaults(bool host_clock) {
   if (host_clock) o.timing.absolute_threshold = 0.020;
   return o;
 }
+
+CheckDefaults checkDefaults(bool host_clock) {
+  CheckDefaults d;
+  d.straggler = stragglerDefaults(host_clock);
+  if (host_clock) {
+    d.pipelined = false;
+    d.timing_repeats = 3;
+    d.state_integrity = false;
+    d.comm_absolute_s = 0.020;
+  }
+  return d;
+}
+
+bool integrityAtRestByDefault(bool replicas, std::int64_t smallest_group) { return !replicas || smallest_group < 3; }
 
 StragglerTracker::StragglerTracker(StragglerOptions options) : options_(std::move(options)) {
   if (options_.confirmation_rounds < 1) throw InvalidArgument("confirmation_rounds must be >= 1");

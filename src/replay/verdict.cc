@@ -178,8 +178,7 @@ CheckVerdict decideCheck(const PeerLayout& layout, std::int64_t step, const std:
           s.evidence[group[k]] = group_votes[k];
         }
         if (!r.reason.empty() && why.empty()) why = r.reason;
-        if (r.status == Status::kAttributed || (r.status == Status::kInconclusive && s.status == Status::kAgree))
-          s.status = r.status;
+        s.status = consensus::worse(s.status, r.status);
       }
       if (ep_groups.empty()) why = "alltoall_unverified: the peer layout has no expert-parallel groups";
       s.split = !why.empty();
@@ -201,8 +200,7 @@ CheckVerdict decideCheck(const PeerLayout& layout, std::int64_t step, const std:
           s.evidence[group[k]] = evidence[k];
         }
         s.split = s.split || r.status == Status::kInconclusive;
-        if (r.status == Status::kAttributed || (r.status == Status::kInconclusive && s.status == Status::kAgree))
-          s.status = r.status;
+        s.status = consensus::worse(s.status, r.status);
       }
       if (s.split) why = "no_majority: the peers disagree and no strict majority agrees";
     }

@@ -23,6 +23,11 @@ enum class Status : std::uint8_t { kAgree = 0, kAttributed = 1, kInconclusive = 
 
 // "Agree", "Attributed" or "Inconclusive".
 std::string_view statusName(Status status) noexcept;
+// The inverse of statusName; InvalidArgument naming the three.
+Status parseStatus(std::string_view name);
+// The worse of two statuses where several verdicts make one (a check's surfaces, a check and
+// its state-integrity verdict): Attributed > Inconclusive > Agree.
+Status worse(Status a, Status b) noexcept;
 
 // Result of exact (byte-equality) consensus.
 struct ExactResult {

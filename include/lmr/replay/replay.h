@@ -3,6 +3,7 @@
 // confirmed as a straggler. Pure functions and a small state machine; no tensors here.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -26,6 +27,18 @@ struct Cadence {
   std::int64_t optimizer_interval = -1;
   // moe_interval -1: the base interval, shortened as hidden_interval is over the MoE layers.
   std::int64_t moe_interval = -1;
+};
+
+// The recipe classes, in the order a check lays them out (its readiness vote has one slot each).
+inline constexpr std::array<std::string_view, 5> kRecipeClasses = {"embedding", "hidden", "output", "optimizer", "moe"};
+
+// The recipe classes the job's framework can replay (its adapter says which it cannot):
+// `modules` false leaves out the embedding, hidden, output and MoE recipes (blocks that
+// communicate inside their forward, under tensor parallelism), `optimizer` false the
+// optimizer recipe (an update that cannot run on isolated copies).
+struct PlanOptions {
+  bool modules = true;
+  bool optimizer = true;
 };
 
 struct Plan {
@@ -52,10 +65,12 @@ Intervals effectiveIntervals(const Cadence& cadence, std::int64_t layers, std::i
 // at every multiple of k; the hidden recipe visits layer ((step / k) - 1) mod layers, the
 // optimizer recipe slice ((step / k) - 1) mod slices, the MoE recipe MoE layer
 // ((step / k) - 1) mod moe_layers.
+// `options` leaves out what the framework cannot replay.
 Plan planAt(const Cadence& cadence, std::int64_t step, std::int64_t layers, std::int64_t slices,
-            std::int64_t moe_layers = 0);
-// Every recipe once (manual checks).
-Plan fullPlan(std::int64_t step, std::int64_t layers, std::int64_t slices, std::int64_t moe_layers = 0);
+            std::int64_t moe_layers = 0, PlanOptions options = {});
+// Every recipe once (manual checks), less what `options` leaves out.
+Plan fullPlan(std::int64_t step, std::int64_t layers, std::int64_t slices, std::int64_t moe_layers = 0,
+              PlanOptions options = {});
 
 // The recipe ids a complete cycle of `cadence` covers (every recipe a manual check runs
 // when check_interval is 0): "embedding", "hidden.<id>" for each of `layer_ids` (global
@@ -95,6 +110,28 @@ struct StragglerOptions {
 // guest and comes in slices of several milliseconds: there a slow peer must exceed the
 // median by 20 ms. Device clocks (CUDA events) keep the 5 ms above.
 StragglerOptions stragglerDefaults(bool host_clock);
+
+// Every default of a check that depends on where the model runs, decided here once. On a
+// device (CUDA) a check is pipelined (its fingerprints and times are read at the next
+// boundary, so the step does not wait for them), each timed replay runs once (events time
+// the device), state integrity is on wherever a parameter has two or more holders, and a
+// slow collective must exceed its class's median by 1 ms. On the host (CPU) checks complete
+// at their boundary, timed replays take the fastest of 3 runs (host noise only adds time),
+// state integrity is off (its digests cost a CPU job a noticeable share of its step), and a
+// slow collective must exceed the median by 20 ms (hypervisor steal, as above).
+struct CheckDefaults {
+  StragglerOptions straggler;
+  bool pipelined = true;
+  std::int64_t timing_repeats = 1;
+  bool state_integrity = true;       // where a parameter has two or more holders
+  double comm_absolute_s = 1e-3;     // lmr::mesh::CommOptions::timing.absolute_threshold
+};
+CheckDefaults checkDefaults(bool host_clock);
+
+// Whether state integrity also checks the state at rest by default (two reads per
+// boundary): where peers are shards, not replicas, or the smallest replica group has fewer
+// than 3 members (no strict majority can outvote one corrupted replica by the update alone).
+bool integrityAtRestByDefault(bool replicas, std::int64_t smallest_group);
 
 // Confirms compute stragglers across the checks of one recipe (e.g. "hidden.3").
 //

@@ -117,5 +117,16 @@ TEST(Exact, RejectsBadInput) {
   EXPECT_THROW(exact(agreeing(3), repeated), InvalidArgument);
 }
 
+TEST(Status, TheWorseOfTwoVerdictsAndTheNamesBack) {
+  using consensus::Status;
+  EXPECT_EQ(consensus::worse(Status::kAgree, Status::kInconclusive), Status::kInconclusive);
+  EXPECT_EQ(consensus::worse(Status::kInconclusive, Status::kAttributed), Status::kAttributed);
+  EXPECT_EQ(consensus::worse(Status::kAttributed, Status::kInconclusive), Status::kAttributed);
+  EXPECT_EQ(consensus::worse(Status::kAgree, Status::kAgree), Status::kAgree);
+  for (Status s : {Status::kAgree, Status::kAttributed, Status::kInconclusive})
+    EXPECT_EQ(consensus::parseStatus(consensus::statusName(s)), s);
+  EXPECT_THROW(consensus::parseStatus("agree"), InvalidArgument);
+}
+
 }  // namespace
 }  // namespace lmr::consensus

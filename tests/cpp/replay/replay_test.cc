@@ -3,6 +3,7 @@
 #include <set>
 
 #include "lmr/common/error.h"
+#include "lmr/mesh/comm.h"
 #include "lmr/replay/replay.h"
 
 namespace lmr {
@@ -208,6 +209,37 @@ TEST(StragglerDefaults, HostClockNeedsTwentyMillisecondsDeviceClockFive) {
   const std::vector<std::vector<double>> times{{0.001}, {0.001}, {0.001}, {0.011}};
   EXPECT_FALSE(replay::StragglerTracker{host}.observe("hidden.0", 1, times, {0, 1, 2, 3}).check.bitmap[3]);
   EXPECT_TRUE(replay::StragglerTracker{device}.observe("hidden.0", 1, times, {0, 1, 2, 3}).check.bitmap[3]);
+}
+
+TEST(CheckDefaults, OneDecisionForEveryClockDependentDefault) {
+  const replay::CheckDefaults host = replay::checkDefaults(true);
+  const replay::CheckDefaults device = replay::checkDefaults(false);
+  EXPECT_FALSE(host.pipelined);
+  EXPECT_TRUE(device.pipelined);
+  EXPECT_EQ(host.timing_repeats, 3);
+  EXPECT_EQ(device.timing_repeats, 1);
+  EXPECT_FALSE(host.state_integrity);
+  EXPECT_TRUE(device.state_integrity);
+  EXPECT_DOUBLE_EQ(host.comm_absolute_s, 0.020);
+  EXPECT_DOUBLE_EQ(device.comm_absolute_s, mesh::CommOptions{}.timing.absolute_threshold);
+  EXPECT_DOUBLE_EQ(host.straggler.timing.absolute_threshold, replay::stragglerDefaults(true).timing.absolute_threshold);
+  EXPECT_TRUE(replay::integrityAtRestByDefault(false, 8));  // shards: no replica to compare
+  EXPECT_TRUE(replay::integrityAtRestByDefault(true, 2));
+  EXPECT_FALSE(replay::integrityAtRestByDefault(true, 3));
+}
+
+TEST(Plan, WhatTheFrameworkCannotReplayIsLeftOutOfEveryPlan) {
+  const replay::Cadence every{1, -1, -1, -1, -1, -1};
+  const replay::Plan all = replay::planAt(every, 3, 4, 2, 2);
+  EXPECT_TRUE(all.embedding && all.hidden_layer && all.output && all.optimizer_slice && all.moe_layer);
+  const replay::Plan no_modules = replay::planAt(every, 3, 4, 2, 2, {.modules = false});
+  EXPECT_FALSE(no_modules.embedding || no_modules.hidden_layer || no_modules.output || no_modules.moe_layer);
+  EXPECT_EQ(no_modules.optimizer_slice, all.optimizer_slice);
+  const replay::Plan no_optimizer = replay::fullPlan(3, 4, 2, 2, {.optimizer = false});
+  EXPECT_FALSE(no_optimizer.optimizer_slice.has_value());
+  EXPECT_TRUE(no_optimizer.embedding && no_optimizer.hidden_layer && no_optimizer.moe_layer);
+  EXPECT_TRUE(replay::fullPlan(3, 4, 2, 0, {false, false}).empty());
+  EXPECT_EQ(replay::kRecipeClasses[3], "optimizer");
 }
 
 }  // namespace
