@@ -125,6 +125,7 @@ lint-apt:
 
 lint: venv lint-apt
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/python scripts/import_graph.py
 	@echo "$(CLANG_FORMAT) --dry-run -Werror (C++ under include src python/bindings tools tests/cpp bench fuzz)"
 	@$(CLANG_FORMAT) --dry-run -Werror $(FORMAT_FILES)
 	@echo "no iostreams in liblmr or _core (they crashed inside _core next to torch)"

@@ -65,7 +65,7 @@ def python_costs() -> tuple[float, float]:
     import timeit
 
     from lm_resiliency import _core
-    from lm_resiliency.scout.oob import publisher
+    from lm_resiliency import progress as publisher
 
     writer = _core.ProgressWriter(_core.oob_segment_name("bench", 0, os.getpid(), "py", 0), os.urandom(16))
     n = 200_000

@@ -28,10 +28,12 @@ lmr_last_check_step                gauge      the step of the latest check
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from typing import Any, Optional
 
+from lm_resiliency import _core
 from lm_resiliency.errors import InvalidArgumentError, UnsupportedError
 from lm_resiliency.orchestration import OrchestrationHooks
 
@@ -88,9 +90,8 @@ class PrometheusMetrics:
                 for rank in entry["ranks"]:
                     self.attributions.labels(entry["kind"], str(rank)).inc()
             integrity = [v.status for k, v in result.c3_results.items() if k.startswith("integrity.")]
-            if "integrity" in result.checked_recipe_ids or integrity:
-                worst = "Attributed" if "Attributed" in integrity else "Inconclusive" if "Inconclusive" in integrity \
-                    else "Agree"
+            if _core.INTEGRITY_RECIPE in result.checked_recipe_ids or integrity:
+                worst = functools.reduce(_core.worse_status, integrity, "Agree")
                 self.integrity.labels(worst).inc()
 
     def observe_report(self, report: Any) -> None:

@@ -56,8 +56,9 @@ _PARAMS = {
     "gather_object": (None, "dst", None, None),
     "scatter_object_list": (None, "src", None, None),
     "monitored_barrier": (None, None, None, None),
-    "all_gather_single": ("input_tensor", None, None, "tensor"),  # FSDP2's all-gather (torch >= 2.12)
-    "reduce_scatter_single": ("input", None, "op", "tensor"),  # FSDP2's reduce-scatter
+    # torch.distributed's single-tensor forms (public since torch 2.12; what FSDP2 calls)
+    "all_gather_single": ("input_tensor", None, None, "tensor"),
+    "reduce_scatter_single": ("input", None, "op", "tensor"),
 }
 _ALWAYS_ASYNC = {"isend", "irecv"}
 # Collectives a framework runs outside the public Python calls are published by its adapter

@@ -22,12 +22,13 @@ from typing import Any, Optional
 import torch.distributed as dist
 
 from lm_resiliency import _core
+from lm_resiliency.agree import raise_everywhere
 from lm_resiliency.attach import attach
 from lm_resiliency.checkpoint.config import DurableCheckpointConfig
 from lm_resiliency.checkpoint.manifest_io import read_manifest, retire_abandoned
 from lm_resiliency.checkpoint.topology import topology_digest
 from lm_resiliency.errors import InvalidArgumentError, LmrIOError
-from lm_resiliency.scout.oob.publisher import checkpoint_io
+from lm_resiliency.progress import checkpoint_io
 
 log = logging.getLogger("lm_resiliency.recovery")
 
@@ -106,38 +107,30 @@ def _resume(config: DurableCheckpointConfig, model: Any, optimizer: Any, distrib
     world = dist.get_world_size() if distributed else 1
     writer = not distributed or dist.get_rank() == config.writer_rank
     topology = topology_digest(attach(model, optimizer).adapter, model, world, group)
-    decision = manifest.decision
-    if decision is None or decision.status != "pending" or manifest.find(decision.checkpoint_id) is None:
-        if not manifest.checkpoints:
-            return None
-        manifest.topology = topology
-        decision = _core.select_recovery(manifest, "uncertain", manifest.checkpoints[-1].step, "not_run", time.time())
+    plan = _core.plan_resume(manifest, topology, time.time())  # lmr::ckpt decides what to resume
+    if plan is None:
+        return None
+    decision, undiagnosed = plan
+    if undiagnosed:
         log.warning("no pending recovery decision: %s", decision.reason)
     if not decision.available:
         return None
     checkpoint = manifest.find(decision.checkpoint_id)
     _core.require_topology(checkpoint, topology)
-    if checkpoint.tier == "latest" and config.latest is None:
+    if checkpoint.tier == _core.TIER_LATEST and config.latest is None:
         raise InvalidArgumentError(f"{checkpoint.id} is a fast-tier snapshot but the config has no latest tier")
     start, error = time.perf_counter(), ""
     try:
         with checkpoint_io():
-            if checkpoint.tier == "latest":
+            if checkpoint.tier == _core.TIER_LATEST:
                 config.latest.load(checkpoint.step)
             else:
                 config.load_checkpoint(checkpoint.location)
     except Exception as e:  # noqa: BLE001 - raised on every rank below, none waits alone
         error = f"{type(e).__name__}: {e}"
     seconds = time.perf_counter() - start
-    if distributed:
-        errors: list[Any] = [None] * world
-        dist.all_gather_object(errors, error, group=group)
-        failed = {r: e for r, e in enumerate(errors) if e}
-        if failed:
-            raise LmrIOError(f"loading {checkpoint.id} ({checkpoint.location or 'fast tier'}) failed on rank(s) "
-                             + "; ".join(f"{r}: {e}" for r, e in failed.items()))
-    elif error:
-        raise LmrIOError(f"loading {checkpoint.id} failed: {error}")
+    raise_everywhere(error, LmrIOError, f"loading {checkpoint.id} ({checkpoint.location or 'fast tier'}) failed",
+                     group if distributed else None, name_ranks=True)
     if manifest.decision is None or manifest.decision.checkpoint_id != decision.checkpoint_id:
         manifest.set_decision(decision)
     abandoned = _core.apply_recovery(manifest, checkpoint.id)

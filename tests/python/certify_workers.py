@@ -182,7 +182,7 @@ def failing_save_run(parallel, directory):
     goes on, and the next cycle's capture is recorded."""
     import logging
 
-    import lm_resiliency.checkpoint.dcp as dcp_module
+    import lm_resiliency.frameworks.pytorch_checkpoint as dcp_module
 
     job = Job(parallel, directory, latest_interval=0).certify()
     real, calls = dcp_module.atomic_save, []

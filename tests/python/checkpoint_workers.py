@@ -165,7 +165,7 @@ def roundtrip(parallel: str, root: str) -> dict[str, Any]:
 
     # A checkpoint that lost one rank's file is refused on every rank (none waits in a load).
     if rank == 0:
-        os.remove(os.path.join(durable, "async-3", f"rank-{dist.get_world_size() - 1}.pt"))
+        os.remove(os.path.join(durable, "async-3", f"lmr-rank-{dist.get_world_size() - 1}.pt"))
     dist.barrier()
     try:
         ck.load("async-3")

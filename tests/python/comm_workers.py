@@ -362,11 +362,12 @@ def coalesced_collectives():
 DDP_SLOW = (4, 7)  # iterations during which rank 2 computes slowly (see ddp_run)
 
 
-def slow_rank_run(harness, module, window, delay_ms, steps, step):
+def slow_rank_run(harness, module, window, delay_ms, steps, step, monitor=None):
     """`steps` calls of `step()` while rank 2's `module` sleeps `delay_ms` in its forward
-    during iterations `window`; the internal collectives the out-of-band path was told of,
-    by name. The verdicts of the rounds, those counts and the hang reports."""
-    from lm_resiliency.scout.oob import publisher
+    during iterations `window`; the internal collectives the out-of-band path (`monitor`, a
+    HangMonitor or None) was told of, by name. The verdicts of the rounds, those counts and
+    the hang reports."""
+    from lm_resiliency import progress as publisher
 
     published: dict = {}
     internal = publisher.Publisher.internal
@@ -388,7 +389,9 @@ def slow_rank_run(harness, module, window, delay_ms, steps, step):
         slow.remove()
         publisher.Publisher.internal = internal
         harness.close()
-    reports = [r.report_id for r in harness.hang_monitor.reports] if harness.hang_monitor is not None else []
+        if monitor is not None:
+            monitor.close()
+    reports = [r.report_id for r in monitor.reports] if monitor is not None else []
     return {"rounds": {r.step: r.cross_pg_result for r in harness.results}, "published": published,
             "reports": reports}
 
@@ -399,12 +402,14 @@ def ddp_run(out_dir, steps, delay_ms, hang_detection, pipelined=None):
     the timing sees them through the adapter's communication facet only. With
     `hang_detection`, the out-of-band path shares that facet; the calls it publishes are
     counted."""
+    from lm_resiliency.scout import HangMonitor
     from lm_resiliency.scout.oob.config import HangDetectionConfig
 
     model, opt, data, device = build(TrainConfig(parallel="ddp", steps=steps))
-    hang = HangDetectionConfig(hang_state_dir=os.path.join(out_dir, "oob")) if hang_detection else None
     harness = ReplayHarness(model, opt, ReplayHarnessConfig(
         check_interval=1, embedding_interval=0, output_interval=0, optimizer_interval=0, hidden_interval=1,
-        state_integrity=False, comm_sample_every=1, comm_absolute_s=0.02, hang_detection=hang, pipelined=pipelined))
+        state_integrity=False, comm_sample_every=1, comm_absolute_s=0.02, pipelined=pipelined))
+    monitor = HangMonitor(model, opt, HangDetectionConfig(hang_state_dir=os.path.join(out_dir, "oob"))) \
+        if hang_detection else None
     return slow_rank_run(harness, model.module.layers[0], DDP_SLOW, delay_ms, steps,
-                         lambda step: train_step(model, opt, data, device, step))
+                         lambda step: train_step(model, opt, data, device, step), monitor)

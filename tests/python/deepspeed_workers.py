@@ -219,12 +219,11 @@ def _state(engine):
 def certify_run(stage, directory, steps):
     """Certification over the engine's own checkpoints: SCOUT every 2 steps, a checkpoint
     captured at each check; what each rank held at every capture."""
-    from lm_resiliency.checkpoint import CheckpointCertifier
-    from lm_resiliency.frameworks.deepspeed import durable_checkpoints
+    from lm_resiliency.checkpoint import CheckpointCertifier, durable_checkpoints
 
     engine = build(stage)
     trainer = Trainer(engine)
-    config = durable_checkpoints(engine, directory)
+    config = durable_checkpoints(engine, None, directory)
     saved = remember_saves(config, lambda: _state(engine))
     harness = ReplayHarness(engine, config=ReplayHarnessConfig(check_interval=2, state_integrity=True))
     certifier = CheckpointCertifier(harness, config)
@@ -238,11 +237,11 @@ def certify_run(stage, directory, steps):
 
 def resume_run(stage, directory):
     """Another initialisation resumes through the trust manifest."""
-    from lm_resiliency.frameworks.deepspeed import durable_checkpoints
+    from lm_resiliency.checkpoint import durable_checkpoints
     from lm_resiliency.recovery import resume
 
     engine = build(stage, seed=123)
-    resumed = resume(durable_checkpoints(engine, directory), engine, None)
+    resumed = resume(durable_checkpoints(engine, None, directory), engine, None)
     return {"step": resumed.step, "checkpoint": resumed.decision.checkpoint_id, "state": _state(engine),
             "completed": select_adapter(engine).completed_iterations()}
 

@@ -257,19 +257,20 @@ def comm_run(steps, delay_ms, hang_detection, overlap):
     import os
 
     from comm_workers import slow_rank_run
-    from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
+    from lm_resiliency.scout import HangMonitor, ReplayHarness, ReplayHarnessConfig
     from lm_resiliency.scout.oob.config import HangDetectionConfig
 
     chunks, optimizer = build(1, 1, True, overlap=overlap)
     trainer = Trainer(chunks, optimizer)
-    hang = HangDetectionConfig(hang_state_dir=os.environ["LMR_TEST_OOB_DIR"]) if hang_detection else None
     harness = ReplayHarness(chunks, optimizer, config=ReplayHarnessConfig(
         check_interval=1, embedding_interval=0, output_interval=0, hidden_interval=1, state_integrity=False,
         # 100 ms: every collective of a round is timed, and 4 ranks on 2 busy cores see
         # scheduling hiccups of tens of milliseconds.
-        comm_sample_every=1, comm_absolute_s=0.1, hang_detection=hang))
+        comm_sample_every=1, comm_absolute_s=0.1))
+    monitor = HangMonitor(chunks, optimizer, HangDetectionConfig(hang_state_dir=os.environ["LMR_TEST_OOB_DIR"])) \
+        if hang_detection else None
     out = slow_rank_run(harness, chunks[0].module.decoder.layers[0], SLOW, delay_ms, steps,
-                        lambda _: trainer.step())
+                        lambda _: trainer.step(), monitor)
     return {**out, "buckets": len(chunks[0].bucket_groups)}
 
 
@@ -328,8 +329,7 @@ def certify_run(directory, steps, distributed_optimizer, training=False):
     """Certified checkpoints over dist_checkpointing (`training`: megatron.training's
     checkpointing, with an LR scheduler): SCOUT every step, captures by the certifier; what
     each rank held at each capture."""
-    from lm_resiliency.checkpoint import CheckpointCertifier
-    from lm_resiliency.frameworks.megatron_checkpoint import durable_checkpoints
+    from lm_resiliency.checkpoint import CheckpointCertifier, durable_checkpoints
     from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
 
     chunks, optimizer = build(1, 1, distributed_optimizer)
@@ -358,7 +358,7 @@ def certify_run(directory, steps, distributed_optimizer, training=False):
 
 
 def resume_run(directory, distributed_optimizer, training=False):
-    from lm_resiliency.frameworks.megatron_checkpoint import durable_checkpoints
+    from lm_resiliency.checkpoint import durable_checkpoints
     from lm_resiliency.recovery import resume
 
     chunks, optimizer = build(1, 1, distributed_optimizer, seed=123)

@@ -63,7 +63,7 @@ def train_cache_model(steps, with_lock=False, on_result=None, break_finish=False
     if break_finish:
         def broken(started):
             raise ConnectionError("peer went away")
-        harness._finish = broken
+        harness._check.finish = broken
     lengths = []
     for step in range(steps):
         ids = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(step))

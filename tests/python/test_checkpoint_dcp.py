@@ -37,7 +37,7 @@ def test_a_restored_job_is_bitwise_the_saved_one_and_trains_on_alike(parallel, w
         assert r["async_info"]["step"] == k and r["async_step"] == k and r["async_diff"] == []
         assert r["latest_steps"] == [k] and r["latest_diff"] == [] and r["latest_replay"]
         assert r["retained_steps"] == [100, 101]
-        assert "async-3" in r["torn_error"] and f"rank-{world - 1}.pt" in r["torn_error"]
+        assert "async-3" in r["torn_error"] and f"lmr-rank-{world - 1}.pt" in r["torn_error"]
     assert results[0]["alone_steps"] == [k]  # rank 0's step 100 alone is not a snapshot
 
 
@@ -109,7 +109,7 @@ def test_a_crash_mid_save_leaves_no_checkpoint(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == ["c"]
 
 
-@pytest.mark.parametrize("lost", [".metadata", MARKER, "rank-0.pt"])
+@pytest.mark.parametrize("lost", [".metadata", MARKER, "lmr-rank-0.pt"])
 def test_a_checkpoint_missing_a_file_is_refused_naming_it(tmp_path, lost):
     job = Tiny(tmp_path)
     job.step()

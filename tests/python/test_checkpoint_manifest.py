@@ -14,7 +14,7 @@ import torch.distributed as dist
 from lm_resiliency import _core
 from lm_resiliency.checkpoint import CkptManifest, DurableCheckpointConfig, select_recovery
 from lm_resiliency.errors import InvalidArgumentError
-from lm_resiliency.scout.oob.publisher import forbid_collectives
+from lm_resiliency.progress import forbid_collectives
 
 
 def _certified(tmp_path):
@@ -202,7 +202,7 @@ def test_a_failed_load_is_an_error_and_changes_nothing(tmp_path):
     def broken(path):
         raise OSError(f"{path}: no such checkpoint")
 
-    with pytest.raises(LmrIOError, match="loading durable-2 failed: OSError: /ck/2: no such checkpoint"):
+    with pytest.raises(LmrIOError, match=r"loading durable-2 \(/ck/2\) failed: OSError: /ck/2: no such checkpoint"):
         resume(DurableCheckpointConfig(str(tmp_path), lambda s, p: None, broken), model, opt)
     assert CkptManifest.read(str(tmp_path)) == written
 

@@ -124,7 +124,7 @@ def test_an_incomplete_checkpoint_is_refused_on_every_rank(tmp_path):
     checkpoint = max(tmp_path.glob("step-*"))
     (checkpoint / "lmr-rank-1.pt").unlink()
     failures = spawn(deepspeed_workers.load_missing, 2, preload=deepspeed_workers.PRELOAD, args=(str(checkpoint),), timeout=600)
-    assert all("lmr-rank-1.pt is missing" in f for f in failures), failures
+    assert all("lmr-rank-1.pt (rank 1's RNG and data position) is missing" in f for f in failures), failures
 
 
 def test_a_step_deepspeed_skips_is_not_an_iteration():

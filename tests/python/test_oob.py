@@ -14,7 +14,8 @@ from lm_resiliency import _core
 from lm_resiliency.fault_injection import FaultCampaign, FaultInjectionRecord, RecordStatus, evaluate
 from lm_resiliency.orchestration import OrchestrationHooks
 from lm_resiliency.scout import HangDetectionConfig, HangMonitor, SCOUTFaultReport, checkpoint_io, instrument_dataloader
-from lm_resiliency.scout.oob import derived_port, publisher
+from lm_resiliency import progress as publisher
+from lm_resiliency.scout.oob import derived_port
 from lm_resiliency.scout.oob.config import rendezvous_endpoint
 from lm_resiliency.scout.oob.daemon import find_daemon
 import oob_workers
@@ -476,7 +477,9 @@ def test_daemon_start_failure_is_reported_with_its_reason(tmp_path):
 
 
 @needs_daemon
-def test_replay_harness_runs_hang_detection_when_configured(tmp_path):
+def test_the_deprecated_harness_option_still_runs_hang_detection_and_says_so(tmp_path):
+    # ReplayHarnessConfig(hang_detection=...) is deprecated: the monitor is built beside the
+    # harness. For one release the harness still builds and closes it, with a warning.
     from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
     from lm_resiliency.workloads.model import Decoder, DecoderConfig
 
@@ -485,7 +488,8 @@ def test_replay_harness_runs_hang_detection_when_configured(tmp_path):
     seen = []
     cfg = ReplayHarnessConfig(check_interval=0, hang_detection=HangDetectionConfig(
         threshold_s=0.3, poll_s=0.02, hang_state_dir=str(tmp_path), run_id="harness"))
-    harness = ReplayHarness(model, opt, cfg, hooks=OrchestrationHooks(on_fault_report=seen.append))
+    with pytest.warns(DeprecationWarning, match=r"HangMonitor\(model, optimizer, HangDetectionConfig"):
+        harness = ReplayHarness(model, opt, cfg, hooks=OrchestrationHooks(on_fault_report=seen.append))
     daemon = harness.hang_monitor.daemon_pid
     model(torch.zeros(1, 4, dtype=torch.long)).sum().backward()
     opt.step()

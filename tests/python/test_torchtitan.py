@@ -178,7 +178,7 @@ def test_certified_checkpoints_resume_bit_for_bit(env, tmp_path):
     assert verified, manifest
     newest = max(c["step"] for c in verified)
     files = set(os.listdir(next(c["location"] for c in verified if c["step"] == newest)))
-    assert {".metadata", "lmr-checkpoint.json", "rank-0.pt", "rank-1.pt"} <= files, files
+    assert {".metadata", "lmr-checkpoint.json", "lmr-rank-0.pt", "lmr-rank-1.pt"} <= files, files
     # Another seed, TorchTitan's own latest checkpoint present: the trusted one wins.
     second = spawn(w.certify_run, 2, preload=torchtitan_cpu.PRELOAD, args=(str(tmp_path), 10, 2), env=env, timeout=600)
     for before, after in zip(first, second):

@@ -173,12 +173,12 @@ def refusals():
     """What LM Resiliency says to inputs it cannot use."""
     from lm_resiliency.errors import InvalidArgumentError
     from lm_resiliency.frameworks.torchtitan import TorchTitanAdapter
-    from lm_resiliency.frameworks.torchtitan_checkpoint import durable_checkpoints
+    from lm_resiliency.checkpoint import durable_checkpoints
     from lm_resiliency.frameworks.torchtitan_run import instrument
 
     trainer = torchtitan_cpu.build_trainer(["--training.steps", "2", "--dump_folder", _shared_dir("lmr-tt-bad-")])
     out = {}
-    for name, call in (("durable", lambda: durable_checkpoints(trainer, "/tmp/x")),
+    for name, call in (("durable", lambda: durable_checkpoints(trainer, None, "/tmp/x")),
                        ("interval", lambda: instrument(trainer, check_interval=-1)),
                        ("optimizer", lambda: TorchTitanAdapter(trainer, object()))):
         try:

@@ -22,18 +22,21 @@ import torch
 import torch.distributed as dist
 
 from lm_resiliency import _core
+from lm_resiliency.agree import problems
 from lm_resiliency.attach import CERTIFICATION
 from lm_resiliency.checkpoint.config import DurableCheckpointConfig
 from lm_resiliency.checkpoint.manifest_io import is_distributed, read_manifest, retire_abandoned
 from lm_resiliency.checkpoint.topology import topology_digest
-from lm_resiliency.errors import InvalidArgumentError
+from lm_resiliency.errors import InvalidArgumentError, describe
+from lm_resiliency.frameworks.checkpoint_files import step_folder
 from lm_resiliency.orchestration import OrchestrationHooks
-from lm_resiliency.scout.guard import describe
-from lm_resiliency.scout.oob.publisher import checkpoint_io, forbid_collectives
+from lm_resiliency.progress import checkpoint_io, forbid_collectives
 
 log = logging.getLogger("lm_resiliency.checkpoint")
 
 OUTCOMES = _core.CKPT_OUTCOMES  # by severity: the world takes the worst
+_INCONCLUSIVE, _SDC = OUTCOMES.index("inconclusive"), OUTCOMES.index("sdc")
+_INTEGRITY = [_core.INTEGRITY_RECIPE]  # the checked recipes of a state-integrity result
 
 
 def outcome_of(result: Any, catalog: list[str]) -> tuple[int, list[bool], str]:
@@ -86,7 +89,7 @@ class CheckpointCertifier:
         # timeline it does not continue leave (a restart from scratch never promotes them).
         # MoE execution regimes grow as training runs: such a catalog needs two complete cycles.
         self._core = _core.Certifier(self.catalog, manifest, harness.completed_iterations,
-                                     dynamic=harness.dynamic_catalog)
+                                     dynamic=harness.dynamic_catalog, latest_interval=config.latest_interval)
         retire_abandoned(config, self._core.abandoned, self._writer)
         self._pending_save: Optional[tuple] = None  # (step, state, reason, future) of an async save
         self._seen = len(harness.results)  # harness results already scanned for state-integrity SDC
@@ -98,24 +101,23 @@ class CheckpointCertifier:
     def after_step(self) -> None:
         step = self._harness.completed_iterations
         checked = self._harness.checked_at == step
-        latest = self.config.latest_interval
         try:
             if checked:
                 self._harness.settle()
-            corrupted = None if checked else self._integrity_sdc()
-            if not checked and corrupted is None and (not latest or step % latest):
-                return  # nothing can be captured here: no check, no snapshot due
-            self._boundary(step, checked or corrupted is not None, corrupted)
+            finding = None if checked else self._integrity_sdc()
+            action = self._core.at_boundary(step, checked, finding is not None)  # lmr::ckpt decides
+            if action != "skip":
+                self._boundary(step, action == "observe", finding)
         except Exception as e:  # noqa: BLE001 - the step the user called must not fail
             log.warning("checkpoint certification at step %d failed: %s", step, describe(e))
 
-    def _boundary(self, step: int, checked: bool, result: Any = None) -> None:
+    def _boundary(self, step: int, observe: bool, result: Any = None) -> None:
         changes = None
-        if checked:
+        if observe:
             self._finish_pending_save()
             severity, accepted, reason = self._local_outcome(step, result)
             severity, accepted = self._agree_outcome(severity, accepted)
-            if severity >= 2:
+            if severity >= _INCONCLUSIVE:
                 reason = self._agree_reason(reason)
             try:
                 changes = self._core.observe(step, OUTCOMES[severity],
@@ -126,42 +128,38 @@ class CheckpointCertifier:
                 return
         else:
             capture = self._core.boundary(step)
-        latest_due = (capture.latest and self.config.latest is not None and self.config.latest_interval > 0
-                      and step % self.config.latest_interval == 0)
-        if latest_due and not checked:
+        if capture.snapshot and not observe:
             self._finish_pending_save()  # captures are recorded in step order
         try:
-            if capture.durable or latest_due:
-                self._capture(step, capture, latest_due)
+            if capture.durable or capture.snapshot:
+                self._capture(step, capture)
         finally:  # promotions and rejections are acted on even when a capture failed
             if changes is not None:
                 if capture.performance_fault:
                     log.warning("SCOUT confirmed a straggler at step %d: the state is captured, the performance "
                                 "fault is in the ReplayResult", step)
                 self._settle_changes(changes.promoted, changes.rejected)
-            if changes is not None or capture.durable or latest_due:
+            if changes is not None or capture.durable or capture.snapshot:
                 self._write_manifest()
-        if changes is not None and severity == 3 and self._core.manifest.tainted_since == step:
+        if changes is not None and changes.recover:
             self._decide("sdc", step)
 
     def _scan_integrity(self) -> None:
         """Notes the first state-integrity SDC among the results recorded since the last scan."""
         results = self._harness.results
         if self._integrity_finding is None:
-            self._integrity_finding = next((r for r in results[self._seen:] if r.checked_recipe_ids == ["integrity"]
+            self._integrity_finding = next((r for r in results[self._seen:] if r.checked_recipe_ids == _INTEGRITY
                                             and r.sdc_sources), None)
         self._seen = len(results)
 
     def _integrity_sdc(self) -> Any:
-        """The integrity SDC to take a boundary for now, when its peers span the world (every
-        rank then holds the same verdict, so every rank takes this boundary); else None, and
-        the next check's boundary counts it."""
+        """The integrity SDC found since the last boundary taken, when its peers span the
+        world (every rank then holds the same verdict); else None, and the next check's
+        boundary counts it. Whether it is a boundary of its own is lmr::ckpt's call."""
         self._scan_integrity()
         found = self._integrity_finding
-        if found is None or self._core.manifest.tainted_since is not None:
-            return None  # nothing, or already tainted (a corrupted replica stays diverged)
         world = dist.get_world_size() if self._distributed else 1
-        return found if len(found.peer_ranks) == world else None
+        return found if found is not None and len(found.peer_ranks) == world else None
 
     def _local_outcome(self, step: int, result: Any) -> tuple[int, list[bool], str]:
         """The check's outcome at `step`, made SDC by any state-integrity verdict since the
@@ -172,9 +170,9 @@ class CheckpointCertifier:
         try:
             if result is None:
                 result = next((r for r in reversed(self._harness.results)
-                               if r.step == step and r.checked_recipe_ids != ["integrity"]), None)
+                               if r.step == step and r.checked_recipe_ids != _INTEGRITY), None)
             if result is None:
-                return 2, [False] * len(self.catalog), f"no check result on rank {self.rank}"
+                return _INCONCLUSIVE, [False] * len(self.catalog), f"no check result on rank {self.rank}"
             severity, accepted, reason = outcome_of(result, self.catalog)
             if finding is not None and finding is not result:
                 s, _, why = outcome_of(finding, self.catalog)
@@ -182,7 +180,7 @@ class CheckpointCertifier:
                     severity, reason = s, f"state integrity after step {finding.step}: {why}"
             return severity, accepted, reason
         except Exception as e:  # noqa: BLE001 - an Inconclusive outcome, agreed below
-            return 2, [False] * len(self.catalog), f"rank {self.rank}: {describe(e)}"
+            return _INCONCLUSIVE, [False] * len(self.catalog), f"rank {self.rank}: {describe(e)}"
 
     def _agree_outcome(self, severity: int, accepted: list[bool]) -> tuple[int, list[bool]]:
         """The worst severity and the recipes accepted on every rank (one all-reduce)."""
@@ -197,9 +195,7 @@ class CheckpointCertifier:
         """Every rank's reason, joined (the same text in every rank's manifest)."""
         if not self._distributed:
             return reason
-        reasons: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(reasons, reason, group=self._group)
-        return "; ".join(dict.fromkeys(r for r in reasons if r))
+        return "; ".join(dict.fromkeys(problems(reason, self._group).values()))
 
     def _all_ranks(self, flags: list[bool]) -> list[bool]:
         if not self._distributed:
@@ -211,9 +207,10 @@ class CheckpointCertifier:
     # --- captures ----------------------------------------------------------------------
 
     def location(self, step: int) -> str:
-        return os.path.join(self.config.directory, f"step-{step:08d}")
+        return os.path.join(self.config.directory, step_folder(step))
 
-    def _capture(self, step: int, capture: Any, latest_due: bool) -> None:
+    def _capture(self, step: int, capture: Any) -> None:
+        latest_due = capture.snapshot
         errors: list[str] = []
         durable_ok = latest_ok = True
         handle = None
@@ -240,8 +237,8 @@ class CheckpointCertifier:
         elif capture.durable and durable_ok:
             self._record_durable(step, capture.state, capture.reason)
         if latest_due and latest_ok:
-            self._core.captured(_core.CkptCheckpoint(f"latest-{step}", step, "latest", "LATEST", "", self.topology,
-                                                     capture.reason))
+            self._core.captured(_core.CkptCheckpoint(f"latest-{step}", step, _core.TIER_LATEST, _core.TRUST_LATEST,
+                                                     "", self.topology, capture.reason))
             self._forget_removed_snapshots()
         if (capture.durable and not durable_ok) or (latest_due and not latest_ok):
             log.warning("checkpoint capture at step %d failed on some rank; nothing was recorded for it%s", step,
@@ -267,27 +264,24 @@ class CheckpointCertifier:
                         step, f": {error}" if error else "")
 
     def _record_durable(self, step: int, state: str, reason: str) -> None:
-        self._core.captured(_core.CkptCheckpoint(f"durable-{step}", step, "durable", state, self.location(step),
-                                                 self.topology, reason))
-        if state == "RECOVERY_VERIFIED":  # a dense accepted check: committed at once
-            self._settle_changes([f"durable-{step}"], [])
+        commit = self._core.captured(_core.CkptCheckpoint(f"durable-{step}", step, _core.TIER_DURABLE, state,
+                                                          self.location(step), self.topology, reason))
+        self._settle_changes(commit, [])  # a dense accepted check's: committed at once
 
     def _forget_removed_snapshots(self) -> None:
         """Fast-tier snapshots the tier's retention removed leave the manifest; a snapshot
         counts as kept only where every rank still has it (one all-reduce), and the one a
         pending decision names is kept."""
-        latest = [c for c in self._core.manifest.checkpoints if c.tier == "latest" and c.state != "REJECTED"]
+        latest = self._core.snapshots()
         try:
             steps = set(self.config.latest.steps())
         except Exception as e:  # noqa: BLE001 - agreed below as "not kept"
             log.warning("the fast tier cannot list its snapshots: %s", describe(e))
             steps = set()
         kept = self._all_ranks([c.step in steps for c in latest])
-        decision = self._core.manifest.decision
-        pinned = decision.checkpoint_id if decision is not None and decision.status == "pending" else None
         for c, ok in zip(latest, kept):
-            if not ok and c.id != pinned:
-                self._core.removed(c.id)
+            if not ok:
+                self._core.removed(c.id)  # kept in the manifest when a pending decision names it
 
     def _settle_changes(self, promoted: list[str], rejected: list[str]) -> None:
         """The writer commits promoted (and densely verified) checkpoints and quarantines
@@ -298,7 +292,7 @@ class CheckpointCertifier:
                 c = manifest.find(cid)
                 if c is None:
                     continue
-                if c.tier == "latest":
+                if c.tier == _core.TIER_LATEST:
                     if what == "quarantine_candidate" and self.config.latest is not None:
                         self._quietly(lambda: self.config.latest.remove(c.step), f"removing snapshot {cid}")
                     continue
@@ -337,9 +331,7 @@ class CheckpointCertifier:
         result = self._harness.check()
         severity, accepted, _ = self._local_outcome(result.step, result)
         severity, accepted = self._agree_outcome(severity, accepted)
-        if severity == 3:
-            return "sdc"
-        return "clean" if severity < 2 and all(accepted) else "incomplete"
+        return _core.emergency_verdict(OUTCOMES[severity], accepted)
 
     def decide(self, failure: str, emergency: str = "not_run") -> Any:
         """The RecoveryDecision for `failure` (sdc, inaccessible, straggler, hang,
@@ -372,11 +364,11 @@ class CheckpointCertifier:
         log.warning("recovery decision at step %d: %s", step, decision.reason)
         if self._hooks is not None:
             self._hooks.deliver_recovery_decision(decision)
-        if self.config.self_healing and failure == "sdc" and written:
+        if self.config.self_healing and decision.restart and written:
             from lm_resiliency.recovery import leave_for_restart
 
             leave_for_restart(decision, self.config.exit_code)
-        elif self.config.self_healing and failure == "sdc":
+        elif self.config.self_healing and decision.restart:
             log.error("not leaving for a restart: the trust manifest in %s could not be written", self.config.directory)
         return decision
 

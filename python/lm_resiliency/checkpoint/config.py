@@ -15,8 +15,9 @@ quarantine_candidate   the manifest writer only       not allowed
 A collective inside commit or quarantine raises InvalidArgumentError naming the callback
 (it would leave the writer waiting for ranks that never call it). The checkpoint bytes are
 the callbacks' business and must hold model, optimizer, scheduler, input position, RNG
-state and step; ``DurableCheckpointConfig.for_dcp`` builds them over
-torch.distributed.checkpoint (checkpoint/dcp.py).
+state and step. ``lm_resiliency.checkpoint.durable_checkpoints`` builds them with the back end
+of the job's framework (each adapter's ``checkpointer()``); ``DurableCheckpointConfig.for_dcp``
+with plain PyTorch's, over torch.distributed.checkpoint (frameworks/pytorch_checkpoint.py).
 """
 
 from __future__ import annotations
@@ -77,16 +78,32 @@ class DurableCheckpointConfig:
     def for_dcp(cls, model: Any, optimizer: Any, directory: str, *, scheduler: Any = None, data_state: Any = None,
                 latest_interval: int = 0, latest_directory: Optional[str] = None, keep_latest: int = 2,
                 async_save: bool = True, **options: Any) -> "DurableCheckpointConfig":
-        """The built-in adapter: durable checkpoints through torch.distributed.checkpoint
-        under `directory` (`async_save`: DCP's async save, so the boundary waits only for the
-        state to be staged), and (latest_interval > 0) node-local snapshots of each rank's
-        state under `latest_directory` (default: a per-job folder in /dev/shm)."""
-        from lm_resiliency.checkpoint.dcp import DCPCheckpointer
+        """Plain PyTorch's back end (plain, DDP, FSDP2, HSDP): durable checkpoints through
+        torch.distributed.checkpoint under `directory` (`async_save`: DCP's async save, so
+        the boundary waits only for the state to be staged), and (latest_interval > 0)
+        node-local snapshots of each rank's state under `latest_directory` (default: a
+        per-job folder in /dev/shm). ``lm_resiliency.checkpoint.durable_checkpoints`` picks
+        the back end of any framework."""
+        from lm_resiliency.frameworks.pytorch_checkpoint import DCPCheckpointer
+
+        backend = DCPCheckpointer(model, optimizer, scheduler=scheduler, data_state=data_state, async_save=async_save)
+        return cls.with_backend(backend, directory, model, optimizer, scheduler=scheduler, data_state=data_state,
+                                latest_interval=latest_interval, latest_directory=latest_directory,
+                                keep_latest=keep_latest, **options)
+
+    @classmethod
+    def with_backend(cls, backend: Any, directory: str, model: Any, optimizer: Any, *, scheduler: Any = None,
+                     data_state: Any = None, latest_interval: int = 0, latest_directory: Optional[str] = None,
+                     keep_latest: int = 2, **options: Any) -> "DurableCheckpointConfig":
+        """A config over `backend` (an object whose ``callbacks()`` gives the callbacks, as
+        each framework adapter's ``checkpointer()`` returns), with a node-local fast tier of
+        `model` and `optimizer` when latest_interval > 0 (unless `options` gives ``latest``).
+        `options`: the other fields; a callback given there replaces the back end's."""
         from lm_resiliency.checkpoint.latest import LocalSnapshotTier
 
-        callbacks = DCPCheckpointer(model, optimizer, scheduler=scheduler, data_state=data_state).callbacks(async_save)
-        latest = None
-        if latest_interval:
+        latest = options.pop("latest", None)
+        if latest is None and latest_interval:
             latest = LocalSnapshotTier(model, optimizer, scheduler=scheduler, data_state=data_state,
                                        directory=latest_directory, keep=keep_latest)
-        return cls(directory=directory, latest=latest, latest_interval=latest_interval, **callbacks, **options)
+        return cls(directory=directory, latest=latest, latest_interval=latest_interval,
+                   **{**backend.callbacks(), **options})

@@ -1,7 +1,7 @@
 """The node-local fast tier (LATEST): each rank writes its own state to tmpfs, no collectives.
 
 Inside: :class:`LatestTier`, the interface of a fast tier; :class:`LocalSnapshotTier`, the
-built-in one (``<directory>/step-<n>/rank-<r>.pt``, one ``torch.save`` file per rank,
+built-in one (``<directory>/step-00000012/rank-<r>.pt``, one ``torch.save`` file per rank,
 written atomically); and the small helpers the durable tier (dcp.py) shares with it:
 :func:`atomic_save` / :func:`fsync_directory` (complete-or-absent files), :func:`rng_state` /
 :func:`set_rng_state` (this rank's RNG) and :func:`data_getter` / :func:`data_setter` (the
@@ -19,155 +19,24 @@ from __future__ import annotations
 import abc
 import getpass
 import os
-import random
-import re
 import shutil
 import tempfile
-from typing import Any, Callable, Optional, Protocol, Sequence, Union
+from typing import Any, Optional, Sequence
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from lm_resiliency.errors import InvalidArgumentError, LmrIOError
-from lm_resiliency.frameworks import select_adapter
+from lm_resiliency.frameworks.checkpoint_files import folder_step, step_folder
+from lm_resiliency.frameworks.pytorch import PyTorchAdapter
+from lm_resiliency.rank_state import (DataState, Stateful, advance_scheduler, atomic_save, data_getter, data_setter,
+                                      fsync_directory, load_file, rank_and_world, rng_state, set_rng_state)
 
 __all__ = ["LatestTier", "LocalSnapshotTier", "atomic_save", "data_getter", "data_setter", "default_directory",
            "fsync_directory", "rng_state", "set_rng_state"]
 
 FORMAT = 1
-_STEP_DIR = re.compile(r"^step-(\d+)$")
-
-
-class Stateful(Protocol):
-    def state_dict(self) -> Any: ...
-
-    def load_state_dict(self, state: Any) -> Any: ...
-
-
-# An object with state_dict()/load_state_dict(), or a pair of callables (get, set).
-DataState = Union[Stateful, tuple[Callable[[], Any], Callable[[Any], Any]]]
-
-
-# --- files ------------------------------------------------------------------------------
-
-def fsync_directory(path: str) -> None:
-    """Makes the entries of directory `path` (a create, a rename) durable."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError as e:
-        raise LmrIOError(f"cannot open directory {path} to fsync it: {e}") from e
-    try:
-        os.fsync(fd)
-    except OSError as e:
-        raise LmrIOError(f"cannot fsync directory {path}: {e}") from e
-    finally:
-        os.close(fd)
-
-
-def atomic_save(obj: Any, path: str) -> None:
-    """``torch.save(obj)`` to `path`, complete or absent: a temporary file in the same
-    directory, fsync, os.replace, fsync of the directory. LmrIOError naming the path."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        _remove_quietly(tmp)
-        raise LmrIOError(f"cannot write {path}: {e}") from e
-    except BaseException:
-        _remove_quietly(tmp)
-        raise
-    fsync_directory(folder)
-
-
-def load_file(path: str) -> Any:
-    # weights_only=False: the data position may be any picklable object the job returned.
-    # These files are written by this job for itself; loading one from an untrusted source
-    # is not supported (unpickling runs code).
-    try:
-        return torch.load(path, map_location="cpu", weights_only=False)
-    except OSError as e:
-        raise LmrIOError(f"cannot read {path}: {e}") from e
-
-
-def _remove_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-# --- rank, RNG, data position ---------------------------------------------------------------
-
-def rank_and_world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def rng_state() -> dict[str, Any]:
-    """This rank's RNG: torch's CPU generator, the current CUDA device's generator when CUDA
-    is initialised, and Python's ``random``. Copies (later draws do not change them)."""
-    state: dict[str, Any] = {"cpu": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        device = torch.cuda.current_device()
-        state["cuda"] = torch.cuda.get_rng_state(device)
-        state["cuda_device"] = device
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restores what :func:`rng_state` returned (the CUDA state onto the current device)."""
-    torch.set_rng_state(state["cpu"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"], torch.cuda.current_device())
-
-
-def _check_data_state(data_state: Optional[DataState]) -> None:
-    if data_state is None:
-        return
-    if isinstance(data_state, tuple):
-        if len(data_state) != 2 or not all(callable(f) for f in data_state):
-            raise InvalidArgumentError("data_state must be an object with state_dict()/load_state_dict() or a pair "
-                                       "of callables (get, set)")
-        return
-    if not (callable(getattr(data_state, "state_dict", None)) and callable(getattr(data_state, "load_state_dict",
-                                                                                     None))):
-        raise InvalidArgumentError(f"data_state of type {type(data_state).__name__} has no state_dict()/"
-                                   "load_state_dict(); pass such an object or a pair of callables (get, set)")
-
-
-def data_getter(data_state: Optional[DataState]) -> Callable[[], Any]:
-    _check_data_state(data_state)
-    if data_state is None:
-        return lambda: None
-    return data_state[0] if isinstance(data_state, tuple) else data_state.state_dict
-
-
-def data_setter(data_state: Optional[DataState]) -> Callable[[Any], Any]:
-    _check_data_state(data_state)
-    if data_state is None:
-        return lambda _: None
-    return data_state[1] if isinstance(data_state, tuple) else data_state.load_state_dict
-
-
-def advance_scheduler(scheduler: Any) -> None:
-    """A state captured at the optimizer boundary (inside ``optimizer.step()``, where
-    certification captures) holds the LR scheduler before the loop's ``scheduler.step()``
-    for that iteration; loading it takes that one step, so the next update uses the rate the
-    original run used (the usual loop steps the scheduler once, after the optimizer)."""
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()": intended here
-        scheduler.step()
 
 
 # --- the interface ---------------------------------------------------------------------------
@@ -229,7 +98,7 @@ def _node_ranks(rank: int, world: int) -> list[int]:
 
 class LocalSnapshotTier(LatestTier):
     """Each rank ``torch.save``s what it holds (its shard, for sharded models) to
-    ``<directory>/step-<n>/rank-<r>.pt``: model and optimizer (get_state_dict with
+    ``<directory>/step-00000012/rank-<r>.pt``: model and optimizer (get_state_dict with
     ``full_state_dict=False``, each tensor as this rank's local part), the scheduler, the data
     position, the RNG and the step. ``keep`` newest complete snapshots are kept: after a save
     a rank removes its own files of older steps. `ranks`: the ranks whose files make a
@@ -242,7 +111,12 @@ class LocalSnapshotTier(LatestTier):
             raise InvalidArgumentError(f"keep must be >= 1, got {keep}")
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self._get_data, self._set_data = data_getter(data_state), data_setter(data_state)
-        self._adapter = select_adapter(model, optimizer)
+        if not PyTorchAdapter.matches(model, optimizer):
+            raise InvalidArgumentError(
+                f"LocalSnapshotTier snapshots a torch module with a torch.optim optimizer (plain, DDP, FSDP2, HSDP), "
+                f"got {type(model).__name__} with {type(optimizer).__name__}: a framework engine or trainer keeps "
+                "its own checkpoints (DurableCheckpointConfig.for_job)")
+        self._adapter = PyTorchAdapter(model, optimizer)
         self.directory = os.path.abspath(directory if directory is not None else default_directory(job))
         self.keep = keep
         self._ranks = sorted(set(ranks)) if ranks is not None else None
@@ -261,7 +135,11 @@ class LocalSnapshotTier(LatestTier):
         return self._ranks if self._ranks is not None else _node_ranks(*rank_and_world())
 
     def path(self, step: int, rank: Optional[int] = None) -> str:
-        return os.path.join(self.directory, f"step-{int(step)}", f"rank-{self.rank if rank is None else rank}.pt")
+        folder = os.path.join(self.directory, step_folder(step))
+        legacy = os.path.join(self.directory, f"step-{int(step)}")  # how earlier versions spelled it
+        if not os.path.isdir(folder) and os.path.isdir(legacy):
+            folder = legacy
+        return os.path.join(folder, f"rank-{self.rank if rank is None else rank}.pt")
 
     def _local(self, obj: Any) -> Any:
         """`obj` with every tensor replaced by this rank's part of it."""
@@ -342,9 +220,9 @@ class LocalSnapshotTier(LatestTier):
             raise LmrIOError(f"cannot list {self.directory}: {e}") from e
         found = {}
         for name in names:
-            m = _STEP_DIR.match(name)
-            if m:
-                found[int(m.group(1))] = os.path.join(self.directory, name)
+            step = folder_step(name)
+            if step is not None:
+                found[step] = os.path.join(self.directory, name)
         return found
 
     def steps(self) -> list[int]:
@@ -357,7 +235,10 @@ class LocalSnapshotTier(LatestTier):
         if all_ranks:
             shutil.rmtree(folder, ignore_errors=True)
             return
-        _remove_quietly(self.path(step))
+        try:
+            os.unlink(self.path(step))
+        except OSError:
+            pass  # never written, or already gone
         try:
             os.rmdir(folder)
         except OSError:

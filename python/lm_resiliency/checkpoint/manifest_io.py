@@ -10,9 +10,8 @@ import torch.distributed as dist
 
 from lm_resiliency import _core
 from lm_resiliency.checkpoint.config import DurableCheckpointConfig
-from lm_resiliency.errors import InvalidArgumentError
-from lm_resiliency.scout.guard import describe
-from lm_resiliency.scout.oob.publisher import checkpoint_io, forbid_collectives
+from lm_resiliency.errors import InvalidArgumentError, describe
+from lm_resiliency.progress import checkpoint_io, forbid_collectives
 
 log = logging.getLogger("lm_resiliency.checkpoint")
 
@@ -26,9 +25,9 @@ def retire_abandoned(config: DurableCheckpointConfig, abandoned: list, writer: b
     removes its own fast-tier snapshots (no collectives)."""
     for c in abandoned:
         try:
-            if c.tier == "latest" and config.latest is not None:
+            if c.tier == _core.TIER_LATEST and config.latest is not None:
                 config.latest.remove(c.step)
-            elif c.tier == "durable" and writer and config.quarantine_candidate is not None:
+            elif c.tier == _core.TIER_DURABLE and writer and config.quarantine_candidate is not None:
                 with checkpoint_io(), forbid_collectives("quarantine_candidate"):
                     config.quarantine_candidate(c.location)
         except Exception as e:  # noqa: BLE001 - the manifest no longer lists it; the bytes may stay

@@ -182,8 +182,8 @@ class GradientEffect(_HookedEffect):
                  clock: Callable[[], int], history: Optional[History]) -> None:
         super().__init__(request, target)
         self.adapter = adapter
-        # With the adapter: an unsharded gradient that is still a tensor-parallel DTensor
-        # (TP x FSDP) is corrupted in this rank's part.
+        # With the adapter: an unsharded gradient the framework still holds as a sharded
+        # tensor (tensor parallel inside a sharded job) is corrupted in this rank's part.
         self.transform = _TensorTransform(action, history, clock, adapter)
         self.point = target.gradient_point or ("parameter" if adapter.gradient_hook_is_final(target.parameter)
                                                else "reduced")

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 import torch.distributed as dist
 
 from lm_resiliency import _core
+from lm_resiliency.agree import gather
 from lm_resiliency.attach import FAULT_INJECTION, Attachment, attach
 from lm_resiliency.errors import InvalidArgumentError, PeerFailureError
 from lm_resiliency.fault_injection.campaign import FailureType, FaultCampaign
@@ -98,11 +99,7 @@ class FaultInjectionSession:
         self.campaign.check_target_overlaps(lambda i, f: self._targets[(i, f)].key if (i, f) in self._targets else "")
 
     def _gather(self, value: Any) -> list[Any]:
-        if not self._distributed:
-            return [value]
-        out: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(out, value, group=self._group)
-        return out
+        return gather(value, self._group) if self._distributed else [value]
 
     def _agree(self, ok: bool, error: str, what: str, extra: Any = None) -> None:
         """All ranks learn every rank's outcome; all raise when any failed or disagrees."""

@@ -9,11 +9,12 @@ from typing import Any, Optional
 import torch
 import torch.nn as nn
 
+from lm_resiliency import _core
 from lm_resiliency.errors import InvalidArgumentError
 from lm_resiliency.frameworks import FrameworkAdapter
 
-_MODULE_SURFACES = {"input", "output", "weight", "bias", "gradient", "optimizer_state", "compute"}
-_PARAMETER_SURFACES = {"weight", "bias", "gradient", "optimizer_state"}
+_MODULE_SURFACES = _core.MODULE_SURFACES  # lmr::campaign's: surfaces that name a module
+_PARAMETER_SURFACES = _core.PARAMETER_SURFACES  # ... and act on one of its parameters
 
 
 @dataclasses.dataclass
@@ -38,13 +39,11 @@ def storage_key(adapter: FrameworkAdapter, p: torch.Tensor) -> str:
     return f"{local.untyped_storage().data_ptr():x}+{local.storage_offset()}"
 
 
-def _strip(path: str, modules: dict[str, nn.Module]) -> str:
-    if path in modules:
-        return path
-    for prefix in ("module.", "_orig_mod.", "model."):
-        if path.startswith(prefix) and path[len(prefix):] in modules:
-            return path[len(prefix):]
-    raise InvalidArgumentError(f"module_path {path!r} is not in the model's named_modules()")
+def _strip(adapter: FrameworkAdapter, path: str, modules: dict[str, nn.Module]) -> str:
+    found = adapter.module_key(path, modules)
+    if found is None:
+        raise InvalidArgumentError(f"module_path {path!r} is not in the model's named_modules()")
+    return found
 
 
 def _is_within(descendant: nn.Module, ancestor: nn.Module) -> bool:
@@ -81,7 +80,7 @@ def resolve(adapter: FrameworkAdapter, fault: dict[str, Any], where: str) -> Res
         if "component" in target:
             logical = adapter.component(target["component"], target.get("index"), part, target.get("metadata", {}))
         if "module_path" in target:
-            path = _strip(target["module_path"], modules)
+            path = _strip(adapter, target["module_path"], modules)
             module = modules[path]
             if logical is not None and not _is_within(module, logical[1]):
                 raise InvalidArgumentError(f"module_path {target['module_path']!r} is not {logical[0]!r} "

@@ -107,6 +107,20 @@ class FrameworkAdapter:
         when it does not know (the caller then passes ``completed_iterations=``)."""
         return None
 
+    # Prefixes a path may carry from a wrapper of the model that named_modules() does not
+    # show: DDP's and DeepSpeed's ``module.``, torch.compile's ``_orig_mod.``, ``model.``.
+    wrapper_prefixes: tuple[str, ...] = ("module.", "_orig_mod.", "model.")
+
+    def module_key(self, path: str, modules: dict[str, nn.Module]) -> Optional[str]:
+        """The key of `modules` (from ``named_modules()``) that `path` names, as the user may
+        spell it with a wrapper's prefix; None when it names none."""
+        if path in modules:
+            return path
+        for prefix in self.wrapper_prefixes:
+            if path.startswith(prefix) and path[len(prefix):] in modules:
+                return path[len(prefix):]
+        return None
+
     # --- tensors ---------------------------------------------------------------------
 
     def is_sharded(self, tensor: torch.Tensor) -> bool:
@@ -247,6 +261,28 @@ class FrameworkAdapter:
         (None, why not) when the framework has internal collectives it cannot publish, or
         (None, None) when it has none. Only the attachment calls it."""
         return None, None
+
+    # --- checkpoints -------------------------------------------------------------------
+
+    def checkpointer(self, directory: str, *, scheduler: Any = None, data_state: Any = None,
+                     **options: Any) -> Any:
+        """The framework's durable checkpoint back end for checkpoints under `directory`: an
+        object whose ``callbacks()`` returns DurableCheckpointConfig's ``save_candidate`` and
+        ``load_checkpoint`` (and, where the back end has them, ``commit_candidate`` and
+        ``quarantine_candidate``), with the contract written in checkpoint/config.py. Each
+        back end writes the framework's own files plus LM Resiliency's (checkpoint_files.py).
+        `scheduler` and `data_state` where the framework does not save them itself;
+        `options`: the back end's own (InvalidArgumentError naming one it does not know)."""
+        raise UnsupportedError(f"the {self.name} adapter has no checkpoint back end")
+
+    @staticmethod
+    def _no_options(framework: str, **given: Any) -> None:
+        """InvalidArgumentError naming the checkpoint options `framework` does not take."""
+        extra = sorted(k for k, v in given.items() if v is not None)
+        if extra:
+            from lm_resiliency.errors import InvalidArgumentError
+
+            raise InvalidArgumentError(f"{framework}'s checkpoints do not take {', '.join(extra)}")
 
     # --- helpers -----------------------------------------------------------------------
 

@@ -41,6 +41,7 @@ from lm_resiliency.frameworks import checkpoint_files as files
 from lm_resiliency.frameworks.base import FrameworkAdapter, MeshDim
 from lm_resiliency.frameworks.pytorch import ModuleStructure, _replaces, replay_torch_update
 from lm_resiliency.handle import Handle, Handles
+from lm_resiliency.rank_state import atomic_save, data_getter, data_setter, load_file, rank_and_world, rng_state, set_rng_state
 
 __all__ = ["DeepSpeedAdapter", "MASTER"]
 
@@ -358,8 +359,11 @@ class DeepSpeedAdapter(FrameworkAdapter):
 
     # --- checkpoints ------------------------------------------------------------------
 
-    def checkpointer(self) -> "DeepSpeedCheckpointer":
-        return DeepSpeedCheckpointer(self.engine)
+    def checkpointer(self, directory: str, *, scheduler: Any = None, data_state: Any = None) -> "DeepSpeedCheckpointer":
+        """The engine's own save_checkpoint / load_checkpoint under `directory`, with this
+        rank's RNG and `data_state` beside them."""
+        self._no_options("DeepSpeed (the engine saves its own lr_scheduler)", scheduler=scheduler)
+        return DeepSpeedCheckpointer(self.engine, data_state)
 
 
 class DeepSpeedCheckpointer:
@@ -371,8 +375,6 @@ class DeepSpeedCheckpointer:
     KEY = "lm_resiliency"
 
     def __init__(self, engine: Any, data_state: Any = None) -> None:
-        from lm_resiliency.checkpoint.latest import data_getter, data_setter
-
         self.engine = engine
         self._get_data, self._set_data = data_getter(data_state), data_setter(data_state)
         self._has_data = data_state is not None
@@ -385,8 +387,6 @@ class DeepSpeedCheckpointer:
     def save(self, step: int, path: str) -> None:
         """Collective. DeepSpeed writes its files, each rank its RNG and data position
         (they differ by rank), then rank 0 the marker that makes the checkpoint complete."""
-        from lm_resiliency.checkpoint.latest import atomic_save, rank_and_world, rng_state
-
         root, tag = self._split(path)
         rank, world = rank_and_world()
         record = {"step": int(step), "world_size": world}
@@ -404,16 +404,12 @@ class DeepSpeedCheckpointer:
         """Collective: DeepSpeed's load, then this rank's RNG and data position; returns the
         step. InvalidArgumentError on every rank, naming what is missing, before anything
         is loaded when `path` is not complete."""
-        from lm_resiliency.checkpoint.latest import load_file, set_rng_state
-
         path = os.path.normpath(os.path.abspath(os.fspath(path)))
         files.require_complete(path)
         root, tag = self._split(path)
         loaded, client = self.engine.load_checkpoint(root, tag=tag)
         if loaded is None or not isinstance(client, dict) or self.KEY not in client:
             raise InvalidArgumentError(f"{path} is not a checkpoint LM Resiliency saved (no {self.KEY!r} client state)")
-        from lm_resiliency.checkpoint.latest import rank_and_world
-
         record = load_file(files.rank_file(path, rank_and_world()[0]))
         if self._has_data:
             self._set_data(record["data"])
@@ -426,9 +422,13 @@ class DeepSpeedCheckpointer:
 
 
 def durable_checkpoints(engine: Any, directory: str, *, data_state: Any = None, **options: Any) -> Any:
-    """A DurableCheckpointConfig whose checkpoints are the engine's own, under `directory`
-    (which also holds the trust manifest). `options`: DurableCheckpointConfig's others."""
+    """Deprecated: ``lm_resiliency.checkpoint.durable_checkpoints(engine, None, directory,
+    data_state=...)``. A DurableCheckpointConfig whose checkpoints are the engine's own."""
     from lm_resiliency.checkpoint.config import DurableCheckpointConfig
+    from lm_resiliency.errors import deprecated
+
+    deprecated("lm_resiliency.frameworks.deepspeed.durable_checkpoints(engine, directory)",
+               "lm_resiliency.checkpoint.durable_checkpoints(engine, None, directory)")
 
     return DurableCheckpointConfig(directory=directory, **DeepSpeedCheckpointer(engine, data_state).callbacks(),
                                    **options)

@@ -39,28 +39,13 @@ import torch.nn as nn
 from lm_resiliency import _core
 from lm_resiliency.errors import InvalidArgumentError
 from lm_resiliency.frameworks.base import FrameworkAdapter, MeshDim
+from lm_resiliency.frameworks.megatron_chunks import chunks_of, is_a, unwrap
 from lm_resiliency.frameworks.pytorch import _replaces, part_holding, watch_load_state_dicts
 from lm_resiliency.handle import Handle
 
 __all__ = ["MAIN", "MegatronAdapter"]
 
 MAIN = "fp32_main"  # the optimizer-state key of a parameter's fp32 main fragment
-
-
-def _is_a(obj: Any, name: str) -> bool:
-    """Whether `obj` is an instance of Megatron's class `name`, without importing Megatron."""
-    return any(c.__name__ == name and c.__module__.startswith("megatron.") for c in type(obj).__mro__)
-
-
-def _chunks(model: Any) -> list:
-    return list(model) if isinstance(model, (list, tuple)) else [model]
-
-
-def _unwrap(chunk: nn.Module) -> nn.Module:
-    """The GPTModel inside Megatron's DDP and Float16Module wrappers."""
-    while _is_a(chunk, "DistributedDataParallel") or _is_a(chunk, "Float16Module"):
-        chunk = chunk.module
-    return chunk
 
 
 class MegatronAdapter(FrameworkAdapter):
@@ -71,15 +56,15 @@ class MegatronAdapter(FrameworkAdapter):
             raise InvalidArgumentError("expected Megatron Core model chunks (a module or a list of them) and a "
                                        f"Megatron optimizer, got {type(model).__name__} and {type(optimizer).__name__}")
         super().__init__(model, optimizer)
-        self.chunks = _chunks(model)
-        self.parts = [_unwrap(c) for c in self.chunks]
+        self.chunks = chunks_of(model)
+        self.parts = [unwrap(c) for c in self.chunks]
         self.inner = list(getattr(optimizer, "chained_optimizers", [optimizer]))
         self._result: Any = None
 
     @classmethod
     def matches(cls, model: Any, optimizer: Any) -> bool:
-        chunks = _chunks(model)
-        return (_is_a(optimizer, "MegatronOptimizer") and bool(chunks)
+        chunks = chunks_of(model)
+        return (is_a(optimizer, "MegatronOptimizer") and bool(chunks)
                 and all(isinstance(c, nn.Module) for c in chunks))
 
     # --- structure -----------------------------------------------------------------
@@ -125,7 +110,7 @@ class MegatronAdapter(FrameworkAdapter):
         raise InvalidArgumentError(f"unknown component {kind!r} for Megatron Core; give module_path")
 
     def _distributed_optimizer(self) -> bool:
-        return any(_is_a(o, "DistributedOptimizer") for o in self.inner)
+        return any(is_a(o, "DistributedOptimizer") for o in self.inner)
 
     def mesh_dims(self, world_size: int) -> list[MeshDim]:
         """(pp, dp, tp) from parallel_state, checked against its data-parallel group."""
@@ -135,7 +120,7 @@ class MegatronAdapter(FrameworkAdapter):
             raise InvalidArgumentError("context parallel Megatron layouts are not supported yet")
         pp, tp = ps.get_pipeline_model_parallel_world_size(), ps.get_tensor_model_parallel_world_size()
         dp = ps.get_data_parallel_world_size()
-        if any(_is_a(m, "MoELayer") for part in self.parts for m in part.modules()):
+        if any(is_a(m, "MoELayer") for part in self.parts for m in part.modules()):
             ep, edp = ps.get_expert_model_parallel_world_size(), ps.get_expert_data_parallel_world_size()
             if ep > 1 or edp != dp:
                 raise InvalidArgumentError(
@@ -178,7 +163,7 @@ class MegatronAdapter(FrameworkAdapter):
     def overwritten_by_update(self, parameter: torch.Tensor) -> bool:
         # Mixed-precision optimizers (the DistributedOptimizer too) copy the updated main
         # parameters into the model's (all-gathered under the DistributedOptimizer).
-        return any(_is_a(o, "MixedPrecisionOptimizer") for o in self.inner)
+        return any(is_a(o, "MixedPrecisionOptimizer") for o in self.inner)
 
     def state_fault_unsupported(self, parameter: torch.Tensor) -> Optional[str]:
         if self._distributed_optimizer() and self._owner(parameter) is None:
@@ -210,7 +195,7 @@ class MegatronAdapter(FrameworkAdapter):
         groups: dict[int, int] = {}
         base = 0
         for opt in self.inner:
-            for gi, g in enumerate(opt.param_groups if not _is_a(opt, "DistributedOptimizer")
+            for gi, g in enumerate(opt.param_groups if not is_a(opt, "DistributedOptimizer")
                                    else [r["orig_group"] for r in opt.opt_group_ranges]):
                 for p in g["params"]:
                     groups.setdefault(id(p), base + gi)
@@ -224,7 +209,7 @@ class MegatronAdapter(FrameworkAdapter):
 
     def _owner(self, parameter: torch.Tensor) -> Optional[Any]:
         for opt in self.inner:
-            if _is_a(opt, "DistributedOptimizer"):
+            if is_a(opt, "DistributedOptimizer"):
                 if parameter in opt.model_param_group_index_map:
                     return opt
             elif any(parameter is p for g in opt.param_groups for p in g["params"]):
@@ -235,7 +220,7 @@ class MegatronAdapter(FrameworkAdapter):
         opt = self._owner(parameter)
         if opt is None:
             return {}
-        if _is_a(opt, "DistributedOptimizer"):
+        if is_a(opt, "DistributedOptimizer"):
             tensors = dict(opt._get_main_param_and_optimizer_states(parameter))
             main = tensors.pop("param")
             state = opt.optimizer.state.get(main, {})
@@ -258,6 +243,22 @@ class MegatronAdapter(FrameworkAdapter):
         return ("Megatron's optimizers clip by the global gradient norm and update fp32 main parameters inside the "
                 "boundary: one slice's update cannot be replayed on isolated copies")
 
+    # --- checkpoints -------------------------------------------------------------------
+
+    def checkpointer(self, directory: str, *, scheduler: Any = None, data_state: Any = None,
+                     training: bool = False) -> Any:
+        """Megatron's checkpoints (megatron_checkpoint.py): dist_checkpointing directories, or
+        with `training` megatron.training.checkpointing's (`scheduler`: pretrain's
+        OptimizerParamScheduler, saved only there)."""
+        from lm_resiliency.frameworks.megatron_checkpoint import MegatronCheckpointer, MegatronTrainingCheckpointer
+
+        self._no_options("Megatron Core (its data position is the job's consumed samples)", data_state=data_state)
+        if training:
+            return MegatronTrainingCheckpointer(self.model, self.optimizer, scheduler)
+        self._no_options("Megatron Core without training=True (megatron.training's checkpoints save the scheduler)",
+                         scheduler=scheduler)
+        return MegatronCheckpointer(self.model, self.optimizer)
+
     # --- communication ---------------------------------------------------------------
 
     def internal_collectives(self) -> dict[str, int]:
@@ -276,7 +277,7 @@ class MegatronAdapter(FrameworkAdapter):
         handles: list[Handle] = []
         distributed = self._distributed_optimizer()
         for chunk in self.chunks:
-            if not _is_a(chunk, "DistributedDataParallel"):
+            if not is_a(chunk, "DistributedDataParallel"):
                 continue
             for bucket_group in list(chunk.bucket_groups) + list(getattr(chunk, "expert_parallel_bucket_groups", [])):
                 if not bucket_group.buckets:

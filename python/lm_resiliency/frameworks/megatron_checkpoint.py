@@ -26,6 +26,8 @@ import torch
 import torch.distributed as dist
 
 from lm_resiliency.frameworks import checkpoint_files as files
+from lm_resiliency.frameworks.megatron_chunks import chunks_of, unwrap
+from lm_resiliency.rank_state import atomic_save, load_file, rank_and_world, rng_state, set_rng_state
 
 __all__ = ["MegatronCheckpointer", "MegatronTrainingCheckpointer", "durable_checkpoints"]
 
@@ -39,9 +41,7 @@ class MegatronCheckpointer:
     """save(step, path) and load(path) -> step, both collective."""
 
     def __init__(self, chunks: Any, optimizer: Any) -> None:
-        from lm_resiliency.frameworks.megatron import _chunks, _unwrap
-
-        self.chunks = [_unwrap(c) for c in _chunks(chunks)]
+        self.chunks = [unwrap(c) for c in chunks_of(chunks)]
         self.optimizer = optimizer
 
     def _create_state(self) -> None:
@@ -65,7 +65,6 @@ class MegatronCheckpointer:
 
     @staticmethod
     def _rng() -> dict[str, Any]:
-        from lm_resiliency.checkpoint.latest import rng_state
         from megatron.core import tensor_parallel
 
         return {"torch": rng_state(), "tracker": tensor_parallel.get_cuda_rng_tracker().get_states()}
@@ -78,7 +77,6 @@ class MegatronCheckpointer:
         return {"rng": self._rng()}
 
     def _read(self, path: str, record: dict[str, Any]) -> None:
-        from lm_resiliency.checkpoint.latest import set_rng_state
         from megatron.core import dist_checkpointing, tensor_parallel
 
         with torch.no_grad():  # the optimizer's load writes into views of the parameters
@@ -90,8 +88,6 @@ class MegatronCheckpointer:
         set_rng_state(record["rng"]["torch"])  # last: nothing above may draw from it
 
     def save(self, step: int, path: str) -> None:
-        from lm_resiliency.checkpoint.latest import atomic_save, rank_and_world
-
         path = os.path.normpath(os.path.abspath(os.fspath(path)))
         rank, world = rank_and_world()
         if rank == 0:
@@ -105,8 +101,6 @@ class MegatronCheckpointer:
         _barrier()
 
     def load(self, path: str) -> int:
-        from lm_resiliency.checkpoint.latest import load_file, rank_and_world
-
         path = os.path.normpath(os.path.abspath(os.fspath(path)))
         files.require_complete(path)
         record = load_file(files.rank_file(path, rank_and_world()[0]))
@@ -130,10 +124,8 @@ class MegatronTrainingCheckpointer(MegatronCheckpointer):
 
     def __init__(self, chunks: Any, optimizer: Any, scheduler: Any = None,
                  flops: Optional[Callable[[], float]] = None) -> None:
-        from lm_resiliency.frameworks.megatron import _chunks
-
         super().__init__(chunks, optimizer)
-        self.model = _chunks(chunks)  # megatron.training takes the DDP-wrapped chunks
+        self.model = chunks_of(chunks)  # megatron.training takes the DDP-wrapped chunks
         self.scheduler = scheduler
         self.flops = flops
 
@@ -185,11 +177,13 @@ class MegatronTrainingCheckpointer(MegatronCheckpointer):
 
 def durable_checkpoints(chunks: Any, optimizer: Any, directory: str, *, training: bool = False,
                         scheduler: Any = None, **options: Any) -> Any:
-    """A DurableCheckpointConfig whose checkpoints are Megatron's, under `directory` (which
-    also holds the trust manifest): dist_checkpointing directories, or with `training`
-    megatron.training.checkpointing's (`scheduler`: pretrain's OptimizerParamScheduler)."""
+    """Deprecated: ``lm_resiliency.checkpoint.durable_checkpoints(chunks, optimizer, directory,
+    training=..., scheduler=...)``. A DurableCheckpointConfig whose checkpoints are Megatron's."""
     from lm_resiliency.checkpoint.config import DurableCheckpointConfig
+    from lm_resiliency.errors import deprecated
 
+    deprecated("lm_resiliency.frameworks.megatron_checkpoint.durable_checkpoints(chunks, optimizer, directory)",
+               "lm_resiliency.checkpoint.durable_checkpoints(chunks, optimizer, directory)")
     checkpointer = (MegatronTrainingCheckpointer(chunks, optimizer, scheduler) if training
                     else MegatronCheckpointer(chunks, optimizer))
     if scheduler is not None and not training:

@@ -346,6 +346,17 @@ class PyTorchAdapter(FrameworkAdapter):
     def replay_update(self, groups: dict[int, list[torch.Tensor]], states: dict[torch.Tensor, dict[str, Any]]) -> None:
         replay_torch_update(self.optimizer, groups, states)
 
+    # --- checkpoints -------------------------------------------------------------------
+
+    def checkpointer(self, directory: str, *, scheduler: Any = None, data_state: Any = None,
+                     async_save: bool = True) -> Any:
+        """DCP directories under `directory` (pytorch_checkpoint.py); `async_save`: DCP's
+        async save, so the boundary waits only for the state to be staged."""
+        from lm_resiliency.frameworks.pytorch_checkpoint import DCPCheckpointer
+
+        return DCPCheckpointer(self.model, self.optimizer, scheduler=scheduler, data_state=data_state, root=directory,
+                               async_save=async_save)
+
     # --- communication ---------------------------------------------------------------
 
     def internal_collectives(self) -> dict[str, int]:

@@ -135,6 +135,17 @@ class TorchTitanAdapter(PyTorchAdapter):
         """``trainer.step`` between steps (restored by a checkpoint load)."""
         return int(self.trainer.step)
 
+    # --- checkpoints -------------------------------------------------------------------
+
+    def checkpointer(self, directory: str, *, scheduler: Any = None, data_state: Any = None) -> Any:
+        """TorchTitan's own states (its CheckpointManager's: schedulers and data loader
+        included) in DCP directories under `directory` (torchtitan_checkpoint.py)."""
+        from lm_resiliency.frameworks.torchtitan_checkpoint import TorchTitanCheckpointer
+
+        self._no_options("TorchTitan (the trainer saves its own schedulers and data loader)", scheduler=scheduler,
+                         data_state=data_state)
+        return TorchTitanCheckpointer(self.trainer, root=directory)
+
     # --- optimizer -------------------------------------------------------------------
 
     def _inner(self) -> list[torch.optim.Optimizer]:

@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Optional
 
-from lm_resiliency.checkpoint.dcp import DCPCheckpointer
 from lm_resiliency.errors import InvalidArgumentError
+from lm_resiliency.frameworks.pytorch_checkpoint import DCPCheckpointer
+from lm_resiliency.rank_state import advance_scheduler
 
 __all__ = ["STATE_KEY", "ResilienceState", "TorchTitanCheckpointer", "durable_checkpoints"]
 
@@ -75,16 +76,17 @@ class TorchTitanCheckpointer(DCPCheckpointer):
         # called the other Statefuls' load_state_dict; the model wrapper loads the parts.
         self.manager.states["model"].load_state_dict(state)
         if record.get("at_boundary"):
-            from lm_resiliency.checkpoint.latest import advance_scheduler
-
             advance_scheduler(self.trainer.lr_schedulers)
 
 
 def durable_checkpoints(trainer: Any, directory: str, **options: Any) -> Any:
-    """A DurableCheckpointConfig whose checkpoints are TorchTitan's states, under
-    `directory` (which also holds the trust manifest). `options`: DurableCheckpointConfig's
-    others."""
+    """Deprecated: ``lm_resiliency.checkpoint.durable_checkpoints(trainer, None, directory)``.
+    A DurableCheckpointConfig whose checkpoints are TorchTitan's states."""
     from lm_resiliency.checkpoint.config import DurableCheckpointConfig
+    from lm_resiliency.errors import deprecated
+
+    deprecated("lm_resiliency.frameworks.torchtitan_checkpoint.durable_checkpoints(trainer, directory)",
+               "lm_resiliency.checkpoint.durable_checkpoints(trainer, None, directory)")
 
     return DurableCheckpointConfig(directory=directory,
                                    **TorchTitanCheckpointer(trainer, root=directory).callbacks(), **options)

@@ -24,8 +24,10 @@ from typing import Any, Optional
 
 import torch.distributed as dist
 
+from lm_resiliency.agree import gather
+from lm_resiliency.checkpoint.backends import durable_checkpoints
 from lm_resiliency.errors import InvalidArgumentError
-from lm_resiliency.frameworks.torchtitan_checkpoint import STATE_KEY, ResilienceState, durable_checkpoints
+from lm_resiliency.frameworks.torchtitan_checkpoint import STATE_KEY, ResilienceState
 
 __all__ = ["Instrumented", "cli", "instrument", "main"]
 
@@ -59,7 +61,7 @@ class Instrumented:
         self.state_integrity = state_integrity
         self.campaign = campaign
         self.harness_options = harness_options
-        self.durable = durable_checkpoints(trainer, certify) if certify else None
+        self.durable = durable_checkpoints(trainer, None, certify) if certify else None
         self.harness: Any = None
         self.session: Any = None
         self.certifier: Any = None
@@ -154,11 +156,8 @@ class Instrumented:
         mine = {"records": [r.to_dict() for r in self.session.records()] if self.session else [],
                 "results": [r.to_dict() for r in self.harness.results] if self.harness else [],
                 "times": dict(self.harness.boundary_times) if self.harness else {}}
-        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-        everyone: list[Any] = [mine]
-        if world > 1:
-            everyone = [None] * world
-            dist.all_gather_object(everyone, mine)
+        everyone = gather(mine)
+        world = len(everyone)
         if rank != 0 or self.session is None or self.harness is None:
             return
         groups = _core.mesh_compute_groups(self.harness._adapter.mesh_dims(world), world)

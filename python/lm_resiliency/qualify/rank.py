@@ -28,7 +28,7 @@ from lm_resiliency.orchestration import OrchestrationHooks
 from lm_resiliency.qualify.executors import Executors, StallingBatches
 from lm_resiliency.qualify.families import DESYNC_S, HANG_THRESHOLD_S, LATEST_INTERVAL
 from lm_resiliency.recovery import init_process_group, resume
-from lm_resiliency.scout import HangDetectionConfig, ReplayHarness, ReplayHarnessConfig, instrument_dataloader
+from lm_resiliency.scout import HangDetectionConfig, HangMonitor, ReplayHarness, ReplayHarnessConfig, instrument_dataloader
 from lm_resiliency.workloads.data import Position
 from lm_resiliency.workloads.model import DecoderConfig
 from lm_resiliency.workloads.train import TrainConfig, build, step_on
@@ -121,9 +121,9 @@ def run(plan: dict) -> None:
                                hang_state_dir=os.path.join(root, "hang"), run_id=plan["run_id"])
     harness = ReplayHarness(model, opt, ReplayHarnessConfig(check_interval=1, optimizer_slice_size=64,
                                                             state_integrity=True, integrity_at_rest=True,
-                                                            comm_sample_every=plan["comm_sample_every"],
-                                                            hang_detection=hang),
+                                                            comm_sample_every=plan["comm_sample_every"]),
                             completed_iterations=start, hooks=hooks)
+    monitor = HangMonitor(model, opt, hang, hooks, completed_iterations=start)
     health, health_note = _health_monitor(device, hooks)
     store = JsonCampaignStateStore(os.path.join(root, f"journal-rank-{rank}.json"))
     session = enable_fault_injection(model, opt, campaign=plan["campaign"], state_store=store,
@@ -154,12 +154,13 @@ def run(plan: dict) -> None:
             events.write(type="end", generation=generation, ended=ended, time=time.time(),
                          completed=harness.completed_iterations,
                          boundary_times={str(k): v for k, v in harness.boundary_times.items()},
-                         reports=[r.to_dict() for r in (harness.hang_monitor.reports if harness.hang_monitor else [])])
+                         reports=[r.to_dict() for r in monitor.reports])
         progress.write(type="end", generation=generation, ended=ended, desync_timeouts=len(executors.desync_errors),
                        dataloader_stalls=executors.dataloader.stalled, checkpoint_stalls=executors.checkpoint.stalled)
     session.close()
     certifier.close()
     harness.close()
+    monitor.close()
     if health is not None:
         health.stop()
     executors.close()

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from lm_resiliency import _core
+from lm_resiliency.agree import gather
 from lm_resiliency.errors import InvalidArgumentError
 from lm_resiliency.fabric import FabricReading
 from lm_resiliency.scout.guard import describe, log
@@ -74,10 +75,11 @@ _graph_task = getattr(torch._C, "_current_graph_task_id", None)
 
 
 def _coalescing(group: Any) -> bool:
-    """Whether `group` is inside torch's ``_coalescing_manager``: its collectives are only
-    queued (they run together when the manager exits; an asynchronous one hands back a
-    placeholder Work that must not be waited on). Megatron's DDP issues its bucket
-    reductions so; its adapter publishes them whole."""
+    """Whether `group` is inside torch.distributed's ``_coalescing_manager``: its collectives
+    are only queued (they run together when the manager exits; an asynchronous one hands
+    back a placeholder Work that must not be waited on), so they cannot be timed one by one.
+    A framework that coalesces its own collectives publishes them whole (its adapter's
+    publish_internal_collectives)."""
     state = getattr(getattr(dist, "distributed_c10d", None), "_world", None)
     pending = getattr(state, "pg_coalesce_state", None)
     if not pending:
@@ -226,11 +228,10 @@ def resource_map(path: Optional[str], votes: Any, world: int) -> Any:
                 parsed = _core.ResourceMap.from_json(f.read(), world)
         except Exception as e:  # noqa: BLE001 - every rank must reach the gather below
             error = f"resource map {path}: {e}"
-    reports: list[Any] = [None] * world
-    dist.all_gather_object(reports, (socket.gethostname(), error), group=votes)
-    failed = [(r, e) for r, (_, e) in enumerate(reports) if e is not None]
+    reports = gather((socket.gethostname(), error), votes)
+    failed = [f"rank {r}: {e}" for r, (_, e) in enumerate(reports) if e is not None]
     if failed:
-        raise InvalidArgumentError("; ".join(f"rank {r}: {e}" for r, e in failed))
+        raise InvalidArgumentError("; ".join(failed))
     return parsed if parsed is not None else _core.ResourceMap.from_hosts([host for host, _ in reports])
 
 
@@ -244,7 +245,7 @@ class CommRounds:
         self.map = resource_map(config.resource_map, world_votes, self._world)
         absolute = config.comm_absolute_s
         if absolute is None:
-            absolute = 1e-3 if device.type == "cuda" else 0.02
+            absolute = config.device_defaults(device.type).comm_absolute_s
         self._tracker = _core.CommTracker(config.confirmation_rounds, config.confirmation_checks,
                                           absolute_threshold=float(absolute))
         self.timing = CollectiveTiming(config.comm_sample_every, excluded)

@@ -85,7 +85,8 @@ class ReplayHarnessConfig:
     # narrows a named communication straggler to its NIC or switch. None: timing alone.
     fabric_source: Optional[Any] = None
     on_result: Optional[Callable] = None  # called with each ReplayResult
-    # Out-of-band hang and stall detection (an lmr-oobd daemon per process); None: off.
+    # Deprecated: build lm_resiliency.scout.HangMonitor beside the harness. Out-of-band hang
+    # and stall detection (an lmr-oobd daemon per process) the harness builds and closes.
     hang_detection: Optional[HangDetectionConfig] = None
 
     def __post_init__(self) -> None:
@@ -140,10 +141,16 @@ class ReplayHarnessConfig:
         if self.hang_detection is not None and not isinstance(self.hang_detection, HangDetectionConfig):
             raise InvalidArgumentError("ReplayHarnessConfig.hang_detection must be a HangDetectionConfig or None")
 
+    @staticmethod
+    def device_defaults(device_type: str) -> "_core.CheckDefaults":
+        """What None means for a model on `device_type` (lmr::replay::checkDefaults: CUDA
+        events are a device clock, everything else the host's)."""
+        return _core.check_defaults(host_clock=device_type != "cuda")
+
     def straggler_options(self, device_type: str = "cuda") -> "_core.StragglerOptions":
         """These settings as lmr::replay::StragglerOptions, for a model on `device_type`
         (which resolves ``straggler_absolute_s=None``)."""
-        o = _core.straggler_defaults(host_clock=device_type != "cuda")
+        o = self.device_defaults(device_type).straggler
         timing = o.timing
         timing.kappa = float(self.straggler_kappa)
         if self.straggler_absolute_s is not None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from lm_resiliency import _core
+from lm_resiliency import _core, agree
 
 
 @dataclasses.dataclass
@@ -54,8 +54,4 @@ def build(mesh_dims: list[tuple[str, int, str]]) -> Peers:
 
 def gather(peers: Peers, payload: Any) -> list[Any]:
     """Every compute peer's `payload`, in position order (collective over the peers)."""
-    if peers.votes is None:
-        return [payload]
-    out: list[Any] = [None] * len(peers.ranks)
-    dist.all_gather_object(out, payload, group=peers.votes)
-    return out
+    return [payload] if peers.votes is None else agree.gather(payload, peers.votes)

@@ -13,12 +13,9 @@ import contextlib
 import logging
 from typing import Iterator
 
+from lm_resiliency.errors import describe
+
 log = logging.getLogger("lm_resiliency.scout")
-
-
-def describe(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0][:300]}" if text else type(error).__name__
 
 
 class Guard:

@@ -21,10 +21,10 @@ import torch.distributed as dist
 from lm_resiliency import _core
 from lm_resiliency.scout import groups
 from lm_resiliency.scout.guard import describe, log
-from lm_resiliency.scout.result import ReplayResult, SurfaceResult
+from lm_resiliency.scout.result import ReplayResult
 from lm_resiliency.signature import PendingSignatures, SignatureSet
 
-RECIPE = "integrity"
+RECIPE = _core.INTEGRITY_RECIPE
 
 
 class _Held:
@@ -73,7 +73,7 @@ class StateIntegrity:
         self._recorded: Optional[Any] = None  # the side stream's event after the last record
         self.replicas = not peers.materialize
         smallest = min((len(g) for g in peers.state_groups), default=1)
-        self.at_rest = at_rest if at_rest is not None else (not self.replicas or smallest < 3)
+        self.at_rest = at_rest if at_rest is not None else _core.integrity_at_rest_by_default(self.replicas, smallest)
         self._names = self._parameter_names()
         self._components = self._component_paths()
         self._held: Optional[_Held] = None
@@ -244,8 +244,8 @@ class StateIntegrity:
 def _fill(result: ReplayResult, verdict: Any, tensors: dict, names: list[list[str]], integrity: StateIntegrity) -> None:
     """Writes an integrity verdict into a fresh ReplayResult, naming tensors (`names`: each
     peer's, in peer order) and components."""
-    for name, s in verdict.surfaces.items():
-        result.c3_results[name] = SurfaceResult(s.status.name, list(s.bitmap), [e.hex() for e in s.evidence])
+    result.apply_verdict(verdict)
+    for name in verdict.surfaces:
         named = {r: [mine[i] if 0 <= i < len(mine) else f"tensor{i}" for i in idx]
                  for r, idx, mine in zip(result.peer_ranks, tensors.get(name, []), names) if idx}
         if named:
@@ -261,8 +261,3 @@ def _fill(result: ReplayResult, verdict: Any, tensors: dict, names: list[list[st
                     result.component_of_source[name] = component
                 if layer is not None:
                     result.layer_of_source[name] = layer
-    result.status = verdict.status.name
-    result.sdc_bitmap, result.sdc_sources = list(verdict.sdc_bitmap), list(verdict.sdc_sources)
-    result.inconclusive_recipes, result.inconclusive_reasons = list(verdict.inconclusive), dict(verdict.reasons)
-    result.straggler_bitmap = [False] * len(result.peer_ranks)
-    result.straggler_candidates = [False] * len(result.peer_ranks)

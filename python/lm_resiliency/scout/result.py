@@ -7,6 +7,7 @@ import dataclasses
 import json
 from typing import Any, Optional
 
+from lm_resiliency import _core
 
 # The model component each recipe family replays, in the kit's vocabulary (the MoE recipe's
 # sources say theirs in component_of_source: its router is the block's, its experts are
@@ -83,6 +84,19 @@ class ReplayResult:
             return place[0], place[1]
         return self.component_of(source), self.layer_of_source.get(source)
 
+    def apply_verdict(self, verdict: Any) -> None:
+        """Takes what lmr::replay decided (a CheckVerdict, or state integrity's verdict):
+        status, SDC bitmap and sources, every surface's C3 result, the Inconclusive entries
+        with their reasons, and the straggler bitmaps (all False where the verdict has none)."""
+        none = [False] * len(self.peer_ranks)
+        self.status = verdict.status.name
+        self.sdc_bitmap, self.sdc_sources = list(verdict.sdc_bitmap), list(verdict.sdc_sources)
+        self.c3_results = {name: SurfaceResult(s.status.name, list(s.bitmap), [e.hex() for e in s.evidence])
+                           for name, s in verdict.surfaces.items()}
+        self.inconclusive_recipes, self.inconclusive_reasons = list(verdict.inconclusive), dict(verdict.reasons)
+        self.straggler_bitmap = list(getattr(verdict, "straggler_bitmap", none))
+        self.straggler_candidates = list(getattr(verdict, "straggler_candidates", none))
+
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["c3_results"] = {k: v.to_dict() for k, v in self.c3_results.items()}
@@ -145,9 +159,6 @@ class ReplayResult:
         return int(c["rank"]), c.get("replacement_scope") or ""
 
 
-_SEVERITY = {"Agree": 0, "Inconclusive": 1, "Attributed": 2}
-
-
 def merge_results(into: ReplayResult, other: ReplayResult) -> None:
     """Adds `other` (evidence of another recipe family, same step and peers: the state
     integrity verdict) to `into`; the status becomes the worse of the two."""
@@ -164,5 +175,4 @@ def merge_results(into: ReplayResult, other: ReplayResult) -> None:
     into.moe.update(other.moe)
     into.integrity_tensors.update(other.integrity_tensors)
     into.rank_places.update(other.rank_places)
-    if _SEVERITY.get(other.status, 0) > _SEVERITY.get(into.status, 0):
-        into.status = other.status
+    into.status = _core.worse_status(into.status, other.status)

@@ -28,7 +28,7 @@ from lm_resiliency._core import write_text_atomic
 from lm_resiliency.errors import InvalidArgumentError, PeerFailureError
 from lm_resiliency.attach import HANG_DETECTION, attach
 from lm_resiliency.orchestration import OrchestrationHooks
-from lm_resiliency.scout.oob import publisher as pub_mod
+from lm_resiliency import progress as pub_mod
 from lm_resiliency.scout.oob.config import HangDetectionConfig, rendezvous_endpoint
 from lm_resiliency.scout.oob.daemon import Daemon, find_daemon
 from lm_resiliency.scout.oob.report import SCOUTFaultReport

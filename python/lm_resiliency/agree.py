@@ -1,0 +1,58 @@
+"""Failing alike on every rank: each rank says what went wrong on it (or nothing), every rank
+learns all of it, and then every rank raises the same error or none does. This is how a
+collective operation that may fail on some ranks (a save, a load, a file only some ranks can
+read) leaves no rank waiting in a collective its peers abandoned. A leaf: nothing of the
+package but its errors."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch.distributed as dist
+
+__all__ = ["attempt", "gather", "problems", "raise_everywhere"]
+
+
+def _distributed(group: Any) -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
+
+
+def gather(value: Any, group: Any = None) -> list[Any]:
+    """Every rank's `value` (of `group`, in its rank order), on every rank; [value] outside a
+    process group. Collective, and so also a barrier."""
+    if not _distributed(group):
+        return [value]
+    out: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, value, group=group)
+    return out
+
+
+def problems(problem: Optional[str], group: Any = None) -> dict[int, str]:
+    """{rank in `group`: its problem} for every rank that had one (collective)."""
+    return {r: p for r, p in enumerate(gather(problem or None, group)) if p}
+
+
+def raise_everywhere(problem: Optional[str], error: type[Exception], what: str, group: Any = None,
+                     name_ranks: bool = False) -> None:
+    """Collective: raises ``error("<what>: <problems>")`` on every rank when any rank has a
+    problem (each distinct text once; `name_ranks`: each prefixed with its rank, when there
+    are several), else returns on every rank."""
+    gathered = gather(problem or None, group)
+    found = {r: p for r, p in enumerate(gathered) if p}
+    if not found:
+        return
+    if name_ranks and len(gathered) > 1:
+        texts = [f"rank {r}: {p}" for r, p in found.items()]
+    else:
+        texts = list(dict.fromkeys(found.values()))
+    raise error(f"{what}: " + "; ".join(texts))
+
+
+def attempt(fn: Callable[[], Any]) -> Optional[str]:
+    """Runs `fn`; the text of what it raised (``Type: message``), or None. For the problem a
+    rank brings to :func:`raise_everywhere`."""
+    try:
+        fn()
+        return None
+    except Exception as e:  # noqa: BLE001 - shared with the peers, then raised on every rank
+        return f"{type(e).__name__}: {e}"
