@@ -151,7 +151,8 @@ void bindCertifier(nb::module_& m) {
       .def_prop_ro("covered", &Certifier::covered);
   // The vocabulary Python uses by these names, never by its own literals.
   for (Tier t : {Tier::kDurable, Tier::kLatest}) m.attr(("TIER_" + upper(str(t))).c_str()) = str(t);
-  for (TrustState s : {TrustState::kLatest, TrustState::kCandidate, TrustState::kRecoveryVerified, TrustState::kRejected})
+  for (TrustState s :
+       {TrustState::kLatest, TrustState::kCandidate, TrustState::kRecoveryVerified, TrustState::kRejected})
     m.attr(("TRUST_" + str(s)).c_str()) = str(s);
   nb::list outcomes;
   for (Outcome o : kOutcomes) outcomes.append(str(o));
