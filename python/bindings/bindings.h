@@ -22,6 +22,7 @@ void registerHealth(nanobind::module_& m);
 void registerFiles(nanobind::module_& m);
 void registerOobReport(nanobind::module_& m);
 void registerCkpt(nanobind::module_& m);
+void registerExclusion(nanobind::module_& m);
 void registerIntegrity(nanobind::module_& m);
 void registerMesh(nanobind::module_& m);
 void registerMoe(nanobind::module_& m);

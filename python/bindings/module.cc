@@ -20,5 +20,6 @@ NB_MODULE(_core, m) {
   lmr::python::registerHealth(m);
   lmr::python::registerFiles(m);
   lmr::python::registerCkpt(m);
+  lmr::python::registerExclusion(m);
   lmr::python::registerMoe(m);
 }

@@ -17,12 +17,7 @@ constexpr TrustState kStates[] = {TrustState::kLatest, TrustState::kCandidate, T
                                   TrustState::kRejected};
 constexpr Tier kTiers[] = {Tier::kDurable, Tier::kLatest};
 
-template <typename E, std::size_t N>
-E parseName(const Json& value, const std::string& path, const E (&values)[N]) {
-  const std::string text = json::asString(value, path);
-  if (auto v = detail::fromName(text, values)) return *v;
-  json::fail(path, "unknown value \"" + text + "\" (expected " + detail::namesOf(values) + ")");
-}
+using detail::parseName;
 
 Json checkpointJson(const Checkpoint& c) {
   return Json{{"id", c.id},

@@ -6,6 +6,8 @@
 #include <string>
 #include <string_view>
 
+#include "lmr/common/json.h"
+
 namespace lmr::ckpt::detail {
 
 template <typename E, std::size_t N>
@@ -21,6 +23,14 @@ std::string namesOf(const E (&values)[N]) {
   std::string out;
   for (std::size_t i = 0; i < N; ++i) out += (i == 0 ? "" : i + 1 == N ? " or " : ", ") + std::string(name(values[i]));
   return out;
+}
+
+// The enumeration value a JSON string names; the error names the path and the accepted values.
+template <typename E, std::size_t N>
+E parseName(const json::Json& value, const std::string& path, const E (&values)[N]) {
+  const std::string text = json::asString(value, path);
+  if (auto v = fromName(text, values)) return *v;
+  json::fail(path, "unknown value \"" + text + "\" (expected " + namesOf(values) + ")");
 }
 
 }  // namespace lmr::ckpt::detail

@@ -121,6 +121,17 @@ class _HookedEffect(ActiveEffect):
             self.error = self.idle_reason
         return None
 
+    def _contained(self, what: str, apply: Callable[[], Any]) -> tuple[bool, Any]:
+        """(True, apply()), or (False, None) with the error kept for the record: the effect
+        runs inside the user's forward or backward, which it must never break."""
+        try:
+            return True, apply()
+        except Unsupported as e:
+            self.error = f"unsupported {what}: {e}"
+        except Exception as e:  # noqa: BLE001 - inside the user's forward or backward: never raise out of it
+            self.error = f"{what}: {type(e).__name__}: {e}"
+        return False, None
+
 
 class ActivationEffect(_HookedEffect):
     """Module inputs (first tensor argument) or outputs (first tensor of the result)."""
@@ -133,16 +144,13 @@ class ActivationEffect(_HookedEffect):
     def _apply(self, value: Any) -> Any:
         if not self.budget.take():
             return value
-        try:
+        def apply() -> Any:
             if isinstance(value, (tuple, list)) and value and isinstance(value[0], torch.Tensor):
                 return type(value)([self._apply_tensor(value[0]), *value[1:]])
             return self._apply_tensor(value)
-        except Unsupported as e:
-            self.error = f"unsupported {self.target.surface} of {self.target.module_path}: {e}"
-            return value
-        except Exception as e:  # noqa: BLE001 - inside the user's forward: never raise out of it
-            self.error = f"{self.target.surface} of {self.target.module_path}: {type(e).__name__}: {e}"
-            return value
+
+        ok, new = self._contained(f"{self.target.surface} of {self.target.module_path}", apply)
+        return new if ok else value
 
     def _apply_tensor(self, t: torch.Tensor) -> torch.Tensor:
         new = self.transform(t)
@@ -198,13 +206,9 @@ class GradientEffect(_HookedEffect):
     def _apply(self, grad: torch.Tensor) -> torch.Tensor:
         if not self.budget.take():
             return grad
-        try:
-            new = self.transform(grad)
-        except Unsupported as e:
-            self.error = f"unsupported gradient of {self.target.module_path}.{self.target.parameter_name}: {e}"
-            return grad
-        except Exception as e:  # noqa: BLE001 - inside the user's backward: never raise out of it
-            self.error = f"gradient of {self.target.module_path}.{self.target.parameter_name}: {type(e).__name__}: {e}"
+        ok, new = self._contained(f"gradient of {self.target.module_path}.{self.target.parameter_name}",
+                                  lambda: self.transform(grad))
+        if not ok:
             return grad
         self.verified = self.verified or self.transform.changed > 0
         self.evidence = {"calls": self.budget.calls, "changed": self.transform.changed, "selected": self.transform.selected,

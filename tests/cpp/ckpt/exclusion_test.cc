@@ -1,0 +1,180 @@
+#include "lmr/ckpt/exclusion.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include "lmr/common/error.h"
+
+namespace lmr::ckpt {
+namespace {
+
+Blame blameOn(BlameKind kind, std::string host, std::int64_t step, std::int64_t generation, bool confirmed = true) {
+  Blame b;
+  b.kind = kind;
+  b.ranks = {2};
+  b.hosts = {std::move(host)};
+  b.sources = {"hidden.1.output"};
+  b.step = step;
+  b.generation = generation;
+  b.confirmed = confirmed;
+  return b;
+}
+
+std::string failureOf(auto&& fn) {
+  try {
+    fn();
+  } catch (const InvalidArgument& e) {
+    return e.message();
+  }
+  return "";
+}
+
+// The broken-GPU case: the first SDC rolls back, the same host blamed again after the
+// rollback is excluded, and a later fault on another host only rolls back.
+TEST(Exclusion, AnSdcThatComesBackAfterARollbackExcludesItsHost) {
+  ExclusionLedger ledger;
+  const RecoveryPolicy policy;
+  ExclusionDecision d = decideExclusion(policy, ledger, blameOn(BlameKind::kSdc, "node-b", 12, 0), 3);
+  EXPECT_EQ(d.action, Action::kRollback);
+  EXPECT_EQ(d.occurrence, 1);
+  EXPECT_TRUE(d.exclude.empty());
+  d = decideExclusion(policy, ledger, blameOn(BlameKind::kSdc, "node-b", 12, 1), 3);
+  EXPECT_EQ(d.action, Action::kExcludeAndRollback);
+  EXPECT_EQ(d.exclude, std::vector<std::string>{"node-b"});
+  EXPECT_EQ(d.occurrence, 2);
+  EXPECT_TRUE(ledger.isExcluded("node-b"));
+  ASSERT_EQ(ledger.excluded.size(), 1u);
+  EXPECT_EQ(ledger.excluded[0].generation, 1);
+  EXPECT_EQ(decideExclusion(policy, ledger, blameOn(BlameKind::kSdc, "node-a", 30, 2), 2).action, Action::kRollback);
+  EXPECT_EQ(ledger.history.size(), 3u);
+  EXPECT_EQ(ledger.decisions.size(), 3u);
+  // A host already excluded cannot be blamed again: the caller has stale evidence.
+  EXPECT_NE(failureOf([&] {
+              decideExclusion(policy, ledger, blameOn(BlameKind::kSdc, "node-b", 31, 2), 2);
+            }).find("already excluded"),
+            std::string::npos);
+}
+
+TEST(Exclusion, InconclusiveEvidenceAndATransientFaultExcludeNobody) {
+  ExclusionLedger ledger;
+  RecoveryPolicy policy;
+  policy.sdc_exclude_after = 1;
+  EXPECT_EQ(decideExclusion(policy, ledger, blameOn(BlameKind::kSdc, "node-b", 5, 0, false), 3).action,
+            Action::kRollback);
+  EXPECT_EQ(decideExclusion(policy, ledger, blameOn(BlameKind::kHealth, "node-b", 5, 0, false), 3).action,
+            Action::kWarn);
+  EXPECT_TRUE(ledger.excluded.empty());
+  // Unconfirmed blames do not count towards a later confirmed one.
+  policy.sdc_exclude_after = 2;
+  EXPECT_EQ(decideExclusion(policy, ledger, blameOn(BlameKind::kSdc, "node-b", 9, 1), 3).action, Action::kRollback);
+}
+
+TEST(Exclusion, EachKindFollowsItsRule) {
+  RecoveryPolicy policy;
+  ExclusionLedger ledger;
+  for (int i = 0; i < 4; ++i)  // stragglers warn unless the policy opts in
+    EXPECT_EQ(decideExclusion(policy, ledger, blameOn(BlameKind::kComputeStraggler, "node-c", 10 + i, 0), 3).action,
+              Action::kWarn);
+  policy.straggler_exclude = true;
+  policy.straggler_exclude_after = 2;
+  ExclusionLedger opted;
+  EXPECT_EQ(decideExclusion(policy, opted, blameOn(BlameKind::kCommStraggler, "node-c", 10, 0), 3).action,
+            Action::kWarn);
+  EXPECT_EQ(decideExclusion(policy, opted, blameOn(BlameKind::kCommStraggler, "node-c", 11, 0), 3).action,
+            Action::kExcludeAndRollback);
+
+  ExclusionLedger health;  // a fatal event at once, a non-fatal one never
+  Blame event = blameOn(BlameKind::kHealth, "node-d", 7, 0);
+  EXPECT_EQ(decideExclusion(policy, health, event, 3).action, Action::kWarn);
+  event.fatal = true;
+  event.sources = {"xid:79"};
+  EXPECT_EQ(decideExclusion(policy, health, event, 3).action, Action::kExcludeAndRollback);
+
+  ExclusionLedger hang;  // a hang culprit on recurrence; other kinds do not count towards it
+  EXPECT_EQ(decideExclusion(policy, hang, blameOn(BlameKind::kSdc, "node-e", 3, 0), 3).action, Action::kRollback);
+  EXPECT_EQ(decideExclusion(policy, hang, blameOn(BlameKind::kHang, "node-e", 4, 1), 3).action, Action::kRollback);
+  EXPECT_EQ(decideExclusion(policy, hang, blameOn(BlameKind::kHang, "node-e", 4, 2), 3).action,
+            Action::kExcludeAndRollback);
+}
+
+TEST(Exclusion, TheLimitsEscalateInsteadOfLooping) {
+  RecoveryPolicy policy;
+  ExclusionLedger one_node;  // one node: nothing to exclude down to
+  decideExclusion(policy, one_node, blameOn(BlameKind::kSdc, "solo", 8, 0), 1);
+  ExclusionDecision d = decideExclusion(policy, one_node, blameOn(BlameKind::kSdc, "solo", 8, 1), 1);
+  EXPECT_EQ(d.action, Action::kEscalate);
+  EXPECT_NE(d.reason.find("fewer than min_nodes=1"), std::string::npos) << d.reason;
+  EXPECT_TRUE(one_node.excluded.empty());
+
+  ExclusionLedger budget;  // max_excluded spent
+  policy.sdc_exclude_after = 1;
+  EXPECT_EQ(decideExclusion(policy, budget, blameOn(BlameKind::kSdc, "node-a", 1, 0), 4).action,
+            Action::kExcludeAndRollback);
+  d = decideExclusion(policy, budget, blameOn(BlameKind::kSdc, "node-b", 2, 1), 3);
+  EXPECT_EQ(d.action, Action::kEscalate);
+  EXPECT_NE(d.reason.find("max_excluded=1"), std::string::npos) << d.reason;
+
+  ExclusionLedger unknown;  // nobody knows where the blamed rank runs
+  Blame nowhere = blameOn(BlameKind::kSdc, "x", 3, 0);
+  nowhere.hosts.clear();
+  EXPECT_EQ(decideExclusion(policy, unknown, nowhere, 3).action, Action::kEscalate);
+
+  // The loop guard: the same rollback for the same culprit max_identical times escalates.
+  RecoveryPolicy patient;
+  patient.sdc_exclude_after = 10;
+  ExclusionLedger loop;
+  EXPECT_EQ(decideExclusion(patient, loop, blameOn(BlameKind::kSdc, "node-b", 12, 0), 3).action, Action::kRollback);
+  EXPECT_EQ(decideExclusion(patient, loop, blameOn(BlameKind::kSdc, "node-b", 12, 1), 3).action, Action::kRollback);
+  d = decideExclusion(patient, loop, blameOn(BlameKind::kSdc, "node-b", 12, 2), 3);
+  EXPECT_EQ(d.action, Action::kEscalate);
+  EXPECT_NE(d.reason.find("3 times in a row"), std::string::npos) << d.reason;
+}
+
+TEST(Exclusion, PolicyAndLedgerAreStrictJsonThatRoundTrips) {
+  RecoveryPolicy p = parsePolicy(R"({"sdc_exclude_after": 1, "straggler_exclude": true, "min_nodes": 2})");
+  EXPECT_EQ(p.sdc_exclude_after, 1);
+  EXPECT_TRUE(p.straggler_exclude);
+  EXPECT_EQ(p.min_nodes, 2);
+  EXPECT_EQ(p.max_excluded, RecoveryPolicy{}.max_excluded);
+  EXPECT_EQ(parsePolicy(toJson(p)), p);
+  EXPECT_NE(failureOf([] { parsePolicy(R"({"exclude_after": 1})"); }).find("exclude_after"), std::string::npos);
+  EXPECT_NE(failureOf([] { parsePolicy(R"({"min_nodes": 0})"); }).find("policy.min_nodes must be >= 1"),
+            std::string::npos);
+  EXPECT_NE(failureOf([] { parsePolicy(R"({"straggler_exclude": "yes"})"); }).find("straggler_exclude"),
+            std::string::npos);
+
+  ExclusionLedger ledger;
+  decideExclusion(RecoveryPolicy{}, ledger, blameOn(BlameKind::kSdc, "node-b", 12, 0), 3);
+  decideExclusion(RecoveryPolicy{}, ledger, blameOn(BlameKind::kSdc, "node-b", 12, 1), 3);
+  EXPECT_EQ(parseLedger(toJson(ledger)), ledger);
+  std::string text = toJson(ledger, -1);
+  std::string twice = text;
+  const std::string entry = "\"excluded\":[";
+  const auto at = twice.find(entry) + entry.size();
+  const auto end = twice.find(']', twice.find("\"reason\"", at));
+  twice.insert(end, "," + twice.substr(at, end - at));
+  EXPECT_NE(failureOf([&] { parseLedger(twice); }).find("excluded[1].host: host \"node-b\" is listed twice"),
+            std::string::npos)
+      << failureOf([&] { parseLedger(twice); });
+  std::string unknown = text;
+  unknown.replace(unknown.find("\"kind\":\"sdc\"", unknown.find("\"history\"")), 12, "\"kind\":\"gpu\"");
+  EXPECT_NE(failureOf([&] { parseLedger(unknown); }).find("history[0].kind: unknown value \"gpu\""), std::string::npos)
+      << failureOf([&] { parseLedger(unknown); });
+  EXPECT_NE(failureOf([&] { parseLedger(text.substr(0, text.size() / 2)); }), "");  // torn
+
+  const auto dir = std::filesystem::temp_directory_path() / ("lmr-exclusion-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(readLedger(dir.string()), ExclusionLedger{});  // none yet: empty
+  writeLedger(dir.string(), ledger);
+  EXPECT_EQ(readLedger(dir.string()), ledger);
+  EXPECT_EQ(ledgerPath(dir.string()), dir.string() + "/lmr-exclusions.json");
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(name(Action::kExcludeAndRollback), "exclude_and_rollback");
+  EXPECT_EQ(parseBlameKind("comm_straggler"), BlameKind::kCommStraggler);
+  EXPECT_THROW(parseBlameKind("SDC"), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace lmr::ckpt

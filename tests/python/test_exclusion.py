@@ -1,0 +1,54 @@
+"""The exclusion decision through the bindings (lmr::ckpt::decideExclusion; its rules are tested
+in C++): a recurring SDC excludes its host, the ledger survives a relaunch on disk, and bad
+input names what is wrong and changes nothing."""
+
+import os
+
+import pytest
+
+from lm_resiliency import _core
+from lm_resiliency.errors import InvalidArgumentError
+
+
+def decide(policy, ledger, host, generation, nodes=3, kind="sdc", **kw):
+    return _core.decide_exclusion(policy, ledger, kind, [2], [host], ["hidden.1.output"], 12, generation, nodes, **kw)
+
+
+def test_a_recurring_sdc_excludes_its_host_and_the_ledger_survives_a_relaunch(tmp_path):
+    policy = _core.RecoveryPolicy()
+    ledger = _core.ExclusionLedger.read(str(tmp_path))  # a new job: empty
+    assert ledger.excluded_hosts == []
+    first = decide(policy, ledger, "node-b", 0)
+    assert (first.action, first.exclude, first.occurrence) == ("rollback", [], 1)
+    ledger.write(str(tmp_path))
+    relaunched = _core.ExclusionLedger.read(str(tmp_path))  # the next generation reads it back
+    assert relaunched == ledger
+    second = decide(policy, relaunched, "node-b", 1)
+    assert (second.action, second.exclude, second.occurrence) == ("exclude_and_rollback", ["node-b"], 2)
+    assert relaunched.is_excluded("node-b") and relaunched.excluded_hosts == ["node-b"]
+    assert [d.action for d in relaunched.decisions] == ["rollback", "exclude_and_rollback"]
+    assert os.path.basename(_core.exclusion_ledger_path(str(tmp_path))) == "lmr-exclusions.json"
+
+
+def test_one_node_escalates_and_inconclusive_evidence_excludes_nobody():
+    policy = _core.RecoveryPolicy.from_json('{"sdc_exclude_after": 1}')
+    ledger = _core.ExclusionLedger()
+    assert decide(policy, ledger, "node-b", 0, confirmed=False).action == "rollback"
+    escalated = decide(policy, ledger, "solo", 0, nodes=1)
+    assert escalated.action == "escalate" and "fewer than min_nodes=1" in escalated.reason
+    assert ledger.excluded_hosts == []
+
+
+def test_bad_input_names_the_field_and_changes_nothing(tmp_path):
+    with pytest.raises(InvalidArgumentError, match="exclude_after"):
+        _core.RecoveryPolicy.from_json('{"exclude_after": 1}')
+    with pytest.raises(InvalidArgumentError, match="policy.min_nodes must be >= 1"):
+        _core.RecoveryPolicy.from_json('{"min_nodes": 0}')
+    ledger = _core.ExclusionLedger()
+    with pytest.raises(InvalidArgumentError, match='unknown blame kind "gpu"'):
+        decide(_core.RecoveryPolicy(), ledger, "node-b", 0, kind="gpu")
+    assert ledger == _core.ExclusionLedger()  # nothing recorded
+    (tmp_path / "lmr-exclusions.json").write_text('{"schema_version": 1, "kind": "lmr.exclusions", "history": [], '
+                                                  '"decisions": [], "excluded": [{"host": ""}]}')
+    with pytest.raises(InvalidArgumentError, match=r"excluded\[0\]"):
+        _core.ExclusionLedger.read(str(tmp_path))
