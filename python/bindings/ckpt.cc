@@ -69,6 +69,9 @@ void bindDecision(nb::module_& m) {
       .def_ro("reason", &RecoveryDecision::reason)
       .def_ro("status", &RecoveryDecision::status)
       .def_ro("restart", &RecoveryDecision::restart)
+      .def_ro("action", &RecoveryDecision::action)
+      .def_ro("blamed_ranks", &RecoveryDecision::blamed_ranks)
+      .def_ro("blamed_hosts", &RecoveryDecision::blamed_hosts)
       .def(
           "to_json", [](const RecoveryDecision& d, int indent) { return toJson(d, indent); }, nb::arg("indent") = -1)
       .def_static("from_json", [](const std::string& text) { return parseDecision(text); })
@@ -188,13 +191,16 @@ void bindCertifier(nb::module_& m) {
       "\"sdc\", \"clean\" or \"incomplete\" of an emergency replay (lmr::ckpt::emergencyVerdict).");
   m.def(
       "plan_resume",
-      [](Manifest& mf, const std::string& topology, double now) -> std::optional<std::tuple<RecoveryDecision, bool>> {
+      [](Manifest& mf, const std::string& topology,
+         double now) -> std::optional<std::tuple<RecoveryDecision, bool, bool>> {
         auto plan = planResume(mf, topology, now);
         if (!plan) return std::nullopt;
-        return std::make_tuple(plan->decision, plan->undiagnosed);
+        return std::make_tuple(plan->decision, plan->undiagnosed, plan->stop);
       },
       nb::arg("manifest"), nb::arg("topology"), nb::arg("now") = 0.0,
-      "(decision, undiagnosed) a starting job resumes from, or None (lmr::ckpt::planResume).");
+      "(decision, undiagnosed, stop) a starting job resumes from, or None (lmr::ckpt::planResume).");
+  m.def("release_escalation", &releaseEscalation, nb::arg("manifest"),
+        "Turns a pending escalation back into its rollback (in place); False when there is none.");
   m.def("require_topology", &requireTopology);
   m.def(
       "apply_recovery", [](Manifest& mf, const std::string& id) { return applyRecovery(mf, id); },

@@ -6,6 +6,7 @@
 
 #include "bindings.h"
 #include "lmr/ckpt/exclusion.h"
+#include "lmr/ckpt/manifest.h"
 
 namespace nb = nanobind;
 
@@ -66,6 +67,14 @@ void registerExclusion(nb::module_& m) {
            })
       .def(nb::self == nb::self);
   m.def("exclusion_ledger_path", &ledgerPath);
+  m.def(
+      "apply_exclusion",
+      [](RecoveryDecision decision, const ExclusionDecision& exclusion, std::vector<std::int64_t> ranks) {
+        applyExclusion(decision, exclusion, Blame{exclusion.kind, std::move(ranks), exclusion.hosts, {}, 0, 0});
+        return decision;
+      },
+      nb::arg("decision"), nb::arg("exclusion"), nb::arg("ranks"),
+      "The RecoveryDecision that carries `exclusion` out (lmr::ckpt::applyExclusion); a new object.");
 
   m.def(
       "decide_exclusion",

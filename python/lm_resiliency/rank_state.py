@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import socket
 import tempfile
 from typing import Any, Callable, Optional, Protocol, Union
 
@@ -18,7 +19,7 @@ import torch.distributed as dist
 from lm_resiliency.errors import InvalidArgumentError, LmrIOError
 
 __all__ = ["DataState", "Stateful", "advance_scheduler", "atomic_save", "data_getter", "data_setter",
-           "fsync_directory", "load_file", "rank_and_world", "rng_state", "set_rng_state"]
+           "fsync_directory", "load_file", "node_id", "rank_and_world", "rng_state", "set_rng_state"]
 
 
 class Stateful(Protocol):
@@ -85,6 +86,13 @@ def _remove_quietly(path: str) -> None:
 
 
 # --- rank, RNG, data position ---------------------------------------------------------------
+
+def node_id() -> str:
+    """Where this rank runs, as exclusion and the replacement scope name it: ``LMR_NODE_ID``
+    when set (an override, e.g. for several torchrun agents on one host acting as nodes in
+    tests, or a scheduler's node name), else the host name."""
+    return os.environ.get("LMR_NODE_ID") or socket.gethostname()
+
 
 def rank_and_world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from lm_resiliency import _core
 from lm_resiliency.agree import raise_everywhere
 from lm_resiliency.attach import attach
-from lm_resiliency.checkpoint.config import DurableCheckpointConfig
+from lm_resiliency.checkpoint.config import ESCALATE_EXIT_CODE, DurableCheckpointConfig
 from lm_resiliency.checkpoint.manifest_io import read_manifest, retire_abandoned
 from lm_resiliency.checkpoint.topology import topology_digest
 from lm_resiliency.errors import InvalidArgumentError, LmrIOError
@@ -73,13 +73,34 @@ class Resumed:
 
 
 def leave_for_restart(decision: Any, exit_code: int) -> None:
-    """Ends this rank for a relaunch when `decision` has a checkpoint to go back to."""
+    """Ends this rank for a relaunch when `decision` has a checkpoint to go back to, or with
+    ESCALATE_EXIT_CODE when it escalated (the job cannot heal: it stops)."""
+    if decision.action == "escalate":
+        _stop(decision)
     if not decision.available:
         log.error("SDC detected but no checkpoint can be trusted (%s): the job goes on; restart it by hand",
                   decision.reason)
         return
     log.warning("leaving for a self-healing restart from %s (exit status %d)", decision.checkpoint_id, exit_code)
     raise SystemExit(exit_code)
+
+
+def _stop(decision: Any) -> None:
+    log.error("self-healing cannot heal this job and stops (exit status %d): %s. Repair or drain %s, then start the "
+              "job again after lm_resiliency.recovery.release_escalation(directory) (docs/checkpoints.md)", ESCALATE_EXIT_CODE,
+              decision.reason, ", ".join(decision.blamed_hosts) or "the blamed node")
+    raise SystemExit(ESCALATE_EXIT_CODE)
+
+
+def release_escalation(directory: str) -> bool:
+    """After the blamed node was repaired or drained: the trust manifest's pending escalation
+    in `directory` becomes the rollback it would have been, so the next start resumes from its
+    checkpoint. Returns False (nothing written) when there is none. One process, no collectives."""
+    manifest = _core.CkptManifest.read(directory)
+    if manifest is None or not _core.release_escalation(manifest):
+        return False
+    manifest.write(directory)
+    return True
 
 
 def resume(config: DurableCheckpointConfig, model: Any, optimizer: Any) -> Optional[Resumed]:
@@ -110,7 +131,9 @@ def _resume(config: DurableCheckpointConfig, model: Any, optimizer: Any, distrib
     plan = _core.plan_resume(manifest, topology, time.time())  # lmr::ckpt decides what to resume
     if plan is None:
         return None
-    decision, undiagnosed = plan
+    decision, undiagnosed, stop = plan
+    if stop:  # every rank read the same manifest: every rank stops here
+        _stop(decision)
     if undiagnosed:
         log.warning("no pending recovery decision: %s", decision.reason)
     if not decision.available:

@@ -359,4 +359,13 @@ ExclusionDecision decideExclusion(const RecoveryPolicy& policy, ExclusionLedger&
   return d;
 }
 
+void applyExclusion(RecoveryDecision& decision, const ExclusionDecision& exclusion, const Blame& blame) {
+  if (exclusion.action == Action::kWarn) return;
+  decision.action = std::string(name(exclusion.action));
+  decision.blamed_ranks = blame.ranks;
+  decision.blamed_hosts = blame.hosts;
+  decision.reason += "; " + exclusion.reason;
+  if (exclusion.action == Action::kEscalate) decision.restart = false;
+}
+
 }  // namespace lmr::ckpt

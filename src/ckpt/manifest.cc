@@ -60,14 +60,18 @@ Json decisionJson(const RecoveryDecision& d) {
               {"available", d.available},
               {"reason", d.reason},
               {"status", d.status},
-              {"restart", d.restart}};
+              {"restart", d.restart},
+              {"action", d.action},
+              {"blamed_ranks", d.blamed_ranks},
+              {"blamed_hosts", d.blamed_hosts}};
 }
 
 RecoveryDecision parseDecisionValue(const Json& v, const std::string& path) {
   json::requireObject(v, path);
-  json::requireKnownKeys(v, path,
-                         {"mode", "source", "failure", "decided_at", "decided_time", "step", "checkpoint_id",
-                          "location", "tier", "topology", "available", "reason", "status", "restart"});
+  json::requireKnownKeys(
+      v, path,
+      {"mode", "source", "failure", "decided_at", "decided_time", "step", "checkpoint_id", "location", "tier",
+       "topology", "available", "reason", "status", "restart", "action", "blamed_ranks", "blamed_hosts"});
   auto str = [&](std::string_view key) {
     return json::asString(json::requireMember(v, path, key), json::child(path, key));
   };
@@ -97,6 +101,23 @@ RecoveryDecision parseDecisionValue(const Json& v, const std::string& path) {
     json::fail(path, "an available decision needs a checkpoint_id and a step >= 0");
   d.restart =
       v.contains("restart") ? json::asBoolean(v.at("restart"), json::child(path, "restart")) : d.failure == "sdc";
+  if (const Json* a = json::findMember(v, "action")) {
+    d.action = json::asString(*a, json::child(path, "action"));
+    if (d.action != "rollback" && d.action != "exclude_and_rollback" && d.action != "escalate")
+      json::fail(json::child(path, "action"),
+                 "unknown action \"" + d.action + "\" (expected rollback, exclude_and_rollback or escalate)");
+  }
+  if (const Json* r = json::findMember(v, "blamed_ranks")) {
+    const std::string at = json::child(path, "blamed_ranks");
+    if (!r->is_array()) json::fail(at, "must be an array, got " + json::describe(*r));
+    for (std::size_t i = 0; i < r->size(); ++i)
+      d.blamed_ranks.push_back(json::asNonNegativeInteger((*r)[i], json::item(at, i)));
+  }
+  if (const Json* h = json::findMember(v, "blamed_hosts")) {
+    const std::string at = json::child(path, "blamed_hosts");
+    if (!h->is_array()) json::fail(at, "must be an array, got " + json::describe(*h));
+    for (std::size_t i = 0; i < h->size(); ++i) d.blamed_hosts.push_back(json::asString((*h)[i], json::item(at, i)));
+  }
   return d;
 }
 

@@ -108,11 +108,21 @@ RecoveryDecision selectRecovery(const Manifest& m, Failure failure, std::int64_t
 
 std::optional<ResumePlan> planResume(Manifest& m, const std::string& job_topology, double now) {
   const RecoveryDecision* pending = m.decision ? &*m.decision : nullptr;
+  if (pending && pending->status == "pending" && pending->action == "escalate")
+    return ResumePlan{*pending, false, true};
   if (pending && pending->status == "pending" && m.find(pending->checkpoint_id)) return ResumePlan{*pending, false};
   if (m.checkpoints.empty()) return std::nullopt;
   m.topology = job_topology;
   return ResumePlan{selectRecovery(m, Failure::kUncertain, m.checkpoints.back().step, EmergencyReplay::kNotRun, now),
                     true};
+}
+
+bool releaseEscalation(Manifest& m) {
+  if (!m.decision || m.decision->status != "pending" || m.decision->action != "escalate") return false;
+  m.decision->action = "rollback";
+  m.decision->restart = m.decision->failure == "sdc";
+  m.decision->reason += "; the escalation was released by the operator";
+  return true;
 }
 
 std::vector<Checkpoint> continueFrom(Manifest& m, std::int64_t step) {

@@ -30,3 +30,38 @@ def test_a_permanent_fault_is_recovered_by_torchrun_restarting_the_job(tmp_path)
         first, second = [json.loads(line) for line in f]
     assert first["detections"][0][1] == [1] and first["decision"]["mode"] == "rollback_verified"
     assert second["resumed_from"] == first["decision"]["checkpoint_id"]
+
+
+def test_a_fault_that_follows_the_hardware_escalates_instead_of_looping(tmp_path):
+    # The fault comes back after every recovery (a broken GPU). One node: nothing can be
+    # excluded, so the second SDC on the same node escalates: the ranks stop with the
+    # documented status, and the next relaunch stops at once instead of rolling back again.
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+           "--max-restarts", "2", "-m", "lm_resiliency.workloads.resilient", "--directory", str(tmp_path),
+           "--steps", "24", "--fault-step", "11", "--recurring"]
+    env = {**os.environ, "LMR_NODE_ID": "node-a"}
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode != 0, run.stderr[-4000:]
+    assert "exitcode  : 69" in run.stderr or "exitcode: 69" in run.stderr, run.stderr[-4000:]
+    with open(os.path.join(tmp_path, "run-log.jsonl"), encoding="utf-8") as f:
+        generations = [json.loads(line) for line in f]
+    assert [g["decision"]["action"] for g in generations] == ["rollback", "escalate"], generations
+    assert generations[1]["decision"]["blamed_hosts"] == ["node-a"] and generations[1]["decision"]["blamed_ranks"] == [1]
+    from lm_resiliency import _core
+
+    ledger = _core.ExclusionLedger.read(os.path.join(tmp_path, "checkpoints"))
+    assert [d.action for d in ledger.decisions] == ["rollback", "escalate"] and ledger.excluded_hosts == []
+    assert "min_nodes" in ledger.decisions[1].reason or "max_excluded" in ledger.decisions[1].reason
+    manifest = _core.CkptManifest.read(os.path.join(tmp_path, "checkpoints"))
+    assert manifest.decision.action == "escalate" and manifest.decision.status == "pending"
+
+    # The node repaired: the operator releases the escalation and the job resumes and finishes.
+    from lm_resiliency.recovery import release_escalation
+
+    assert release_escalation(os.path.join(tmp_path, "checkpoints"))
+    healed = [a for a in cmd if a != "--recurring"]
+    healed[healed.index("--fault-step") + 1] = "0"
+    run = subprocess.run(healed, capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr[-4000:]
+    with open(os.path.join(tmp_path, "summary.json"), encoding="utf-8") as f:
+        assert json.load(f)["completed"] == 24

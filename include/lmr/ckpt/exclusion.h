@@ -18,6 +18,8 @@
 #include <string_view>
 #include <vector>
 
+#include "lmr/ckpt/manifest.h"
+
 namespace lmr::ckpt {
 
 enum class BlameKind { kSdc, kComputeStraggler, kCommStraggler, kHealth, kHang };
@@ -97,5 +99,10 @@ ExclusionLedger readLedger(const std::string& directory);
 // blamed host the job does not run on (already excluded), or a policy out of range.
 ExclusionDecision decideExclusion(const RecoveryPolicy& policy, ExclusionLedger& ledger, const Blame& blame,
                                   std::int64_t nodes);
+
+// The recovery decision that carries `exclusion` out: its action and culprit, the reason
+// extended; an escalation does not send the ranks to a relaunch (restart false: the job stops).
+// A warning changes nothing.
+void applyExclusion(RecoveryDecision& decision, const ExclusionDecision& exclusion, const Blame& blame);
 
 }  // namespace lmr::ckpt

@@ -58,6 +58,12 @@ struct RecoveryDecision {
   // state tainted, so the job must go back; other failures already stopped or slowed the job
   // and its launcher restarts it. Manifests written before this field read it so.
   bool restart = false;
+  // What recovery does about who the failure blames (lmr::ckpt::decideExclusion, exclusion.h):
+  // "rollback", "exclude_and_rollback" or "escalate" (the job stops: it cannot heal), and the
+  // blamed ranks and their hosts. Manifests written before these fields read "rollback", none.
+  std::string action = "rollback";
+  std::vector<std::int64_t> blamed_ranks;
+  std::vector<std::string> blamed_hosts;
   bool operator==(const RecoveryDecision&) const = default;
 };
 

@@ -37,11 +37,19 @@ RecoveryDecision selectRecovery(const Manifest& manifest, Failure failure, std::
 // failure (a crash or a stop nobody diagnosed) at the newest one's step, taken under
 // `job_topology` (which becomes the manifest's); nullopt when it lists none (a fresh start).
 // The plan's decision may be unavailable (nothing trusted): the job then starts over.
+// A pending decision that escalated (the job cannot heal) is not resumed from: the plan says
+// stop, and every relaunch stops at once instead of looping.
 struct ResumePlan {
   RecoveryDecision decision;
   bool undiagnosed = false;  // there was no pending decision: this one is decided here
+  bool stop = false;         // the pending decision escalated: do not train
 };
 std::optional<ResumePlan> planResume(Manifest& manifest, const std::string& job_topology, double now = 0.0);
+
+// After an operator repaired or drained the blamed node: a pending escalation becomes the
+// rollback it would have been, so the next start resumes from its checkpoint. False (nothing
+// changed) when the manifest holds no pending escalation.
+bool releaseEscalation(Manifest& manifest);
 
 // A job continues the manifest's timeline from `step` (completed optimizer steps):
 // checkpoints after it belong to an abandoned timeline and leave the manifest (returned, for

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from lm_resiliency import _core
-from lm_resiliency.agree import problems
+from lm_resiliency.agree import gather, problems
 from lm_resiliency.attach import CERTIFICATION
 from lm_resiliency.checkpoint.config import DurableCheckpointConfig
 from lm_resiliency.checkpoint.manifest_io import is_distributed, read_manifest, retire_abandoned
@@ -31,6 +31,7 @@ from lm_resiliency.errors import InvalidArgumentError, describe
 from lm_resiliency.frameworks.checkpoint_files import step_folder
 from lm_resiliency.orchestration import OrchestrationHooks
 from lm_resiliency.progress import checkpoint_io, forbid_collectives
+from lm_resiliency.rank_state import node_id
 
 log = logging.getLogger("lm_resiliency.checkpoint")
 
@@ -76,6 +77,9 @@ class CheckpointCertifier:
         attachment = harness._attachment
         self.topology = topology_digest(attachment.adapter, attachment.model, world, self._group)
         self.catalog = harness.catalog()
+        self._nodes = gather(node_id(), self._group)  # where each rank runs: what exclusion names
+        # The ranks and surfaces this rank's evidence blamed at the last outcome it took.
+        self._blamed: tuple[set[int], set[str]] = (set(), set())
         if self._distributed:
             catalogs: list[Any] = [None] * world
             dist.all_gather_object(catalogs, self.catalog, group=self._group)
@@ -174,6 +178,9 @@ class CheckpointCertifier:
             if result is None:
                 return _INCONCLUSIVE, [False] * len(self.catalog), f"no check result on rank {self.rank}"
             severity, accepted, reason = outcome_of(result, self.catalog)
+            evidence = [r for r in (result, finding) if r is not None]
+            self._blamed = ({rank for r in evidence for rank in r.sdc_ranks},
+                            {source for r in evidence for source in r.sdc_sources})
             if finding is not None and finding is not result:
                 s, _, why = outcome_of(finding, self.catalog)
                 if s > severity:
@@ -347,6 +354,8 @@ class CheckpointCertifier:
 
     def _decide(self, failure: str, step: int, emergency: str = "not_run") -> Any:
         decision = _core.select_recovery(self._core.manifest, failure, step, emergency, time.time())
+        if failure == "sdc" and self.config.self_healing:
+            decision = self._exclusion(decision, step)
         if self._distributed:
             box = [decision.to_json() if self._writer else None]
             dist.broadcast_object_list(box, src=self.config.writer_rank, group=self._group)
@@ -364,13 +373,38 @@ class CheckpointCertifier:
         log.warning("recovery decision at step %d: %s", step, decision.reason)
         if self._hooks is not None:
             self._hooks.deliver_recovery_decision(decision)
-        if self.config.self_healing and decision.restart and written:
+        leaves = decision.restart or decision.action == "escalate"
+        if self.config.self_healing and leaves and written:
             from lm_resiliency.recovery import leave_for_restart
 
             leave_for_restart(decision, self.config.exit_code)
-        elif self.config.self_healing and decision.restart:
+        elif self.config.self_healing and leaves:
             log.error("not leaving for a restart: the trust manifest in %s could not be written", self.config.directory)
         return decision
+
+    def _exclusion(self, decision: Any, step: int) -> Any:
+        """`decision` with what lmr::ckpt::decideExclusion says about the culprit (the ranks
+        any rank's evidence blamed, their nodes), recorded in the exclusion ledger by the
+        writer; unchanged when that fails (a warning: the rollback still happens).
+        Collective (one gather); only the writer's result counts (broadcast by _decide)."""
+        everyone = gather((sorted(self._blamed[0]), sorted(self._blamed[1])), self._group)
+        blamed = sorted({rank for ranks, _ in everyone for rank in ranks})
+        sources = sorted({source for _, found in everyone for source in found})
+        if not self._writer or not blamed:
+            return decision
+        try:
+            ledger = _core.ExclusionLedger.read(self.config.directory)
+            hosts = sorted({self._nodes[r] for r in blamed})
+            exclusion = _core.decide_exclusion(self.config.recovery_policy, ledger, "sdc", blamed, hosts, sources,
+                                               step, self._core.manifest.generation, len(set(self._nodes)))
+            with checkpoint_io():
+                ledger.write(self.config.directory)
+            log.warning("exclusion decision for %s (ranks %s): %s: %s", ", ".join(hosts), blamed, exclusion.action,
+                        exclusion.reason)
+            return _core.apply_exclusion(decision, exclusion, blamed)
+        except Exception as e:  # noqa: BLE001 - the rollback goes on without the exclusion decision
+            log.warning("the exclusion decision at step %d failed: %s", step, describe(e))
+            return decision
 
     # --- inspection --------------------------------------------------------------------
 

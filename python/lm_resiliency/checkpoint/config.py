@@ -23,14 +23,33 @@ with plain PyTorch's, over torch.distributed.checkpoint (frameworks/pytorch_chec
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from typing import Any, Callable, Optional
 
+from lm_resiliency import _core
 from lm_resiliency.checkpoint.latest import LatestTier
 from lm_resiliency.errors import InvalidArgumentError
 
+
+def _policy(value: Any) -> Any:
+    """A _core.RecoveryPolicy from `value` (strictly parsed: an unknown field is named)."""
+    if value is None:
+        value = {}
+    if isinstance(value, dict):
+        value = _core.RecoveryPolicy.from_json(json.dumps({"max_excluded": 0, **value}), "recovery_policy")
+    if not isinstance(value, _core.RecoveryPolicy):
+        raise InvalidArgumentError(f"recovery_policy must be a RecoveryPolicy, a dict or None, got {value!r}")
+    if value.max_excluded != 0:
+        raise InvalidArgumentError("recovery_policy.max_excluded must be 0 in this release: excluding a node from a "
+                                   "running torchrun job is not available yet (a culprit that comes back escalates)")
+    return value
+
 # The exit status of a rank leaving for a self-healing restart (EX_TEMPFAIL: try again).
 RECOVERY_EXIT_CODE = 75
+# The exit status of a rank when self-healing cannot heal the job (EX_UNAVAILABLE): the same
+# culprit again where it cannot be excluded. Every relaunch stops with it at once.
+ESCALATE_EXIT_CODE = 69
 
 
 @dataclasses.dataclass
@@ -49,6 +68,11 @@ class DurableCheckpointConfig:
     # leaves at the same boundary with `exit_code`, for torchrun --max-restarts to relaunch.
     self_healing: bool = False
     exit_code: int = RECOVERY_EXIT_CODE
+    # What self-healing does about a culprit that comes back (lmr::ckpt::RecoveryPolicy: a
+    # _core.RecoveryPolicy, a dict of its fields, or None for the defaults). This release
+    # cannot take a node out of a running torchrun job yet, so max_excluded must be 0: a host
+    # blamed again escalates (the job stops with ESCALATE_EXIT_CODE) instead of looping.
+    recovery_policy: Any = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.directory, (str, os.PathLike)) or not os.fspath(self.directory):
@@ -73,6 +97,7 @@ class DurableCheckpointConfig:
             raise InvalidArgumentError(f"latest must be a LatestTier, got {type(self.latest).__name__}")
         if not isinstance(self.self_healing, bool):
             raise InvalidArgumentError(f"self_healing must be a bool, got {self.self_healing!r}")
+        self.recovery_policy = _policy(self.recovery_policy)
 
     @classmethod
     def for_dcp(cls, model: Any, optimizer: Any, directory: str, *, scheduler: Any = None, data_state: Any = None,

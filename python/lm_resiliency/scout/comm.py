@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import collections
 import inspect
-import socket
 import threading
 import time
 from typing import Any, Optional
@@ -36,6 +35,7 @@ import torch.distributed as dist
 
 from lm_resiliency import _core
 from lm_resiliency.agree import gather
+from lm_resiliency.rank_state import node_id
 from lm_resiliency.errors import InvalidArgumentError
 from lm_resiliency.fabric import FabricReading
 from lm_resiliency.scout.guard import describe, log
@@ -228,7 +228,7 @@ def resource_map(path: Optional[str], votes: Any, world: int) -> Any:
                 parsed = _core.ResourceMap.from_json(f.read(), world)
         except Exception as e:  # noqa: BLE001 - every rank must reach the gather below
             error = f"resource map {path}: {e}"
-    reports = gather((socket.gethostname(), error), votes)
+    reports = gather((node_id(), error), votes)
     failed = [f"rank {r}: {e}" for r, (_, e) in enumerate(reports) if e is not None]
     if failed:
         raise InvalidArgumentError("; ".join(failed))

@@ -35,15 +35,17 @@ from lm_resiliency.workloads.train import TrainConfig, build, train_step
 
 
 
-def permanent_fault(step: int, rank: int, parallel: str) -> dict[str, Any]:
+def permanent_fault(step: int, rank: int, parallel: str, recurring: bool = False) -> dict[str, Any]:
     """A weight fault; under pure FSDP, where replay does not see a corrupted shard yet, a
-    faulty block output instead."""
+    faulty block output instead. `recurring`: it comes back after every recovery, as a broken
+    GPU's does (retrigger every_attempt)."""
     target = {"rank": rank, "component": "transformer_block", "index": 0, "surface": "weight"}
     parameters: dict[str, Any] = {"operation": "scale", "factor": 4.0, "scope": "1%", "parameter": "attention.wq.weight"}
     if parallel == "fsdp2":
         target["surface"], parameters = "output", {"operation": "scale", "factor": 3.0, "scope": "row"}
     return {"name": "resilient-demo", "seed": 7, "incidents": [{
         "incident_id": "permanent-sdc", "trigger": {"at": [step]}, "lifetime": {"until": "recovery"},
+        "retrigger": "every_attempt" if recurring else "once",
         "faults": [{"fault_id": "f", "type": "tensor_corruption", "target": target, "parameters": parameters}]}]}
 
 
@@ -60,6 +62,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda: ranks share the GPUs over gloo")
     p.add_argument("--fault-step", type=int, default=11, help="optimizer step of the permanent fault (0: none)")
     p.add_argument("--fault-rank", type=int, default=1)
+    p.add_argument("--recurring", action="store_true", help="the fault comes back after every recovery (broken hardware)")
     p.add_argument("--check-interval", type=int, default=2)
     p.add_argument("--latest-interval", type=int, default=3)
     args = p.parse_args(argv)
@@ -84,8 +87,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     session = None
     if args.fault_step:
         store = JsonCampaignStateStore(os.path.join(args.directory, f"journal-{rank}.json"))
-        session = enable_fault_injection(model, opt, campaign=permanent_fault(args.fault_step, args.fault_rank, args.parallel),
-                                         state_store=store, completed_iterations=start)
+        campaign = permanent_fault(args.fault_step, args.fault_rank, args.parallel, args.recurring)
+        session = enable_fault_injection(model, opt, campaign=campaign, state_store=store, completed_iterations=start)
         if resumed is not None:
             session.notify_recovery()
     certifier = CheckpointCertifier(harness, config, hooks=hooks)

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <string>
 
+#include "lmr/ckpt/recovery.h"
 #include "lmr/common/error.h"
 
 namespace lmr::ckpt {
@@ -174,6 +175,59 @@ TEST(Exclusion, PolicyAndLedgerAreStrictJsonThatRoundTrips) {
   EXPECT_EQ(name(Action::kExcludeAndRollback), "exclude_and_rollback");
   EXPECT_EQ(parseBlameKind("comm_straggler"), BlameKind::kCommStraggler);
   EXPECT_THROW(parseBlameKind("SDC"), InvalidArgument);
+}
+
+// The escalation reaches the recovery decision and the manifest, and every relaunch stops at
+// once instead of rolling back again.
+TEST(Exclusion, AnEscalationStopsEveryRelaunch) {
+  Manifest m;
+  m.topology = "t";
+  m.checkpoints = {{"durable-4", 4, Tier::kDurable, TrustState::kRecoveryVerified, "/ck/4", "t", "", 4}};
+  RecoveryDecision d = selectRecovery(m, Failure::kSdc, 12);
+  ASSERT_TRUE(d.available && d.restart);
+  EXPECT_EQ(d.action, "rollback");
+  ExclusionLedger ledger;
+  const Blame b = blameOn(BlameKind::kSdc, "solo", 12, 1);
+  decideExclusion(RecoveryPolicy{}, ledger, blameOn(BlameKind::kSdc, "solo", 12, 0), 1);
+  const ExclusionDecision e = decideExclusion(RecoveryPolicy{}, ledger, b, 1);
+  ASSERT_EQ(e.action, Action::kEscalate);
+  applyExclusion(d, e, b);
+  EXPECT_EQ(d.action, "escalate");
+  EXPECT_FALSE(d.restart);
+  EXPECT_EQ(d.blamed_ranks, std::vector<std::int64_t>{2});
+  EXPECT_EQ(d.blamed_hosts, std::vector<std::string>{"solo"});
+  EXPECT_NE(d.reason.find("min_nodes"), std::string::npos) << d.reason;
+  EXPECT_EQ(parseDecision(toJson(d)), d);
+  m.decision = d;
+  auto plan = planResume(m, "t", 1.0);
+  ASSERT_TRUE(plan.has_value());
+  EXPECT_TRUE(plan->stop);
+  EXPECT_EQ(plan->decision.action, "escalate");
+  Manifest released = m;  // the operator repaired the node: the next start rolls back as it would have
+  ASSERT_TRUE(releaseEscalation(released));
+  EXPECT_FALSE(releaseEscalation(released));
+  plan = planResume(released, "t", 2.0);
+  ASSERT_TRUE(plan.has_value());
+  EXPECT_FALSE(plan->stop);
+  EXPECT_EQ(plan->decision.checkpoint_id, "durable-4");
+  EXPECT_EQ(plan->decision.action, "rollback");
+  // A decision written before the field reads as a rollback; an unknown action is refused.
+  std::string old = toJson(selectRecovery(m, Failure::kSdc, 12), -1);
+  for (const char* field : {"\"action\":\"rollback\",", "\"blamed_hosts\":[],", "\"blamed_ranks\":[],"}) {
+    ASSERT_NE(old.find(field), std::string::npos) << field;
+    old.erase(old.find(field), std::string(field).size());
+  }
+  EXPECT_EQ(parseDecision(old).action, "rollback");
+  std::string bad = toJson(d, -1);
+  bad.replace(bad.find("\"escalate\""), 10, "\"exclude\"");
+  EXPECT_NE(failureOf([&] { parseDecision(bad); }).find("action: unknown action \"exclude\""), std::string::npos)
+      << failureOf([&] { parseDecision(bad); });
+  // A warning changes nothing.
+  RecoveryDecision untouched = selectRecovery(m, Failure::kStraggler, 12);
+  const RecoveryDecision before = untouched;
+  applyExclusion(untouched, ExclusionDecision{Action::kWarn, BlameKind::kComputeStraggler, {"solo"}, {}, 1, "warn"},
+                 blameOn(BlameKind::kComputeStraggler, "solo", 12, 1));
+  EXPECT_EQ(untouched, before);
 }
 
 }  // namespace
