@@ -291,10 +291,7 @@ ExclusionLedger parseLedger(std::string_view text, std::string_view source) {
 std::string ledgerPath(const std::string& directory) { return directory + "/lmr-exclusions.json"; }
 
 void writeLedger(const std::string& directory, const ExclusionLedger& ledger) {
-  files::makeDirectories(directory);
-  const std::string path = ledgerPath(directory);
-  files::replaceFile(path, toJson(ledger) + "\n");
-  files::removeStaleTemporaries(path);
+  detail::writeDocument(directory, ledgerPath(directory), toJson(ledger));
 }
 
 ExclusionLedger readLedger(const std::string& directory) {

@@ -210,10 +210,7 @@ RecoveryDecision parseDecision(std::string_view text, std::string_view source) {
 std::string manifestPath(const std::string& directory) { return directory + "/lmr-trust-manifest.json"; }
 
 void writeManifest(const std::string& directory, const Manifest& manifest) {
-  files::makeDirectories(directory);
-  const std::string path = manifestPath(directory);
-  files::replaceFile(path, toJson(manifest) + "\n");
-  files::removeStaleTemporaries(path);
+  detail::writeDocument(directory, manifestPath(directory), toJson(manifest));
 }
 
 std::optional<Manifest> readManifest(const std::string& directory) {

@@ -6,6 +6,7 @@
 #include <string>
 #include <string_view>
 
+#include "lmr/common/files.h"
 #include "lmr/common/json.h"
 
 namespace lmr::ckpt::detail {
@@ -31,6 +32,15 @@ E parseName(const json::Json& value, const std::string& path, const E (&values)[
   const std::string text = json::asString(value, path);
   if (auto v = fromName(text, values)) return *v;
   json::fail(path, "unknown value \"" + text + "\" (expected " + namesOf(values) + ")");
+}
+
+// Writes one of lmr::ckpt's JSON documents (the trust manifest, the exclusion ledger) as
+// `path` in `directory`: complete or absent (files::replaceFile), temporaries of killed
+// writers removed.
+inline void writeDocument(const std::string& directory, const std::string& path, const std::string& text) {
+  files::makeDirectories(directory);
+  files::replaceFile(path, text + "\n");
+  files::removeStaleTemporaries(path);
 }
 
 }  // namespace lmr::ckpt::detail
