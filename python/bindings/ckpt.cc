@@ -92,7 +92,8 @@ void bindManifest(nb::module_& m) {
              const Checkpoint* c = mf.find(id);
              return c ? std::optional<Checkpoint>(*c) : std::nullopt;
            })
-      .def("set_decision", [](Manifest& mf, RecoveryDecision d) { mf.decision = std::move(d); })
+      .def("set_decision", [](Manifest& mf, RecoveryDecision d) { mf.setDecision(std::move(d)); })
+      .def_ro("history", &Manifest::history, "The decisions before the last one, oldest first.")
       .def(
           "to_json", [](const Manifest& mf, int indent) { return toJson(mf, indent); }, nb::arg("indent") = 2)
       .def_static(

@@ -154,16 +154,26 @@ Checkpoint* Manifest::find(std::string_view id) {
 
 const Checkpoint* Manifest::find(std::string_view id) const { return const_cast<Manifest*>(this)->find(id); }
 
+void Manifest::setDecision(RecoveryDecision d) {
+  if (decision && !(*decision == d)) {
+    history.push_back(std::move(*decision));
+    if (history.size() > kDecisionHistory) history.erase(history.begin());
+  }
+  decision = std::move(d);
+}
+
 std::string toJson(const Manifest& m, int indent) {
-  Json checkpoints = Json::array();
+  Json checkpoints = Json::array(), history = Json::array();
   for (const auto& c : m.checkpoints) checkpoints.push_back(checkpointJson(c));
+  for (const auto& d : m.history) history.push_back(decisionJson(d));
   Json doc{{"schema_version", kManifestSchemaVersion},
            {"kind", kKind},
            {"topology", m.topology},
            {"generation", m.generation},
            {"tainted_since", m.tainted_since ? Json(*m.tainted_since) : Json(nullptr)},
            {"checkpoints", checkpoints},
-           {"decision", m.decision ? decisionJson(*m.decision) : Json(nullptr)}};
+           {"decision", m.decision ? decisionJson(*m.decision) : Json(nullptr)},
+           {"history", history}};
   return doc.dump(indent);
 }
 
@@ -171,12 +181,17 @@ Manifest parseManifest(std::string_view text, std::string_view source) {
   const Json v = json::parse(text, source).value;
   const std::string root;
   json::requireObject(v, root);
-  json::requireKnownKeys(
-      v, root, {"schema_version", "kind", "topology", "generation", "tainted_since", "checkpoints", "decision"});
   const std::int64_t version = json::asInteger(json::requireMember(v, root, "schema_version"), "schema_version");
-  if (version != kManifestSchemaVersion)
-    json::fail("schema_version", "unsupported version " + std::to_string(version) + " (this build reads " +
+  if (version != 1 && version != kManifestSchemaVersion)
+    json::fail("schema_version", "unsupported version " + std::to_string(version) + " (this build reads 1 to " +
                                      std::to_string(kManifestSchemaVersion) + ")");
+  if (version == 1)
+    json::requireKnownKeys(
+        v, root, {"schema_version", "kind", "topology", "generation", "tainted_since", "checkpoints", "decision"});
+  else
+    json::requireKnownKeys(
+        v, root,
+        {"schema_version", "kind", "topology", "generation", "tainted_since", "checkpoints", "decision", "history"});
   if (json::asString(json::requireMember(v, root, "kind"), "kind") != kKind)
     json::fail("kind", std::string("expected \"") + kKind + "\"");
   Manifest m;
@@ -198,6 +213,12 @@ Manifest parseManifest(std::string_view text, std::string_view source) {
   }
   const Json& decision = json::requireMember(v, root, "decision");
   if (!decision.is_null()) m.decision = parseDecisionValue(decision, "decision");
+  if (version >= 2) {
+    const Json& history = json::requireMember(v, root, "history");
+    if (!history.is_array()) json::fail("history", "must be an array, got " + json::describe(history));
+    for (std::size_t i = 0; i < history.size(); ++i)
+      m.history.push_back(parseDecisionValue(history[i], json::item("history", i)));
+  }
   return m;
 }
 

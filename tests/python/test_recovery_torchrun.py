@@ -5,8 +5,10 @@ it, it resumes from the verified checkpoint and finishes with no further attribu
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import sysconfig
 
 import pytest
 
@@ -54,6 +56,12 @@ def test_a_fault_that_follows_the_hardware_escalates_instead_of_looping(tmp_path
     assert "min_nodes" in ledger.decisions[1].reason or "max_excluded" in ledger.decisions[1].reason
     manifest = _core.CkptManifest.read(os.path.join(tmp_path, "checkpoints"))
     assert manifest.decision.action == "escalate" and manifest.decision.status == "pending"
+    assert [(d.action, d.status) for d in manifest.history] == [("rollback", "applied")]  # generation 0's
+    lmr_cli = shutil.which("lmr", path=sysconfig.get_path("scripts"))
+    inspect = subprocess.run([lmr_cli, "ckpt", "inspect", os.path.join(tmp_path, "checkpoints")], capture_output=True,
+                             text=True, env=env)
+    assert "escalate" in inspect.stdout and "blamed: node-a" in inspect.stdout, inspect.stdout
+    assert "earlier decisions (1):" in inspect.stdout, inspect.stdout
 
     # The node repaired: the operator releases the escalation, and the next start would roll
     # back to the decision's checkpoint instead of stopping (lmr::ckpt::planResume).

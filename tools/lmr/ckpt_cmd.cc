@@ -31,9 +31,22 @@ void printText(const std::string& dir, const ckpt::Manifest& m) {
     return;
   }
   const auto& d = *m.decision;
-  std::cout << d.mode << " for " << d.failure << " at step " << d.decided_at << " (" << d.status << ")\n";
+  std::cout << d.mode << " for " << d.failure << " at step " << d.decided_at << " (" << d.status << ")";
+  if (d.action != "rollback") std::cout << ", " << d.action;
+  std::cout << "\n";
   if (d.available) std::cout << "  resume from " << d.checkpoint_id << " (step " << d.step << ", " << d.source << ")\n";
+  if (!d.blamed_hosts.empty()) {
+    std::cout << "  blamed:";
+    for (const auto& h : d.blamed_hosts) std::cout << " " << h;
+    std::cout << "\n";
+  }
   std::cout << "  " << d.reason << "\n";
+  if (!m.history.empty()) {
+    std::cout << "\nearlier decisions (" << m.history.size() << "):\n";
+    for (const auto& e : m.history)
+      std::cout << "  step " << e.decided_at << ": " << e.mode << " for " << e.failure << ", " << e.action << " ("
+                << e.status << ")\n";
+  }
 }
 
 }  // namespace

@@ -137,7 +137,7 @@ class Certifier {
   // The job resumed from checkpoint `id`: applyRecovery (recovery.h), and the cycle in
   // progress starts over.
   std::vector<Checkpoint> recovered(const std::string& id);
-  void setDecision(RecoveryDecision decision) { manifest_.decision = std::move(decision); }
+  void setDecision(RecoveryDecision decision) { manifest_.setDecision(std::move(decision)); }
 
   const Manifest& manifest() const { return manifest_; }
   const std::vector<std::string>& catalog() const { return catalog_; }

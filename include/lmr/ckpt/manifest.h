@@ -4,6 +4,7 @@
 // next manifest, never a torn one. Parsing is strict: an error names the JSON path.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -73,13 +74,18 @@ struct Manifest {
   std::optional<std::int64_t> tainted_since;  // SDC detected at this step and not recovered from
   std::vector<Checkpoint> checkpoints;        // ascending by step, then capture order
   std::optional<RecoveryDecision> decision;   // the last one
+  std::vector<RecoveryDecision> history;      // the ones before it, oldest first (at most kDecisionHistory)
   bool operator==(const Manifest&) const = default;
 
   Checkpoint* find(std::string_view id);
   const Checkpoint* find(std::string_view id) const;
+  // Makes `d` the decision; the one it replaces (unless it is `d` itself) joins the history.
+  void setDecision(RecoveryDecision d);
 };
 
-inline constexpr int kManifestSchemaVersion = 1;
+// Version 2 added the decision history; a version 1 manifest reads with an empty one.
+inline constexpr int kManifestSchemaVersion = 2;
+inline constexpr std::size_t kDecisionHistory = 64;
 
 std::string toJson(const Manifest& manifest, int indent = 2);
 // Strict: schema_version, kind, every field typed, unknown keys, duplicate ids and steps out

@@ -69,7 +69,7 @@ TEST(Manifest, MalformedInputNamesTheJsonPath) {
             std::string::npos);
   EXPECT_NE(errorOf(with("\"generation\":2", "\"generation\":2,\"extra\":1")).find("extra: unknown field"),
             std::string::npos);
-  EXPECT_NE(errorOf(with("\"schema_version\":1", "\"schema_version\":2")).find("schema_version: unsupported"),
+  EXPECT_NE(errorOf(with("\"schema_version\":2", "\"schema_version\":3")).find("schema_version: unsupported"),
             std::string::npos);
   EXPECT_NE(errorOf(with("\"available\":true", "\"available\":false")).find("decision.available"), std::string::npos);
   EXPECT_NE(errorOf(with("\"mode\":\"rollback_verified\"", "\"mode\":\"x\"")).find("decision.mode"), std::string::npos);
@@ -139,6 +139,38 @@ TEST(Manifest, ADecisionWithoutRestartReadsAsItsFailureMeantIt) {
   } catch (const InvalidArgument& e) {
     EXPECT_NE(e.message().find("restart"), std::string::npos) << e.message();
   }
+}
+
+// Each new decision keeps the one it replaces; version 1 manifests (before the history) read
+// with an empty one, and a history in a version 1 document is refused as unknown.
+TEST(Manifest, DecisionsAcrossGenerationsAreKept) {
+  Manifest m = sample();
+  const RecoveryDecision first = *m.decision;
+  m.setDecision(first);  // the same decision again: no history entry
+  EXPECT_TRUE(m.history.empty());
+  RecoveryDecision second = first;
+  second.decided_at = first.decided_at + 10;
+  second.action = "escalate";
+  m.setDecision(second);
+  ASSERT_EQ(m.history.size(), 1u);
+  EXPECT_EQ(m.history[0], first);
+  EXPECT_EQ(parseManifest(toJson(m)), m);
+  for (std::size_t i = 0; i < kDecisionHistory + 5; ++i) {
+    second.decided_at += 1;
+    m.setDecision(second);
+  }
+  EXPECT_EQ(m.history.size(), kDecisionHistory);
+
+  std::string v1 = toJson(sample(), -1);
+  v1.replace(v1.find("\"schema_version\":2"), 18, "\"schema_version\":1");
+  const std::string empty_history = ",\"history\":[]";
+  ASSERT_NE(v1.find(empty_history), std::string::npos) << v1;
+  std::string with_history = v1;
+  v1.erase(v1.find(empty_history), empty_history.size());
+  Manifest old = parseManifest(v1);
+  EXPECT_TRUE(old.history.empty());
+  EXPECT_EQ(old.decision, sample().decision);
+  EXPECT_NE(errorOf(with_history).find("history: unknown field"), std::string::npos) << errorOf(with_history);
 }
 
 }  // namespace
