@@ -171,6 +171,7 @@ class CheckpointCertifier:
         its SDC findings change what a checkpoint may be trusted with)."""
         self._scan_integrity()
         finding, self._integrity_finding = self._integrity_finding, None
+        self._blamed = (set(), set())  # what this outcome blames; nothing when it fails
         try:
             if result is None:
                 result = next((r for r in reversed(self._harness.results)
