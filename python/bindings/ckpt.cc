@@ -177,12 +177,12 @@ void bindCertifier(nb::module_& m) {
       "(outcome, accepted by catalog position, reason) of one rank's check result (lmr::ckpt::classify).");
   m.def(
       "select_recovery",
-      [](const Manifest& mf, const std::string& failure, std::int64_t at_step, const std::string& emergency,
-         double now) {
-        return selectRecovery(mf, parseFailure(failure), at_step, parseEmergencyReplay(emergency), now);
+      [](const Manifest& mf, const std::string& failure, std::int64_t at_step, const std::string& emergency, double now,
+         bool durable_only) {
+        return selectRecovery(mf, parseFailure(failure), at_step, parseEmergencyReplay(emergency), now, durable_only);
       },
       nb::arg("manifest"), nb::arg("failure"), nb::arg("at_step"), nb::arg("emergency") = "not_run",
-      nb::arg("now") = 0.0);
+      nb::arg("now") = 0.0, nb::arg("durable_only") = false);
   m.def(
       "emergency_verdict",
       [](const std::string& worst, const std::vector<bool>& accepted) {
@@ -202,7 +202,20 @@ void bindCertifier(nb::module_& m) {
       "(decision, undiagnosed, stop) a starting job resumes from, or None (lmr::ckpt::planResume).");
   m.def("release_escalation", &releaseEscalation, nb::arg("manifest"),
         "Turns a pending escalation back into its rollback (in place); False when there is none.");
-  m.def("require_topology", &requireTopology);
+  m.def("require_topology", &requireTopology, nb::arg("checkpoint"), nb::arg("topology"), nb::arg("reshards") = false,
+        "True when `checkpoint` loads resharded here; InvalidArgument when it cannot be loaded "
+        "(lmr::ckpt::requireTopology).");
+  m.def(
+      "match_topology",
+      [](const std::string& saved, const std::string& job) {
+        switch (matchTopology(saved, job)) {
+          case TopologyMatch::kSame: return "same";
+          case TopologyMatch::kResharded: return "resharded";
+          case TopologyMatch::kOtherModel: break;
+        }
+        return "other_model";
+      },
+      nb::arg("saved"), nb::arg("job"), "\"same\", \"resharded\" or \"other_model\" (lmr::ckpt::matchTopology).");
   m.def(
       "apply_recovery", [](Manifest& mf, const std::string& id) { return applyRecovery(mf, id); },
       "Marks the manifest as resumed from checkpoint `id` (in place); returns the abandoned checkpoints.");

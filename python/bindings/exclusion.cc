@@ -68,12 +68,18 @@ void registerExclusion(nb::module_& m) {
       .def(nb::self == nb::self);
   m.def("exclusion_ledger_path", &ledgerPath);
   m.def(
+      "readmit", [](ExclusionLedger& ledger, const std::string& host) { return readmit(ledger, host); },
+      nb::arg("ledger"), nb::arg("host"),
+      "Takes a repaired host off the excluded list (in place; lmr::ckpt::readmit); False when it was not on it.");
+  m.def(
       "apply_exclusion",
-      [](RecoveryDecision decision, const ExclusionDecision& exclusion, std::vector<std::int64_t> ranks) {
-        applyExclusion(decision, exclusion, Blame{exclusion.kind, std::move(ranks), exclusion.hosts, {}, 0, 0});
+      [](RecoveryDecision decision, const ExclusionDecision& exclusion, std::vector<std::int64_t> ranks,
+         const Manifest& manifest) {
+        applyExclusion(decision, exclusion, Blame{exclusion.kind, std::move(ranks), exclusion.hosts, {}, 0, 0},
+                       manifest);
         return decision;
       },
-      nb::arg("decision"), nb::arg("exclusion"), nb::arg("ranks"),
+      nb::arg("decision"), nb::arg("exclusion"), nb::arg("ranks"), nb::arg("manifest"),
       "The RecoveryDecision that carries `exclusion` out (lmr::ckpt::applyExclusion); a new object.");
 
   m.def(

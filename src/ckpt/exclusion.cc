@@ -243,6 +243,10 @@ bool ExclusionLedger::isExcluded(std::string_view host) const {
   return std::any_of(excluded.begin(), excluded.end(), [&](const ExcludedHost& e) { return e.host == host; });
 }
 
+bool readmit(ExclusionLedger& ledger, std::string_view host) {
+  return std::erase_if(ledger.excluded, [&](const ExcludedHost& e) { return e.host == host; }) > 0;
+}
+
 std::string toJson(const ExclusionLedger& ledger, int indent) {
   Json history = Json::array(), decisions = Json::array(), excluded = Json::array();
   for (const auto& b : ledger.history) history.push_back(blameJson(b));
@@ -356,13 +360,27 @@ ExclusionDecision decideExclusion(const RecoveryPolicy& policy, ExclusionLedger&
   return d;
 }
 
-void applyExclusion(RecoveryDecision& decision, const ExclusionDecision& exclusion, const Blame& blame) {
+void applyExclusion(RecoveryDecision& decision, const ExclusionDecision& exclusion, const Blame& blame,
+                    const Manifest& manifest) {
   if (exclusion.action == Action::kWarn) return;
-  decision.action = std::string(name(exclusion.action));
+  Action action = exclusion.action;
+  std::string reason = exclusion.reason;
+  if (action == Action::kExcludeAndRollback && decision.available && decision.tier == name(Tier::kLatest)) {
+    RecoveryDecision durable = selectRecovery(manifest, parseFailure(decision.failure), decision.decided_at,
+                                              EmergencyReplay::kNotRun, decision.decided_time, true);
+    if (durable.available) {
+      durable.restart = decision.restart;
+      decision = std::move(durable);
+    } else {
+      action = Action::kEscalate;
+      reason += "; but no durable RECOVERY_VERIFIED checkpoint exists to resume on other nodes";
+    }
+  }
+  decision.action = std::string(name(action));
   decision.blamed_ranks = blame.ranks;
   decision.blamed_hosts = blame.hosts;
-  decision.reason += "; " + exclusion.reason;
-  if (exclusion.action == Action::kEscalate) decision.restart = false;
+  decision.reason += "; " + reason;
+  if (action == Action::kEscalate) decision.restart = false;
 }
 
 }  // namespace lmr::ckpt

@@ -18,12 +18,20 @@ E parseName(std::string_view text, const E (&values)[N], const char* what) {
                         detail::namesOf(values) + ")");
 }
 
-// The newest checkpoint under the job's topology satisfying `usable`; at one step the fast
-// tier first (it loads faster and holds the same state).
-const Checkpoint* newest(const Manifest& m, bool verified_only) {
+// Whether the job (the manifest's topology) can select `c`: its own layout, or the same model
+// from the durable tier (which may reshard on load; the load checks the back end).
+bool selectable(const Manifest& m, const Checkpoint& c, bool durable_only) {
+  if (durable_only && c.tier == Tier::kLatest) return false;
+  const TopologyMatch match = matchTopology(c.topology, m.topology);
+  return match == TopologyMatch::kSame || (match == TopologyMatch::kResharded && c.tier == Tier::kDurable);
+}
+
+// The newest checkpoint the job can select satisfying `usable`; at one step the fast tier first
+// (it loads faster and holds the same state).
+const Checkpoint* newest(const Manifest& m, bool verified_only, bool durable_only) {
   const Checkpoint* best = nullptr;
   for (const auto& c : m.checkpoints) {
-    if (c.state == TrustState::kRejected || c.topology != m.topology) continue;
+    if (c.state == TrustState::kRejected || !selectable(m, c, durable_only)) continue;
     if (verified_only && c.state != TrustState::kRecoveryVerified) continue;
     if (!best || c.step > best->step || (c.step == best->step && c.tier == Tier::kLatest)) best = &c;
   }
@@ -58,8 +66,16 @@ EmergencyReplay parseEmergencyReplay(std::string_view text) {
   return parseName(text, kReplays, "emergency replay outcome");
 }
 
+TopologyMatch matchTopology(std::string_view saved, std::string_view job) {
+  if (saved == job) return TopologyMatch::kSame;
+  const auto slash_saved = saved.find('/'), slash_job = job.find('/');
+  if (slash_saved == std::string_view::npos || slash_job == std::string_view::npos) return TopologyMatch::kOtherModel;
+  return saved.substr(0, slash_saved) == job.substr(0, slash_job) ? TopologyMatch::kResharded
+                                                                  : TopologyMatch::kOtherModel;
+}
+
 RecoveryDecision selectRecovery(const Manifest& m, Failure failure, std::int64_t at_step, EmergencyReplay emergency,
-                                double now) {
+                                double now, bool durable_only) {
   RecoveryDecision d;
   d.decided_time = now;
   d.failure = std::string(name(failure));
@@ -86,11 +102,12 @@ RecoveryDecision selectRecovery(const Manifest& m, Failure failure, std::int64_t
     verified_only = true;
     why += "; but SDC was detected at step " + std::to_string(*m.tainted_since) + ", so only a verified state";
   }
-  const Checkpoint* c = newest(m, verified_only);
+  if (durable_only) why += "; durable tier only (fast-tier snapshots stay on their nodes)";
+  const Checkpoint* c = newest(m, verified_only, durable_only);
   if (!c) {
     d.mode = "unavailable";
-    d.reason =
-        why + "; no " + (verified_only ? "RECOVERY_VERIFIED" : "usable") + " checkpoint under the job's topology";
+    d.reason = why + "; no " + (verified_only ? "RECOVERY_VERIFIED" : "usable") + (durable_only ? " durable" : "") +
+               " checkpoint this job can load";
     return d;
   }
   d.mode = verified_only ? "rollback_verified" : "resume_latest";
@@ -145,11 +162,26 @@ std::vector<Checkpoint> applyRecovery(Manifest& m, const std::string& id) {
   return out;
 }
 
-void requireTopology(const Checkpoint& c, const std::string& job_topology) {
-  if (c.topology != job_topology)
-    throw InvalidArgument("checkpoint \"" + c.id + "\" was saved under topology " + c.topology +
-                          " but this job's topology is " + job_topology +
-                          " (world size, mesh or parameter shapes differ): it cannot be loaded here");
+bool requireTopology(const Checkpoint& c, const std::string& job_topology, bool reshards) {
+  switch (matchTopology(c.topology, job_topology)) {
+    case TopologyMatch::kSame: return false;
+    case TopologyMatch::kOtherModel:
+      if (c.topology.find('/') == std::string::npos && job_topology.find('/') != std::string::npos)
+        throw InvalidArgument("checkpoint \"" + c.id + "\" was recorded by an earlier version (topology " + c.topology +
+                              ", one digest) that this version cannot compare with " + job_topology +
+                              ": resume it with that version, or start a new run");
+      throw InvalidArgument("checkpoint \"" + c.id + "\" holds another model (topology " + c.topology +
+                            ", this job's " + job_topology +
+                            "): parameter names, shapes or dtypes differ, so it cannot be loaded here");
+    case TopologyMatch::kResharded: break;
+  }
+  if (c.tier != Tier::kDurable || !reshards)
+    throw InvalidArgument("checkpoint \"" + c.id + "\" holds this model on another layout (world size or mesh; " +
+                          c.topology + " against " + job_topology + ") and " +
+                          (c.tier != Tier::kDurable ? std::string("the fast tier keeps one file per rank")
+                                                    : std::string("its checkpoint back end does not reshard")) +
+                          ": resume it on the world it was saved on, or from a durable DCP checkpoint");
+  return true;
 }
 
 }  // namespace lmr::ckpt

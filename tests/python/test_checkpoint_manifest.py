@@ -133,15 +133,16 @@ def test_resume_refuses_a_checkpoint_of_another_topology(tmp_path):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     loaded = []
     config = DurableCheckpointConfig(str(tmp_path), lambda step, path: None, loaded.append)
-    base = CkptManifest()
-    base.topology = "saved-elsewhere"
-    c = _core.Certifier(["embedding"], base)
-    c.captured(_core.CkptCheckpoint("durable-2", 2, "durable", "RECOVERY_VERIFIED", "/ck/2", "saved-elsewhere"))
-    c.set_decision(select_recovery(c.manifest, "sdc", 5))
-    c.manifest.write(str(tmp_path))
-    with pytest.raises(InvalidArgumentError, match="was saved under topology saved-elsewhere"):
-        resume(config, model, opt)
-    assert loaded == [] and CkptManifest.read(str(tmp_path)).decision.status == "pending"  # nothing changed
+    for saved, error in (("0a1b/2c3d", "holds another model"), ("saved-elsewhere", "recorded by an earlier version")):
+        base = CkptManifest()
+        base.topology = saved
+        c = _core.Certifier(["embedding"], base)
+        c.captured(_core.CkptCheckpoint("durable-2", 2, "durable", "RECOVERY_VERIFIED", "/ck/2", saved))
+        c.set_decision(select_recovery(c.manifest, "sdc", 5))
+        c.manifest.write(str(tmp_path))
+        with pytest.raises(InvalidArgumentError, match=error):
+            resume(config, model, opt)
+        assert loaded == [] and CkptManifest.read(str(tmp_path)).decision.status == "pending"  # nothing changed
     assert resume(DurableCheckpointConfig(str(tmp_path / "new"), lambda s, p: None, loaded.append), model, opt) is None
 
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "lmr/ckpt/manifest.h"
+#include "lmr/ckpt/recovery.h"
 
 namespace lmr::ckpt {
 
@@ -100,9 +101,17 @@ ExclusionLedger readLedger(const std::string& directory);
 ExclusionDecision decideExclusion(const RecoveryPolicy& policy, ExclusionLedger& ledger, const Blame& blame,
                                   std::int64_t nodes);
 
+// After an operator repaired `host`: it leaves the excluded list, so it may join the job again
+// and no longer counts against max_excluded. Its earlier blames stay in the history: blamed
+// again, it is excluded at once. False (nothing changed) when `host` is not excluded.
+bool readmit(ExclusionLedger& ledger, std::string_view host);
+
 // The recovery decision that carries `exclusion` out: its action and culprit, the reason
 // extended; an escalation does not send the ranks to a relaunch (restart false: the job stops).
+// An exclusion resumes on other nodes, so a fast-tier checkpoint (node-local files) gives way to
+// the newest durable one `manifest` holds for the same failure; with none, it escalates.
 // A warning changes nothing.
-void applyExclusion(RecoveryDecision& decision, const ExclusionDecision& exclusion, const Blame& blame);
+void applyExclusion(RecoveryDecision& decision, const ExclusionDecision& exclusion, const Blame& blame,
+                    const Manifest& manifest);
 
 }  // namespace lmr::ckpt

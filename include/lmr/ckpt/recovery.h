@@ -6,7 +6,9 @@
 //   hang or uncertain failure, every rank reachable -> newest usable only after a complete
 //                                                     clean emergency replay of the catalog;
 //                                                     otherwise newest RECOVERY_VERIFIED
-// A checkpoint saved under another topology is never selected. Pure functions.
+// A checkpoint of another model is never selected; one of the same model saved on another
+// layout (world size, mesh) only from the durable tier, whose back end may reshard on load.
+// Pure functions.
 #pragma once
 
 #include <cstdint>
@@ -28,9 +30,17 @@ enum class EmergencyReplay { kNotRun, kClean, kIncomplete, kSdc };
 std::string_view name(EmergencyReplay replay) noexcept;
 EmergencyReplay parseEmergencyReplay(std::string_view text);
 
-// `now`: seconds since the epoch, recorded as decided_time.
+// A job's topology is "<model>/<layout>": the model digest (every parameter's name, global shape
+// and dtype) and the layout digest (world size, data-parallel mesh). A topology written before the
+// split is one digest and matches only itself (never misread as a resharding).
+enum class TopologyMatch { kSame, kResharded, kOtherModel };
+TopologyMatch matchTopology(std::string_view saved, std::string_view job);
+
+// `now`: seconds since the epoch, recorded as decided_time. `durable_only`: the fast tier is left
+// out (its snapshots are node-local files per rank: they do not follow ranks to other nodes).
 RecoveryDecision selectRecovery(const Manifest& manifest, Failure failure, std::int64_t at_step,
-                                EmergencyReplay emergency = EmergencyReplay::kNotRun, double now = 0.0);
+                                EmergencyReplay emergency = EmergencyReplay::kNotRun, double now = 0.0,
+                                bool durable_only = false);
 
 // What a job starting up resumes from: the manifest's pending decision while its checkpoint is
 // still listed; otherwise, when the manifest lists checkpoints, the decision for an uncertain
@@ -62,7 +72,9 @@ std::vector<Checkpoint> continueFrom(Manifest& manifest, std::int64_t step);
 // InvalidArgument for an unknown or REJECTED id.
 std::vector<Checkpoint> applyRecovery(Manifest& manifest, const std::string& id);
 
-// InvalidArgument when `checkpoint` was saved under a topology other than `job_topology`.
-void requireTopology(const Checkpoint& checkpoint, const std::string& job_topology);
+// Whether this job can load `checkpoint`: true when it loads resharded (the same model on another
+// layout, from the durable tier of a back end that `reshards`). InvalidArgument, saying which,
+// for another model, or for another layout the checkpoint's tier or back end cannot reshard.
+bool requireTopology(const Checkpoint& checkpoint, const std::string& job_topology, bool reshards = false);
 
 }  // namespace lmr::ckpt

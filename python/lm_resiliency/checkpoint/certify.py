@@ -31,7 +31,7 @@ from lm_resiliency.errors import InvalidArgumentError, describe
 from lm_resiliency.frameworks.checkpoint_files import step_folder
 from lm_resiliency.orchestration import OrchestrationHooks
 from lm_resiliency.progress import checkpoint_io, forbid_collectives
-from lm_resiliency.rank_state import node_id
+from lm_resiliency.rank_state import node_id, rendezvous_min_nodes
 
 log = logging.getLogger("lm_resiliency.checkpoint")
 
@@ -396,13 +396,17 @@ class CheckpointCertifier:
         try:
             ledger = _core.ExclusionLedger.read(self.config.directory)
             hosts = sorted({self._nodes[r] for r in blamed})
-            exclusion = _core.decide_exclusion(self.config.recovery_policy, ledger, "sdc", blamed, hosts, sources,
-                                               step, self._core.manifest.generation, len(set(self._nodes)))
+            policy = self.config.recovery_policy
+            if rendezvous_min_nodes() > policy.min_nodes:  # never below the rendezvous minimum
+                policy = _core.RecoveryPolicy.from_json(policy.to_json())
+                policy.min_nodes = rendezvous_min_nodes()
+            exclusion = _core.decide_exclusion(policy, ledger, "sdc", blamed, hosts, sources, step,
+                                               self._core.manifest.generation, len(set(self._nodes)))
             with checkpoint_io():
                 ledger.write(self.config.directory)
             log.warning("exclusion decision for %s (ranks %s): %s: %s", ", ".join(hosts), blamed, exclusion.action,
                         exclusion.reason)
-            return _core.apply_exclusion(decision, exclusion, blamed)
+            return _core.apply_exclusion(decision, exclusion, blamed, self._core.manifest)
         except Exception as e:  # noqa: BLE001 - the rollback goes on without the exclusion decision
             log.warning("the exclusion decision at step %d failed: %s", step, describe(e))
             return decision

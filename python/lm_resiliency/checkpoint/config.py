@@ -37,12 +37,9 @@ def _policy(value: Any) -> Any:
     if value is None:
         value = {}
     if isinstance(value, dict):
-        value = _core.RecoveryPolicy.from_json(json.dumps({"max_excluded": 0, **value}), "recovery_policy")
+        value = _core.RecoveryPolicy.from_json(json.dumps(value), "recovery_policy")
     if not isinstance(value, _core.RecoveryPolicy):
         raise InvalidArgumentError(f"recovery_policy must be a RecoveryPolicy, a dict or None, got {value!r}")
-    if value.max_excluded != 0:
-        raise InvalidArgumentError("recovery_policy.max_excluded must be 0 in this release: excluding a node from a "
-                                   "running torchrun job is not available yet (a culprit that comes back escalates)")
     return value
 
 # The exit status of a rank leaving for a self-healing restart (EX_TEMPFAIL: try again).
@@ -50,6 +47,8 @@ RECOVERY_EXIT_CODE = 75
 # The exit status of a rank when self-healing cannot heal the job (EX_UNAVAILABLE): the same
 # culprit again where it cannot be excluded. Every relaunch stops with it at once.
 ESCALATE_EXIT_CODE = 69
+# The exit status of the torchrun agent of a node the job excluded (it leaves the rendezvous
+# and the others go on without it): lm_resiliency.rendezvous.
 
 
 @dataclasses.dataclass
@@ -69,10 +68,14 @@ class DurableCheckpointConfig:
     self_healing: bool = False
     exit_code: int = RECOVERY_EXIT_CODE
     # What self-healing does about a culprit that comes back (lmr::ckpt::RecoveryPolicy: a
-    # _core.RecoveryPolicy, a dict of its fields, or None for the defaults). This release
-    # cannot take a node out of a running torchrun job yet, so max_excluded must be 0: a host
-    # blamed again escalates (the job stops with ESCALATE_EXIT_CODE) instead of looping.
+    # _core.RecoveryPolicy, a dict of its fields, or None for the defaults): by default an SDC
+    # blamed on the same node again after a rollback excludes that node, which leaves the job
+    # through torchrun's rendezvous (--rdzv-backend lmr-c10d, docs/recovery.md); where nothing
+    # can be excluded the job escalates (stops with ESCALATE_EXIT_CODE) instead of looping.
     recovery_policy: Any = None
+    # Whether load_checkpoint restores the same model saved by another world size or mesh
+    # (resharding on load, as DCP does): a job that lost a node resumes from such a checkpoint.
+    reshards: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.directory, (str, os.PathLike)) or not os.fspath(self.directory):
@@ -95,8 +98,9 @@ class DurableCheckpointConfig:
             raise InvalidArgumentError("latest_interval needs a latest tier (latest=LocalSnapshotTier(...))")
         if self.latest is not None and not isinstance(self.latest, LatestTier):
             raise InvalidArgumentError(f"latest must be a LatestTier, got {type(self.latest).__name__}")
-        if not isinstance(self.self_healing, bool):
-            raise InvalidArgumentError(f"self_healing must be a bool, got {self.self_healing!r}")
+        for name in ("self_healing", "reshards"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidArgumentError(f"{name} must be a bool, got {getattr(self, name)!r}")
         self.recovery_policy = _policy(self.recovery_policy)
 
     @classmethod
@@ -130,5 +134,6 @@ class DurableCheckpointConfig:
         if latest is None and latest_interval:
             latest = LocalSnapshotTier(model, optimizer, scheduler=scheduler, data_state=data_state,
                                        directory=latest_directory, keep=keep_latest)
+        options.setdefault("reshards", bool(getattr(backend, "reshards", False)))
         return cls(directory=directory, latest=latest, latest_interval=latest_interval,
                    **{**backend.callbacks(), **options})

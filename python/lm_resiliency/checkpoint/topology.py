@@ -1,6 +1,7 @@
-"""The checkpoint-topology digest: what a checkpoint's layout depends on (world size, the
-data-parallel mesh, every parameter's name, global shape and dtype). A checkpoint saved
-under another digest is refused at load (lmr::ckpt::requireTopology)."""
+"""The checkpoint topology: "<model>/<layout>", the digest of every parameter's name, global
+shape and dtype, and the digest of the world size and data-parallel mesh. A checkpoint of
+another model is refused at load; one of the same model on another layout loads only from
+the durable tier of a back end that reshards (lmr::ckpt::requireTopology)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ from lm_resiliency import _core
 
 
 def topology_digest(adapter: Any, model: Any, world_size: int, group: Any = None) -> str:
-    """The digest, the same on every rank. With expert parallelism (MoE) each rank holds
+    """The topology, the same on every rank. With expert parallelism (MoE) each rank holds
     other experts under other names: every rank's parameters are gathered over `group` (a
     gloo group of the world; collective then) and their union is digested."""
     mesh = adapter.mesh_dims(world_size)
-    fields = [f"world={world_size}", f"mesh={mesh!r}"]
+    layout = [f"world={world_size}", f"mesh={mesh!r}"]
     # A sharded parameter reports its global shape, so the digest is the same on every rank.
     # A framework object that is not a module (a TorchTitan Trainer): its model parts.
     named = (model.named_parameters() if hasattr(model, "named_parameters")
@@ -26,4 +27,4 @@ def topology_digest(adapter: Any, model: Any, world_size: int, group: Any = None
         everyone: list[Any] = [None] * world_size
         dist.all_gather_object(everyone, params, group=group)
         params = sorted({f for rank in everyone for f in rank})
-    return _core.contract_digest(fields + params).hex()
+    return f"{_core.contract_digest(params).hex()}/{_core.contract_digest(layout).hex()}"

@@ -24,7 +24,8 @@ from lm_resiliency.errors import InvalidArgumentError, LmrIOError
 from lm_resiliency.rank_state import fsync_directory, rank_and_world
 
 __all__ = ["COMMITTED", "FORMAT", "MARKER", "PARTIAL", "checkpoint_problems", "commit_checkpoint", "folder_step",
-           "quarantine_checkpoint", "rank_file", "read_marker", "require_complete", "step_folder", "write_marker"]
+           "quarantine_checkpoint", "rank_file", "read_marker", "require_complete", "source_rank", "step_folder",
+           "write_marker"]
 
 FORMAT = 2
 MARKER = "lmr-checkpoint.json"
@@ -68,12 +69,21 @@ def write_marker(path: str, step: int, world: int, keys: Optional[Iterable[str]]
     write_text_atomic(os.path.join(path, MARKER), json.dumps(marker) + "\n")
 
 
+def source_rank(rank: int, marker: dict[str, Any]) -> int:
+    """The saved rank whose RNG and data position rank `rank` takes: its own, or, loading a
+    checkpoint another world size saved (a resharded resume), rank ``rank % saved world``."""
+    saved = int(marker.get("world_size") or 0)
+    return rank if saved <= 0 or rank < saved else rank % saved
+
+
 def checkpoint_problems(path: str, rank: Optional[int] = None, needs: tuple[str, ...] = (),
-                        requires: tuple[tuple[str, str], ...] = (), world: Optional[int] = None) -> list[str]:
+                        requires: tuple[tuple[str, str], ...] = (), world: Optional[int] = None,
+                        reshard: bool = False) -> list[str]:
     """What keeps `path` from being a complete checkpoint (empty when it is one): the marker,
     `rank`'s file (every rank's when None), the parts in `needs` that the marker must list
     ("scheduler", "data"), the back end's own files in `requires` ((name, what it is)), and,
-    with `world`, the world size it was saved by."""
+    with `world`, the world size it was saved by (any, with `reshard`: the back end reshards,
+    and `rank` reads the file of its source_rank)."""
     if os.path.basename(path).endswith(PARTIAL):
         return [f"{path} is an unfinished save (a '{PARTIAL}' directory is never a checkpoint)"]
     if _QUARANTINED.search(os.path.basename(path)):
@@ -92,9 +102,9 @@ def checkpoint_problems(path: str, rank: Optional[int] = None, needs: tuple[str,
     except (OSError, ValueError) as e:
         return problems + [f"{os.path.join(path, MARKER)} is unreadable: {e}"]
     saved_world = marker.get("world_size")
-    if world is not None and saved_world != world:
+    if world is not None and saved_world != world and not reshard:
         problems.append(f"it was saved by a world of {saved_world} ranks, this one has {world}")
-    for r in range(int(saved_world or 0)) if rank is None else [rank]:
+    for r in range(int(saved_world or 0)) if rank is None else [source_rank(rank, marker)]:
         if not os.path.isfile(rank_file(path, r, marker)):
             problems.append(f"{rank_file(path, r, marker)} (rank {r}'s RNG and data position) is missing")
     keys = set(marker.get("keys", []))
@@ -102,11 +112,13 @@ def checkpoint_problems(path: str, rank: Optional[int] = None, needs: tuple[str,
     return problems
 
 
-def require_complete(path: str, needs: tuple[str, ...] = (), requires: tuple[tuple[str, str], ...] = ()) -> None:
+def require_complete(path: str, needs: tuple[str, ...] = (), requires: tuple[tuple[str, str], ...] = (),
+                     reshard: bool = False) -> None:
     """Collective: InvalidArgumentError on every rank, naming what any rank misses, when
-    `path` is not a complete checkpoint of this world (before anything is loaded)."""
+    `path` is not a complete checkpoint of this world (of any world, with `reshard`), before
+    anything is loaded."""
     rank, world = rank_and_world()
-    problem = "; ".join(checkpoint_problems(path, rank, needs, requires, world)) or None
+    problem = "; ".join(checkpoint_problems(path, rank, needs, requires, world, reshard)) or None
     raise_everywhere(problem, InvalidArgumentError, f"{path} is not a complete checkpoint")
 
 

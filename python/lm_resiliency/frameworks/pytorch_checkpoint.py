@@ -14,7 +14,9 @@ A checkpoint is a directory:
   (a replicated scheduler is written once);
 - ``lmr-rank-<r>.pt``, one per rank: that rank's RNG and data position. These differ by rank, so
   they cannot share a DCP key (DCP keeps one copy of a key that several ranks save); a file
-  per rank written with torch.save round-trips the generator states byte for byte;
+  per rank written with torch.save round-trips the generator states byte for byte. A world
+  of another size (a node excluded) loads the same checkpoint resharded, rank r taking the
+  file of saved rank ``r % saved world``;
 - ``lmr-checkpoint.json``: step, world size and what was saved, written last;
 - ``COMMITTED`` once :func:`commit_checkpoint` marked it.
 
@@ -40,8 +42,8 @@ from lm_resiliency.agree import attempt, problems, raise_everywhere
 from lm_resiliency.errors import InvalidArgumentError, LmrIOError, UnsupportedError
 from lm_resiliency.frameworks.checkpoint_files import (COMMITTED, MARKER, PARTIAL, checkpoint_problems,
                                                        commit_checkpoint, quarantine_checkpoint, rank_file,
-                                                       read_marker, require_complete, step_folder,
-                                                       write_marker)
+                                                       read_marker, require_complete, source_rank,
+                                                       step_folder, write_marker)
 from lm_resiliency.progress import unpublished_group
 from lm_resiliency.rank_state import (DataState, Stateful, advance_scheduler, atomic_save, data_getter, data_setter,
                                       fsync_directory, load_file, rank_and_world, rng_state, set_rng_state)
@@ -58,6 +60,8 @@ class DCPCheckpointer:
     calls them, same path); commit/quarantine are not. `root`: where relative paths (and a
     path left out: ``<root>/step-00000012``) go. `data_state`: an object with
     state_dict()/load_state_dict() or a pair of callables (get, set)."""
+
+    reshards = True  # DCP loads the same model saved by another world size or mesh
 
     def __init__(self, model: nn.Module, optimizer: Stateful, scheduler: Optional[Stateful] = None,
                  data_state: Optional[DataState] = None, root: Optional[str] = None, async_save: bool = False) -> None:
@@ -217,10 +221,11 @@ class DCPCheckpointer:
         self.wait()
         path = self._resolve(path)
         needs = tuple(k for k in ("scheduler", "data") if k in self._keys())
-        require_complete(path, needs, _DCP_FILES)
+        require_complete(path, needs, _DCP_FILES, reshard=True)
         state = self._state(-1)
-        dcp.load(state, checkpoint_id=path)
-        record = load_file(rank_file(path, rank_and_world()[0], read_marker(path)))
+        dcp.load(state, checkpoint_id=path)  # DCP reshards: another world size or mesh loads too
+        marker = read_marker(path)
+        record = load_file(rank_file(path, source_rank(rank_and_world()[0], marker), marker))
         self._restore(state, record)
         if self._has_data:
             self._set_data(record["data"])

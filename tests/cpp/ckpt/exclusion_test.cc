@@ -191,7 +191,7 @@ TEST(Exclusion, AnEscalationStopsEveryRelaunch) {
   decideExclusion(RecoveryPolicy{}, ledger, blameOn(BlameKind::kSdc, "solo", 12, 0), 1);
   const ExclusionDecision e = decideExclusion(RecoveryPolicy{}, ledger, b, 1);
   ASSERT_EQ(e.action, Action::kEscalate);
-  applyExclusion(d, e, b);
+  applyExclusion(d, e, b, m);
   EXPECT_EQ(d.action, "escalate");
   EXPECT_FALSE(d.restart);
   EXPECT_EQ(d.blamed_ranks, std::vector<std::int64_t>{2});
@@ -226,8 +226,46 @@ TEST(Exclusion, AnEscalationStopsEveryRelaunch) {
   RecoveryDecision untouched = selectRecovery(m, Failure::kStraggler, 12);
   const RecoveryDecision before = untouched;
   applyExclusion(untouched, ExclusionDecision{Action::kWarn, BlameKind::kComputeStraggler, {"solo"}, {}, 1, "warn"},
-                 blameOn(BlameKind::kComputeStraggler, "solo", 12, 1));
+                 blameOn(BlameKind::kComputeStraggler, "solo", 12, 1), m);
   EXPECT_EQ(untouched, before);
+}
+
+// An exclusion resumes on other nodes: a fast-tier checkpoint (node-local per-rank files) gives
+// way to the newest durable one, and with none the job escalates instead of failing its load.
+TEST(Exclusion, AnExclusionResumesFromTheDurableTier) {
+  Manifest m;
+  m.topology = "t";
+  m.checkpoints = {{"durable-4", 4, Tier::kDurable, TrustState::kRecoveryVerified, "/ck/4", "t", "", 4},
+                   {"latest-9", 9, Tier::kLatest, TrustState::kRecoveryVerified, "", "t", "", 9}};
+  ExclusionLedger ledger;
+  RecoveryPolicy policy;
+  policy.sdc_exclude_after = 1;
+  const Blame b = blameOn(BlameKind::kSdc, "node-b", 12, 0);
+  const ExclusionDecision e = decideExclusion(policy, ledger, b, 3);
+  ASSERT_EQ(e.action, Action::kExcludeAndRollback);
+  RecoveryDecision d = selectRecovery(m, Failure::kSdc, 12, EmergencyReplay::kNotRun, 5.0);
+  ASSERT_EQ(d.checkpoint_id, "latest-9");
+  applyExclusion(d, e, b, m);
+  EXPECT_EQ(d.action, "exclude_and_rollback");
+  EXPECT_EQ(d.checkpoint_id, "durable-4");
+  EXPECT_EQ(d.tier, "durable");
+  EXPECT_TRUE(d.restart);
+  EXPECT_EQ(d.decided_time, 5.0);
+  EXPECT_EQ(d.blamed_hosts, std::vector<std::string>{"node-b"});
+  m.checkpoints.erase(m.checkpoints.begin());
+  RecoveryDecision only_latest = selectRecovery(m, Failure::kSdc, 12);
+  applyExclusion(only_latest, e, b, m);
+  EXPECT_EQ(only_latest.action, "escalate");
+  // Repaired and readmitted: it may join again, and blamed again it goes straight out.
+  ASSERT_TRUE(readmit(ledger, "node-b"));
+  EXPECT_FALSE(readmit(ledger, "node-b"));
+  EXPECT_FALSE(ledger.isExcluded("node-b"));
+  RecoveryPolicy twice;  // the default: the second blame excludes
+  EXPECT_EQ(decideExclusion(twice, ledger, blameOn(BlameKind::kSdc, "node-b", 20, 2), 3).action,
+            Action::kExcludeAndRollback);
+  EXPECT_FALSE(only_latest.restart);
+  EXPECT_NE(only_latest.reason.find("no durable RECOVERY_VERIFIED checkpoint"), std::string::npos)
+      << only_latest.reason;
 }
 
 }  // namespace

@@ -51,10 +51,49 @@ TEST(Recovery, OtherTopologiesAndNothingVerifiedAreUnavailable) {
   EXPECT_FALSE(d.available);
   EXPECT_EQ(d.mode, "unavailable");
   EXPECT_EQ(d.step, -1);
-  EXPECT_NE(d.reason.find("no RECOVERY_VERIFIED checkpoint"), std::string::npos);
+  EXPECT_NE(d.reason.find("no RECOVERY_VERIFIED checkpoint"), std::string::npos) << d.reason;
   EXPECT_THROW(requireTopology(m.checkpoints[0], "t1"), InvalidArgument);
   EXPECT_NO_THROW(requireTopology(m.checkpoints[1], "t1"));
   EXPECT_FALSE(selectRecovery(Manifest{}, Failure::kStraggler, 0).available);
+}
+
+// The same model on another layout (a node excluded: fewer ranks) is selected from the durable
+// tier only, and loads only through a back end that reshards; another model never.
+TEST(Recovery, AnotherLayoutOfTheSameModelResumesFromTheDurableTier) {
+  EXPECT_EQ(matchTopology("m1/l6", "m1/l6"), TopologyMatch::kSame);
+  EXPECT_EQ(matchTopology("m1/l6", "m1/l4"), TopologyMatch::kResharded);
+  EXPECT_EQ(matchTopology("m1/l6", "m2/l6"), TopologyMatch::kOtherModel);
+  EXPECT_EQ(matchTopology("t1", "t1"), TopologyMatch::kSame);
+  EXPECT_EQ(matchTopology("m1", "m1/l4"), TopologyMatch::kOtherModel);  // written before the split: never a reshard
+  Manifest m;
+  m.topology = "m1/l4";
+  m.checkpoints = {{"durable-4", 4, Tier::kDurable, TrustState::kRecoveryVerified, "/ck/4", "m1/l6", "", 4},
+                   {"latest-6", 6, Tier::kLatest, TrustState::kRecoveryVerified, "", "m1/l6", "", 6},
+                   {"durable-5", 5, Tier::kDurable, TrustState::kRecoveryVerified, "/ck/5", "m2/l4", "", 5}};
+  EXPECT_EQ(selectRecovery(m, Failure::kSdc, 9).checkpoint_id, "durable-4");
+  EXPECT_EQ(selectRecovery(m, Failure::kStraggler, 9).checkpoint_id, "durable-4");
+  EXPECT_TRUE(requireTopology(m.checkpoints[0], "m1/l4", true));
+  EXPECT_FALSE(requireTopology(m.checkpoints[0], "m1/l6", true));
+  auto failure = [](auto&& call) {
+    try {
+      call();
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(failure([&] { requireTopology(m.checkpoints[0], "m1/l4"); }).find("does not reshard"), std::string::npos);
+  EXPECT_NE(failure([&] { requireTopology(m.checkpoints[1], "m1/l4", true); }).find("fast tier"), std::string::npos);
+  EXPECT_NE(failure([&] { requireTopology(m.checkpoints[2], "m1/l4", true); }).find("another model"),
+            std::string::npos);
+  // durable_only: a fast-tier snapshot at the same step gives way.
+  Manifest same = manifest();
+  same.checkpoints[1].state = TrustState::kRecoveryVerified;
+  same.checkpoints.push_back({"latest-8", 8, Tier::kLatest, TrustState::kRecoveryVerified, "", "t1", "", -1});
+  EXPECT_EQ(selectRecovery(same, Failure::kSdc, 12).checkpoint_id, "latest-8");
+  const auto durable = selectRecovery(same, Failure::kSdc, 12, EmergencyReplay::kNotRun, 0.0, true);
+  EXPECT_EQ(durable.checkpoint_id, "durable-8");
+  EXPECT_NE(durable.reason.find("durable tier only"), std::string::npos) << durable.reason;
 }
 
 TEST(Recovery, NamesParse) {
