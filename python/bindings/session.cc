@@ -111,6 +111,15 @@ void registerSession(nb::module_& m) {
             return out;
           },
           "[(incident, fault, executor index or None for the built-in executor)] of this rank's faults.")
+      .def(
+          "set_placement",
+          [](Session& s, const std::vector<std::pair<std::string, std::int64_t>>& places) {
+            std::vector<RankPlace> placement;
+            for (const auto& [host, local_rank] : places) placement.push_back({host, local_rank});
+            s.setPlacement(std::move(placement));
+          },
+          nb::arg("placement"), "[(node id, local rank)] of every rank, for host-bound targets.")
+      .def("execution_rank", &Session::executionRank, nb::arg("target"))
       .def("agreement_digest", &Session::agreementDigest)
       .def("start", &Session::start)
       .def_prop_ro("origin_offset", &Session::originOffset)

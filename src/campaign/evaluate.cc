@@ -294,13 +294,15 @@ CampaignReport evaluate(const Campaign& campaign, const std::vector<InjectionRec
     std::vector<Expectation> actions;
     bool all_injected = true;
     for (const Fault& f : inc->faults) {
+      auto it = by_fault.find(f.fault_id);
       Expectation a{{f.target.expectedRank(), f.target.resource},
                     std::string(expectedKind(f.type, f.target.surface)),
                     f.target.component,
                     std::nullopt};
+      // A host-bound action expects the rank its node had when it ran (its record says).
+      if (f.target.host && it != by_fault.end()) a.target.first = it->second->expected_rank;
       if (f.target.component == "transformer_block") a.layer = f.target.index;
       actions.push_back(a);
-      auto it = by_fault.find(f.fault_id);
       if (it == by_fault.end()) {
         s.reasons.push_back("no record of action " + f.fault_id);
         all_injected = false;

@@ -98,7 +98,7 @@ Lifetime parseLifetime(const Json& j, const std::string& path) {
 Target parseTarget(const Json& j, const std::string& path) {
   json::requireKnownKeys(j, path,
                          {"surface", "rank", "model_part", "component", "index", "module_path", "operation", "resource",
-                          "path", "metadata"});
+                          "path", "host", "local_rank", "metadata"});
   Target t;
   t.surface = parseEnum<Surface>(requireMember(j, path, "surface"), child(path, "surface"), parseSurface,
                                  "input, output, weight, bias, gradient, optimizer_state, rng_state, sampler_state, "
@@ -112,7 +112,15 @@ Target parseTarget(const Json& j, const std::string& path) {
   t.operation = optionalIdentifier(j, path, "operation");
   t.resource = optionalIdentifier(j, path, "resource");
   t.path = optionalIdentifier(j, path, "path");
+  t.host = optionalIdentifier(j, path, "host");
+  if (const Json* v = findMember(j, "local_rank"))
+    t.local_rank = json::asNonNegativeInteger(*v, child(path, "local_rank"));
   t.metadata = objectOrEmpty(j, path, "metadata");
+  if (t.host && t.rank)
+    fail(child(path, "rank"),
+         "give \"rank\" or \"host\", not both (a host-bound fault runs on that node's "
+         "\"local_rank\", whatever rank the job gives it)");
+  if (t.local_rank && !t.host) fail(child(path, "local_rank"), "needs \"host\" (the node it counts on)");
 
   if (isModuleSurface(t.surface) && !t.component && !t.module_path) {
     fail(path,

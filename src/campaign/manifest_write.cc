@@ -55,6 +55,8 @@ Json targetToJson(const Target& t) {
   if (t.operation) j["operation"] = *t.operation;
   if (t.resource) j["resource"] = *t.resource;
   if (t.path) j["path"] = *t.path;
+  if (t.host) j["host"] = *t.host;
+  if (t.local_rank) j["local_rank"] = *t.local_rank;
   return j;
 }
 

@@ -69,6 +69,7 @@ Json InjectionRecord::toJson() const {
               {"execution_rank", execution_rank},
               {"expected_rank", optionalJson(expected_rank)},
               {"expected_resource", optionalJson(expected_resource)},
+              {"expected_host", optionalJson(expected_host)},
               {"expected_component", optionalJson(expected_component)},
               {"expected_layer", optionalJson(expected_layer)},
               {"expected_kind", expected_kind},
@@ -99,6 +100,7 @@ InjectionRecord InjectionRecord::fromJson(const Json& j, const std::string& path
                           "execution_rank",
                           "expected_rank",
                           "expected_resource",
+                          "expected_host",
                           "expected_component",
                           "expected_layer",
                           "expected_kind",
@@ -129,6 +131,8 @@ InjectionRecord InjectionRecord::fromJson(const Json& j, const std::string& path
   r.execution_rank = json::asNonNegativeInteger(member("execution_rank"), child(path, "execution_rank"));
   r.expected_rank = optionalInteger(member("expected_rank"), child(path, "expected_rank"));
   r.expected_resource = optionalString(member("expected_resource"), child(path, "expected_resource"));
+  if (const Json* host = json::findMember(j, "expected_host"))
+    r.expected_host = optionalString(*host, child(path, "expected_host"));
   r.expected_component = optionalString(member("expected_component"), child(path, "expected_component"));
   r.expected_layer = optionalInteger(member("expected_layer"), child(path, "expected_layer"));
   r.expected_kind = json::asIdentifier(member("expected_kind"), child(path, "expected_kind"));
@@ -170,6 +174,7 @@ InjectionRecord makeRecord(const Campaign& campaign, std::size_t incident, std::
   r.execution_rank = f.target.executionRank();
   r.expected_rank = f.target.expectedRank();
   r.expected_resource = f.target.resource;
+  r.expected_host = f.target.host;
   r.expected_component = f.target.component;
   if (f.target.component == "transformer_block") r.expected_layer = f.target.index;
   r.expected_kind = std::string(expectedKind(f.type, f.target.surface));

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <set>
 #include <utility>
 
 #include "lmr/common/error.h"
@@ -110,20 +111,58 @@ Session::Session(std::shared_ptr<const Campaign> campaign, std::shared_ptr<State
   if (store_ == nullptr) throw InvalidArgument("a campaign session needs a state store");
 }
 
+void Session::setPlacement(std::vector<RankPlace> placement) {
+  if (rank_ >= static_cast<std::int64_t>(placement.size()))
+    throw InvalidArgument("the placement names " + std::to_string(placement.size()) + " ranks; it must hold rank " +
+                          std::to_string(rank_));
+  std::set<std::pair<std::string, std::int64_t>> seen;
+  for (std::size_t r = 0; r < placement.size(); ++r) {
+    if (!seen.insert({placement[r].host, placement[r].local_rank}).second)
+      throw InvalidArgument("the placement gives rank " + std::to_string(r) + " the place of another rank: host \"" +
+                            placement[r].host + "\", local rank " + std::to_string(placement[r].local_rank));
+  }
+  placement_ = std::move(placement);
+}
+
+std::optional<std::int64_t> Session::executionRank(const Target& target) const {
+  if (!target.host) return target.executionRank();
+  if (placement_.empty())
+    throw InvalidArgument("target.host \"" + *target.host +
+                          "\": a host-bound fault needs the ranks' placement (Session::setPlacement)");
+  const RankPlace wanted{*target.host, target.local_rank.value_or(0)};
+  for (std::size_t r = 0; r < placement_.size(); ++r)
+    if (placement_[r] == wanted) return static_cast<std::int64_t>(r);
+  return std::nullopt;
+}
+
+InjectionRecord Session::recordOf(std::size_t incident, std::size_t fault, const Candidate& c,
+                                  std::int64_t attempt) const {
+  InjectionRecord r = makeRecord(*campaign_, incident, fault, c, attempt);
+  if (campaign_->incidents()[incident].faults[fault].target.host) r.execution_rank = r.expected_rank.emplace(rank_);
+  return r;
+}
+
 const std::vector<Assignment>& Session::prepare(const std::vector<ExecutorInfo>& executors) {
   assignments_.clear();
   const auto& incidents = campaign_->incidents();
   for (std::size_t i = 0; i < incidents.size(); ++i) {
     for (std::size_t f = 0; f < incidents[i].faults.size(); ++f) {
       const Fault& fault = incidents[i].faults[f];
-      if (fault.target.executionRank() != rank_) continue;
       const std::string where = "incidents[" + std::to_string(i) + "].faults[" + std::to_string(f) + "]";
+      std::optional<std::int64_t> runs_on;
+      try {
+        runs_on = executionRank(fault.target);
+      } catch (const InvalidArgument& e) {
+        throw InvalidArgument(where + "." + e.message());
+      }
+      if (runs_on != rank_) continue;
       assignments_.push_back({i, f, pickExecutor(incidents[i], fault, executors, where)});
     }
   }
   if (world_) {
     for (std::size_t i = 0; i < incidents.size(); ++i) {
       for (std::size_t f = 0; f < incidents[i].faults.size(); ++f) {
+        if (incidents[i].faults[f].target.host) continue;  // resolved by placement above
         const std::int64_t r = incidents[i].faults[f].target.executionRank();
         if (r >= *world_) {
           throw InvalidArgument("incidents[" + std::to_string(i) + "].faults[" + std::to_string(f) + "].target.rank: " +
@@ -192,7 +231,7 @@ ArmPlan Session::arm(std::int64_t iteration) {
     if (!c.selected) {
       for (const Assignment& a : assignments_) {
         if (a.incident != c.incident) continue;
-        InjectionRecord r = makeRecord(*campaign_, c.incident, a.fault, c, 1);
+        InjectionRecord r = recordOf(c.incident, a.fault, c, 1);
         if (!record_index_.count(r.injection_id)) made.push_back(std::move(r));
       }
       continue;
@@ -205,7 +244,7 @@ ArmPlan Session::arm(std::int64_t iteration) {
     const std::string occurrence = occurrenceId(inc.incident_id, c.position, *attempt);
     for (const Assignment& a : assignments_) {
       if (a.incident != c.incident) continue;
-      made.push_back(makeRecord(*campaign_, c.incident, a.fault, c, *attempt));
+      made.push_back(recordOf(c.incident, a.fault, c, *attempt));
       plan.actions.push_back({c.incident, a.fault, c.position, iteration, *attempt, occurrence,
                               injectionId(occurrence, inc.faults[a.fault].fault_id), a.executor});
     }

@@ -57,7 +57,7 @@ std::optional<std::int64_t> Lifetime::lastActiveIteration(std::int64_t first) co
 
 std::optional<std::int64_t> Target::expectedRank() const {
   if (rank) return rank;
-  if (resource) return std::nullopt;
+  if (resource || host) return std::nullopt;
   return 0;
 }
 

@@ -61,11 +61,17 @@ struct Target {
   std::optional<std::string> operation;
   std::optional<std::string> resource;
   std::optional<std::string> path;
+  // A host-bound fault lives on a node, as a broken GPU does: the rank at `local_rank` on node
+  // `host` (its node id: LMR_NODE_ID, else the host name) runs it, whatever rank the job gives
+  // that node after a restart, and nobody runs it once the node left the job. Not with `rank`.
+  std::optional<std::string> host;
+  std::optional<std::int64_t> local_rank;
   Json metadata = Json::object();
 
+  // A rank-bound target's rank (host-bound ones: the Session resolves them by placement).
   std::int64_t executionRank() const { return rank.value_or(0); }
-  // The rank a localization must report: the explicit rank; none for a resource-only
-  // target; otherwise the default rank 0.
+  // The rank a localization must report: the explicit rank; none for a resource-only or a
+  // host-bound target (its record names the rank it ran on); otherwise the default rank 0.
   std::optional<std::int64_t> expectedRank() const;
 };
 

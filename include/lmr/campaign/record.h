@@ -30,6 +30,7 @@ struct InjectionRecord {
   std::int64_t execution_rank = 0;
   std::optional<std::int64_t> expected_rank;
   std::optional<std::string> expected_resource;
+  std::optional<std::string> expected_host;  // a host-bound target's node (absent in older records)
   std::optional<std::string> expected_component;
   std::optional<std::int64_t> expected_layer;  // transformer_block index
   std::string expected_kind;

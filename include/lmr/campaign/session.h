@@ -92,6 +92,13 @@ struct ArmPlan {
   bool all_safe = true;
 };
 
+// Where one rank runs: its node (the node id host-bound targets name) and its rank there.
+struct RankPlace {
+  std::string host;
+  std::int64_t local_rank = 0;
+  bool operator==(const RankPlace&) const = default;
+};
+
 class Session {
  public:
   // `world`: the number of ranks of a distributed job (checked against every target rank),
@@ -100,6 +107,14 @@ class Session {
           std::optional<std::int64_t> world, std::int64_t completed);
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
+
+  // Where every rank runs (index: rank), for host-bound targets; before prepare. The same on
+  // every rank. InvalidArgument when it does not hold this rank or names a place twice.
+  void setPlacement(std::vector<RankPlace> placement);
+  // The rank that runs `target` now: its rank; for a host-bound one, the rank at its
+  // (host, local_rank), or nullopt when that node is not in the job (excluded, or never was).
+  // InvalidArgument for a host-bound target without a placement.
+  std::optional<std::int64_t> executionRank(const Target& target) const;
 
   // Enablement, step 1: assigns an executor to each of this rank's faults (errors name
   // incidents[i].faults[f]), checks target ranks against the world, loads the journal from
@@ -165,12 +180,14 @@ class Session {
     bool replaced_early = false;
   };
   InjectionRecord& record(const std::string& injection_id);
+  InjectionRecord recordOf(std::size_t incident, std::size_t fault, const Candidate& c, std::int64_t attempt) const;
   void swapJournal(const Journal& updated, const std::string& what);
 
   std::shared_ptr<const Campaign> campaign_;
   std::shared_ptr<StateStore> store_;
   std::int64_t rank_;
   std::optional<std::int64_t> world_;
+  std::vector<RankPlace> placement_;
   std::int64_t completed_at_start_;
   std::int64_t origin_;
   Schedule schedule_;

@@ -35,6 +35,7 @@ from lm_resiliency.fault_injection.history import History, HistoryObserver
 from lm_resiliency.fault_injection.local_effects import StateEffect, make_effect
 from lm_resiliency.fault_injection.state import CampaignStateStore, MemoryCampaignStateStore, core_store
 from lm_resiliency.fault_injection.targets import ResolvedTarget, resolve
+from lm_resiliency.rank_state import node_id
 from lm_resiliency.fault_injection.tensor_ops import Action, Unsupported
 
 __all__ = ["FaultInjectionSession", "enable_fault_injection"]
@@ -115,7 +116,9 @@ class FaultInjectionSession:
         if self._distributed:
             self._group = dist.new_group(backend="gloo")
         error = ""
+        nodes = self._gather(node_id())  # where each rank runs: host-bound targets follow their node
         try:
+            self._core.set_placement([(node, nodes[:r].count(node)) for r, node in enumerate(nodes)])
             self._prepare_locally()
         except Exception as e:  # noqa: BLE001 - every rank learns it below, none waits alone
             error = _describe(e)

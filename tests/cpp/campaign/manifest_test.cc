@@ -121,6 +121,16 @@ TEST(Manifest, ErrorsNameTheJsonPath) {
        "incidents[0].faults[0].target.rank: must be a JSON integer"},
       {"rank negative", [](Json& m) { m["incidents"][0]["faults"][0]["target"]["rank"] = -1; },
        "incidents[0].faults[0].target.rank: must be a non-negative"},
+      {"rank and host", [](Json& m) { m["incidents"][0]["faults"][0]["target"]["host"] = "node-b"; },
+       "incidents[0].faults[0].target.rank: give \"rank\" or \"host\", not both"},
+      {"local_rank without host", [](Json& m) { m["incidents"][0]["faults"][0]["target"]["local_rank"] = 1; },
+       "incidents[0].faults[0].target.local_rank: needs \"host\""},
+      {"host empty",
+       [](Json& m) {
+         m["incidents"][0]["faults"][0]["target"].erase("rank");
+         m["incidents"][0]["faults"][0]["target"]["host"] = " ";
+       },
+       "incidents[0].faults[0].target.host: must be a non-empty string"},
       {"at unsorted", [](Json& m) { m["incidents"][0]["trigger"]["at"] = Json{20, 10}; },
        "incidents[0].trigger.at[1]: must be sorted and unique"},
       {"at duplicate", [](Json& m) { m["incidents"][0]["trigger"]["at"] = Json{10, 10}; },

@@ -108,6 +108,49 @@ TEST(Session, RetriggerPolicyHoldsAcrossARestartSharingTheStore) {
   EXPECT_EQ(again.actions[0].injection_id, "inc@3#2/f");
 }
 
+// A broken GPU's fault follows its node: after the job renumbers its ranks the same node's rank
+// runs it, and once the node left the job nobody does.
+TEST(Session, AHostBoundFaultFollowsItsNode) {
+  Json m = manifest({{"iterations", 1}});
+  m["incidents"][0]["retrigger"] = "every_attempt";
+  m["incidents"][0]["faults"][0]["target"].erase("rank");
+  m["incidents"][0]["faults"][0]["target"]["host"] = "node-b";
+  m["incidents"][0]["faults"][0]["target"]["local_rank"] = 1;
+  Fixture fx{parse(m)};
+  const std::vector<RankPlace> first = {{"node-a", 0}, {"node-a", 1}, {"node-b", 0}, {"node-b", 1}};
+  std::vector<std::int64_t> runs;
+  for (std::int64_t rank = 0; rank < 4; ++rank) {
+    Session s(fx.campaign, std::make_shared<MemoryStateStore>(), rank, 4, 0);
+    s.setPlacement(first);
+    if (!s.prepare({}).empty()) runs.push_back(rank);
+  }
+  EXPECT_EQ(runs, std::vector<std::int64_t>{3});
+  // Renumbered: node-b now holds ranks 0 and 1.
+  Session moved(fx.campaign, fx.store, 1, 4, 0);
+  moved.setPlacement({{"node-b", 0}, {"node-b", 1}, {"node-c", 0}, {"node-c", 1}});
+  ASSERT_EQ(moved.prepare({}).size(), 1u);
+  moved.start();
+  ASSERT_EQ(moved.arm(3).actions.size(), 1u);
+  const InjectionRecord r = only(moved.records());
+  EXPECT_EQ(r.execution_rank, 1);
+  EXPECT_EQ(r.expected_rank, std::optional<std::int64_t>(1));
+  EXPECT_EQ(r.expected_host, std::optional<std::string>("node-b"));
+  EXPECT_EQ(InjectionRecord::fromJson(r.toJson(), "r").expected_host, r.expected_host);
+  // node-b excluded: no rank runs it, and the world check does not count it.
+  Session gone(fx.campaign, std::make_shared<MemoryStateStore>(), 0, 2, 0);
+  gone.setPlacement({{"node-a", 0}, {"node-a", 1}});
+  EXPECT_TRUE(gone.prepare({}).empty());
+  EXPECT_EQ(gone.executionRank(fx.campaign->incidents()[0].faults[0].target), std::nullopt);
+  // Without a placement it cannot be resolved, and the error names the fault.
+  Session blind(fx.campaign, std::make_shared<MemoryStateStore>(), 0, 2, 0);
+  EXPECT_NE(errorOf([&] { blind.prepare({}); }).find("incidents[0].faults[0].target.host \"node-b\""),
+            std::string::npos)
+      << errorOf([&] { blind.prepare({}); });
+  EXPECT_NE(errorOf([&] { blind.setPlacement({{"a", 0}, {"a", 0}}); }).find("place of another rank"),
+            std::string::npos);
+  EXPECT_NE(errorOf([&] { blind.setPlacement({}); }).find("must hold rank 0"), std::string::npos);
+}
+
 TEST(Session, UnselectedCandidatesAreRecordedAsSkipped) {
   Fixture fx{parse(manifest({{"iterations", 1}}, Json{{"at", {3}}, {"probability", 0.0}}))};
   auto s = fx.session();
