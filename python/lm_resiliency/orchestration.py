@@ -30,6 +30,11 @@ class OrchestrationHooks:
     # Called on the training thread with each RecoveryDecision checkpoint certification makes
     # (every rank receives the same decision, after it is persisted in the trust manifest).
     on_recovery_decision: Optional[Callable[[Any], None]] = None
+    # Called on the training thread when a recovery decision excludes a node (its action is
+    # "exclude_and_rollback"), with the decision: decision.blamed_hosts are the node ids to
+    # drain (lmr-exclusions.json holds the same), for a SLURM or Kubernetes operator that
+    # replaces nodes itself. Every rank receives it, before the ranks leave for the relaunch.
+    on_exclusion: Optional[Callable[[Any], None]] = None
 
     def _deliver(self, callback: Optional[Callable[[Any], None]], value: Any, what: str) -> None:
         if callback is None:
@@ -50,3 +55,5 @@ class OrchestrationHooks:
 
     def deliver_recovery_decision(self, decision: Any) -> None:
         self._deliver(self.on_recovery_decision, decision, "on_recovery_decision")
+        if decision.action == "exclude_and_rollback":
+            self._deliver(self.on_exclusion, decision, "on_exclusion")

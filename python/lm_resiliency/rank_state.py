@@ -19,7 +19,7 @@ import torch.distributed as dist
 from lm_resiliency.errors import InvalidArgumentError, LmrIOError
 
 __all__ = ["DataState", "Stateful", "advance_scheduler", "atomic_save", "data_getter", "data_setter",
-           "fsync_directory", "load_file", "node_id", "rank_and_world", "rng_state", "set_rng_state"]
+           "fsync_directory", "load_file", "node_id", "rank_and_world", "rendezvous_min_nodes", "rng_state", "set_rng_state"]
 
 
 class Stateful(Protocol):
@@ -92,6 +92,20 @@ def node_id() -> str:
     when set (an override, e.g. for several torchrun agents on one host acting as nodes in
     tests, or a scheduler's node name), else the host name."""
     return os.environ.get("LMR_NODE_ID") or socket.gethostname()
+
+
+# Set by lm_resiliency.rendezvous in the torchrun agent, so its workers inherit them.
+RDZV_MIN_NODES_ENV = "LMR_RDZV_MIN_NODES"
+RDZV_BACKEND_ENV = "LMR_RDZV_BACKEND"
+
+
+def rendezvous_min_nodes() -> int:
+    """The rendezvous minimum (torchrun --nnodes MIN:MAX) when the job runs under the
+    lmr-c10d rendezvous, else 1: exclusion never leaves fewer nodes."""
+    try:
+        return max(1, int(os.environ.get(RDZV_MIN_NODES_ENV, "1")))
+    except ValueError:
+        return 1
 
 
 def rank_and_world() -> tuple[int, int]:

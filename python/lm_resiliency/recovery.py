@@ -22,17 +22,18 @@ from typing import Any, Optional
 import torch.distributed as dist
 
 from lm_resiliency import _core
-from lm_resiliency.agree import raise_everywhere
+from lm_resiliency.agree import attempt, gather, raise_everywhere
 from lm_resiliency.attach import attach
 from lm_resiliency.checkpoint.config import ESCALATE_EXIT_CODE, DurableCheckpointConfig
 from lm_resiliency.checkpoint.manifest_io import read_manifest, retire_abandoned
 from lm_resiliency.checkpoint.topology import topology_digest
 from lm_resiliency.errors import InvalidArgumentError, LmrIOError
 from lm_resiliency.progress import checkpoint_io
+from lm_resiliency.rank_state import node_id
 
 log = logging.getLogger("lm_resiliency.recovery")
 
-__all__ = ["Resumed", "init_process_group", "leave_for_restart", "resume"]
+__all__ = ["Resumed", "init_process_group", "leave_for_restart", "readmit_node", "release_escalation", "resume"]
 
 
 def init_process_group(backend: str, **kwargs: Any) -> None:
@@ -43,17 +44,19 @@ def init_process_group(backend: str, **kwargs: Any) -> None:
     read the address a dead predecessor published in the rendezvous store torchrun shares
     with its workers, and gloo fails with "connectFullMesh failed ... Connection refused"
     (measured here with 4 ranks; pytorch/pytorch#135712; setting
-    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` for torchrun also avoids it). Outside torchrun
-    this is the plain call."""
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` for torchrun also avoids it). Where the workers'
+    rank 0 hosts a fresh store every launch (that variable set, as the lmr-c10d rendezvous
+    does; a standby that joins later counts its restarts from 0), and outside torchrun, this is
+    the plain call."""
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    if attempt is None or "store" in kwargs or "init_method" in kwargs:
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    if attempt is None or not agent_store or "store" in kwargs or "init_method" in kwargs:
         dist.init_process_group(backend, **kwargs)
         return
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
     timeout = kwargs.get("timeout", datetime.timedelta(minutes=10))
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
-                          is_master=not agent_store and rank == 0, timeout=timeout, wait_for_workers=False)
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
+                          timeout=timeout, wait_for_workers=False)
     dist.init_process_group(backend, store=dist.PrefixStore(f"lmr/attempt_{attempt}", store), rank=rank,
                             world_size=world, **kwargs)
 
@@ -92,6 +95,34 @@ def _stop(decision: Any) -> None:
     raise SystemExit(ESCALATE_EXIT_CODE)
 
 
+def _refuse_excluded_nodes(config: DurableCheckpointConfig, group: Any) -> None:
+    """Every rank stops (ESCALATE_EXIT_CODE) when a node the exclusion ledger lists runs a
+    rank: the job was launched without the lmr-c10d rendezvous, which keeps excluded nodes out,
+    so resuming would put the culprit back to work. Collective (one gather)."""
+    excluded: list[str] = []
+    problem = attempt(lambda: excluded.extend(_core.ExclusionLedger.read(config.directory).excluded_hosts))
+    raise_everywhere(problem, InvalidArgumentError, "the exclusion ledger cannot be read", group)  # names the field
+    back = sorted(set(gather(node_id(), group)) & set(excluded))
+    if back:
+        log.error("node(s) %s were excluded by an earlier recovery decision (%s) but run ranks of this job: launch "
+                  "torchrun with --rdzv-backend lmr-c10d so they stay out (docs/recovery.md), or remove them from the "
+                  "ledger once repaired; stopping (exit status %d)", ", ".join(back),
+                  _core.exclusion_ledger_path(config.directory), ESCALATE_EXIT_CODE)
+        raise SystemExit(ESCALATE_EXIT_CODE)
+
+
+def readmit_node(directory: str, node: str) -> bool:
+    """After a node the job excluded was repaired: takes it off the exclusion ledger in
+    `directory`, so the lmr-c10d rendezvous lets it join again. Its earlier blames still
+    count: blamed again, it is excluded at once. Returns False (nothing written) when it was
+    not excluded. One process, no collectives; run it while the node is out of the job."""
+    ledger = _core.ExclusionLedger.read(directory)
+    if not _core.readmit(ledger, node):
+        return False
+    ledger.write(directory)
+    return True
+
+
 def release_escalation(directory: str) -> bool:
     """After the blamed node was repaired or drained: the trust manifest's pending escalation
     in `directory` becomes the rollback it would have been, so the next start resumes from its
@@ -127,6 +158,7 @@ def _resume(config: DurableCheckpointConfig, model: Any, optimizer: Any, distrib
     manifest = read_manifest(config, group)
     world = dist.get_world_size() if distributed else 1
     writer = not distributed or dist.get_rank() == config.writer_rank
+    _refuse_excluded_nodes(config, group if distributed else None)
     topology = topology_digest(attach(model, optimizer).adapter, model, world, group)
     plan = _core.plan_resume(manifest, topology, time.time())  # lmr::ckpt decides what to resume
     if plan is None:
@@ -139,7 +171,10 @@ def _resume(config: DurableCheckpointConfig, model: Any, optimizer: Any, distrib
     if not decision.available:
         return None
     checkpoint = manifest.find(decision.checkpoint_id)
-    _core.require_topology(checkpoint, topology)
+    resharded = _core.require_topology(checkpoint, topology, config.reshards)
+    if resharded:
+        log.warning("%s was saved on another layout (world size or mesh): it loads resharded on %d ranks",
+                    checkpoint.id, world)
     if checkpoint.tier == _core.TIER_LATEST and config.latest is None:
         raise InvalidArgumentError(f"{checkpoint.id} is a fast-tier snapshot but the config has no latest tier")
     start, error = time.perf_counter(), ""

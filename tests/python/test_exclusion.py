@@ -52,3 +52,32 @@ def test_bad_input_names_the_field_and_changes_nothing(tmp_path):
                                                   '"decisions": [], "excluded": [{"host": ""}]}')
     with pytest.raises(InvalidArgumentError, match=r"excluded\[0\]"):
         _core.ExclusionLedger.read(str(tmp_path))
+
+
+def test_resume_stops_when_an_excluded_node_is_back_and_refuses_a_malformed_ledger(tmp_path, monkeypatch):
+    # A job launched without the lmr-c10d rendezvous puts an excluded node back to work:
+    # resume() stops (the documented status) instead of training on it. A repaired node is
+    # readmitted; a malformed ledger is an error naming its field, with the manifest untouched.
+    import torch
+
+    from lm_resiliency.checkpoint import DurableCheckpointConfig
+    from lm_resiliency.checkpoint.config import ESCALATE_EXIT_CODE
+    from lm_resiliency.recovery import readmit_node, resume
+
+    monkeypatch.setenv("LMR_NODE_ID", "node-b")
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    config = DurableCheckpointConfig(str(tmp_path), lambda step, path: None, lambda path: None)
+    ledger = _core.ExclusionLedger()
+    decide(_core.RecoveryPolicy.from_json('{"sdc_exclude_after": 1}'), ledger, "node-b", 0)
+    ledger.write(str(tmp_path))
+    with pytest.raises(SystemExit) as stopped:
+        resume(config, model, opt)
+    assert stopped.value.code == ESCALATE_EXIT_CODE
+    assert readmit_node(str(tmp_path), "node-b") and not readmit_node(str(tmp_path), "node-b")
+    assert resume(config, model, opt) is None  # readmitted; nothing to resume from
+    (tmp_path / "lmr-exclusions.json").write_text('{"schema_version": 1, "kind": "lmr.exclusions", "history": [], '
+                                                  '"decisions": [], "excluded": [], "extra": 1}')
+    with pytest.raises(InvalidArgumentError, match="exclusion ledger cannot be read.*extra"):
+        resume(config, model, opt)
+    assert not os.path.exists(tmp_path / "lmr-trust-manifest.json")

@@ -25,9 +25,11 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
+from lm_resiliency.agree import gather
 from lm_resiliency.checkpoint import CheckpointCertifier, DurableCheckpointConfig
 from lm_resiliency.fault_injection import JsonCampaignStateStore, enable_fault_injection
 from lm_resiliency.orchestration import OrchestrationHooks
+from lm_resiliency.rank_state import node_id
 from lm_resiliency.recovery import init_process_group, resume
 from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
 from lm_resiliency.workloads.data import Position
@@ -35,11 +37,14 @@ from lm_resiliency.workloads.train import TrainConfig, build, train_step
 
 
 
-def permanent_fault(step: int, rank: int, parallel: str, recurring: bool = False) -> dict[str, Any]:
+def permanent_fault(step: int, rank: int, parallel: str, recurring: bool = False,
+                    host: Optional[str] = None) -> dict[str, Any]:
     """A weight fault; under pure FSDP, where replay does not see a corrupted shard yet, a
     faulty block output instead. `recurring`: it comes back after every recovery, as a broken
-    GPU's does (retrigger every_attempt)."""
-    target = {"rank": rank, "component": "transformer_block", "index": 0, "surface": "weight"}
+    GPU's does (retrigger every_attempt). `host`: it lives on that node (its local rank `rank`),
+    whatever ranks the job gives the node, and is gone once the node is excluded."""
+    where: dict[str, Any] = {"host": host, "local_rank": rank} if host else {"rank": rank}
+    target = {**where, "component": "transformer_block", "index": 0, "surface": "weight"}
     parameters: dict[str, Any] = {"operation": "scale", "factor": 4.0, "scope": "1%", "parameter": "attention.wq.weight"}
     if parallel == "fsdp2":
         target["surface"], parameters = "output", {"operation": "scale", "factor": 3.0, "scope": "row"}
@@ -47,6 +52,19 @@ def permanent_fault(step: int, rank: int, parallel: str, recurring: bool = False
         "incident_id": "permanent-sdc", "trigger": {"at": [step]}, "lifetime": {"until": "recovery"},
         "retrigger": "every_attempt" if recurring else "once",
         "faults": [{"fault_id": "f", "type": "tensor_corruption", "target": target, "parameters": parameters}]}]}
+
+
+def _process_start() -> float:
+    """When this process started (seconds since the epoch), from /proc: the relaunch's spawn,
+    before the interpreter and torch were imported; now where /proc is not there."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat", encoding="ascii") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
 
 
 def _log(directory: str, entry: dict[str, Any]) -> None:
@@ -63,14 +81,23 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--fault-step", type=int, default=11, help="optimizer step of the permanent fault (0: none)")
     p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--recurring", action="store_true", help="the fault comes back after every recovery (broken hardware)")
+    p.add_argument("--fault-host", default=None,
+                   help="the node (LMR_NODE_ID) the fault lives on; --fault-rank is then its local rank there")
+    p.add_argument("--replicate-across-nodes", action="store_true",
+                   help="HSDP: replicate across nodes, shard within a node (dp_replicate = world / LOCAL_WORLD_SIZE)")
     p.add_argument("--check-interval", type=int, default=2)
     p.add_argument("--latest-interval", type=int, default=3)
     args = p.parse_args(argv)
+    timeline = {"process_start": _process_start(), "main": time.time()}
     init_process_group("gloo")
+    timeline["group_ready"] = time.time()
     rank = dist.get_rank()
     os.makedirs(args.directory, exist_ok=True)
     generation_started = time.time()
-    model, opt, data, device = build(TrainConfig(parallel=args.parallel, steps=args.steps, device=args.device))
+    replicate = dist.get_world_size() // int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if args.replicate_across_nodes \
+        else 2
+    model, opt, data, device = build(TrainConfig(parallel=args.parallel, steps=args.steps, device=args.device,
+                                                 dp_replicate=replicate))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1.0 + 0.05 * s))
     pos = Position()
     config = DurableCheckpointConfig.for_dcp(model, opt, os.path.join(args.directory, "checkpoints"),
@@ -78,6 +105,7 @@ def main(argv: Optional[list[str]] = None) -> None:
                                              latest_directory=os.path.join(args.directory, "latest"),
                                              self_healing=True)
     resumed = resume(config, model, opt)
+    timeline["loaded"] = time.time()
     start = resumed.step if resumed is not None else 0
     decisions: list[Any] = []
     hooks = OrchestrationHooks(on_recovery_decision=decisions.append)
@@ -87,22 +115,28 @@ def main(argv: Optional[list[str]] = None) -> None:
     session = None
     if args.fault_step:
         store = JsonCampaignStateStore(os.path.join(args.directory, f"journal-{rank}.json"))
-        campaign = permanent_fault(args.fault_step, args.fault_rank, args.parallel, args.recurring)
+        campaign = permanent_fault(args.fault_step, args.fault_rank, args.parallel, args.recurring, args.fault_host)
         session = enable_fault_injection(model, opt, campaign=campaign, state_store=store, completed_iterations=start)
         if resumed is not None:
             session.notify_recovery()
     certifier = CheckpointCertifier(harness, config, hooks=hooks)
     entry: dict[str, Any] = {"generation": certifier.manifest.generation, "start_step": start,
-                             "resumed_from": resumed.decision.checkpoint_id if resumed else None}
+                             "resumed_from": resumed.decision.checkpoint_id if resumed else None,
+                             "world": dist.get_world_size(), "nodes": sorted(set(gather(node_id()))),
+                             "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))}
     try:
         for step in range(start, args.steps):
             pos.consumed = step + 1
             train_step(model, opt, data, device, step)
             sched.step()
+            if "first_step" not in timeline:
+                timeline["first_step"] = time.time()
             if resumed is not None and "recovery_seconds" not in entry:
                 entry["recovery_seconds"] = round(time.time() - resumed.decision.decided_time, 3)
                 entry["load_seconds"] = round(resumed.load_seconds, 3)
     finally:
+        timeline["ended"] = time.time()
+        entry["timeline"] = {k: round(v, 3) for k, v in timeline.items()}
         entry["detections"] = [(r.step, r.sdc_ranks) for r in harness.results if r.sdc_ranks]
         entry["decision"] = json.loads(decisions[-1].to_json()) if decisions else None
         entry["completed"] = harness.completed_iterations
@@ -116,6 +150,23 @@ def main(argv: Optional[list[str]] = None) -> None:
     if rank == 0:
         _summarize(args)
     dist.destroy_process_group()
+
+
+def _phases(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """Where the time from one generation's verdict to the next one's first step went (seconds,
+    rank 0's clock): the verdict to the ranks' exit, torchrun stopping the agents, the next
+    rendezvous and the spawn, the interpreter and imports, the process group, the load, the first
+    step; and the steps the rollback repeats."""
+    t, nxt = before["timeline"], after["timeline"]
+    decided = (before.get("decision") or {}).get("decided_time") or t["ended"]
+    marks = [("verdict_to_exit", decided, t["ended"]), ("agents_rendezvous_spawn", t["ended"], nxt["process_start"]),
+             ("imports", nxt["process_start"], nxt["main"]), ("group_init", nxt["main"], nxt["group_ready"]),
+             ("load", nxt["group_ready"], nxt["loaded"]), ("first_step", nxt["loaded"], nxt.get("first_step", nxt["ended"]))]
+    out: dict[str, Any] = {name: round(end - start, 2) for name, start, end in marks}
+    out["total"] = round(nxt.get("first_step", nxt["ended"]) - decided, 2)
+    out["steps_lost"] = before["completed"] - after["start_step"]
+    out["world"] = [before["world"], after["world"]]
+    return out
 
 
 def _summarize(args: argparse.Namespace) -> None:
@@ -133,6 +184,9 @@ def _summarize(args: argparse.Namespace) -> None:
     if restarts:
         summary.update(recovery_seconds=restarts[0].get("recovery_seconds"), load_seconds=restarts[0].get("load_seconds"),
                        attributions_after_resume=sum(len(g["detections"]) for g in restarts))
+    summary.update(worlds=[g["world"] for g in generations], nodes=[g["nodes"] for g in generations],
+                   actions=[g["decision"]["action"] for g in generations if g["decision"]],
+                   relaunches=[_phases(before, after) for before, after in zip(generations, generations[1:])])
     with open(os.path.join(args.directory, "summary.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2)
     print(json.dumps(summary))
