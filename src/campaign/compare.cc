@@ -46,10 +46,15 @@ void checkAgainstManifest(const InjectionArtifact& a, const InjectionRecord& r, 
   const Candidate cand{incident, r.iteration, r.iteration + a.clock_offset, selected};
   const InjectionRecord expected = makeRecord(c, incident, fault, cand, r.attempt);
   const Json got = r.toJson();
-  const Json want = expected.toJson();
-  for (const char* key : {"injection_id", "occurrence_id", "training_iteration", "type", "temporal_class",
-                          "safety_class", "target", "parameters", "execution_rank", "expected_rank",
-                          "expected_resource", "expected_component", "expected_layer", "expected_kind"}) {
+  Json want = expected.toJson();
+  if (inc->faults[fault].target.host) {  // placed where its node was: the rank it ran on is the one expected
+    want["execution_rank"] = r.execution_rank;
+    want["expected_rank"] = r.execution_rank;
+  }
+  for (const char* key :
+       {"injection_id", "occurrence_id", "training_iteration", "type", "temporal_class", "safety_class", "target",
+        "parameters", "execution_rank", "expected_rank", "expected_resource", "expected_host", "expected_component",
+        "expected_layer", "expected_kind"}) {
     if (got[key] != want[key]) {
       throw InvalidArgument(where + "." + key + ": " + got[key].dump() + " contradicts the manifest (" +
                             want[key].dump() + ")");
@@ -246,6 +251,20 @@ std::string formatReportTable(const CampaignReport& report) {
   }
   if (!report.unmatched_results.empty())
     out += ", " + std::to_string(report.unmatched_results.size()) + " results matched no occurrence";
+  if (report.exclusions) {
+    out += "\nexclusions: " + std::to_string(report.exclusions->size()) + " node(s), " +
+           std::to_string(report.falseExclusions()) + " false";
+    for (const ExclusionScore& e : *report.exclusions) {
+      out += "\n  " + e.host + ": ";
+      if (!e.expected()) {
+        out += "FALSE EXCLUSION (no injected fault lived there)";
+        continue;
+      }
+      out += "expected (";
+      for (std::size_t i = 0; i < e.injections.size(); ++i) out += (i ? ", " : "") + e.injections[i];
+      out += ")";
+    }
+  }
   out += "\n";
   return out;
 }

@@ -245,6 +245,23 @@ Json CampaignReport::totalsJson() const {
               {"all_localized", allLocalized()}};
 }
 
+std::size_t CampaignReport::falseExclusions() const {
+  if (!exclusions) return 0;
+  return static_cast<std::size_t>(
+      std::count_if(exclusions->begin(), exclusions->end(), [](const ExclusionScore& e) { return !e.expected(); }));
+}
+
+void scoreExclusions(CampaignReport& report, const std::vector<std::string>& excluded_hosts) {
+  std::vector<ExclusionScore> out;
+  for (const std::string& host : excluded_hosts) {
+    ExclusionScore score{host, {}};
+    for (const InjectionRecord& r : report.records)
+      if (r.expected_host == host && r.injectionSucceeded()) score.injections.push_back(r.injection_id);
+    out.push_back(std::move(score));
+  }
+  report.exclusions = std::move(out);
+}
+
 std::string CampaignReport::toJson(int indent) const {
   Json occ = Json::array(), recs = Json::array(), res = Json::array();
   for (const auto& o : occurrences) occ.push_back(o.toJson());
@@ -255,6 +272,13 @@ std::string CampaignReport::toJson(int indent) const {
          {"occurrences", occ},    {"records", recs},
          {"results", res},        {"unmatched_results", unmatched_results},
          {"totals", totalsJson()}};
+  if (exclusions) {
+    Json ex = Json::array();
+    for (const auto& e : *exclusions)
+      ex.push_back(Json{{"host", e.host}, {"expected", e.expected()}, {"injections", e.injections}});
+    j["exclusions"] = std::move(ex);
+    j["totals"]["false_exclusions"] = falseExclusions();
+  }
   return json::dumpWithRawMember(std::move(j), "manifest", manifest, indent);
 }
 

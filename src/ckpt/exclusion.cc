@@ -381,6 +381,7 @@ void applyExclusion(RecoveryDecision& decision, const ExclusionDecision& exclusi
   decision.blamed_hosts = blame.hosts;
   decision.reason += "; " + reason;
   if (action == Action::kEscalate) decision.restart = false;
+  if (action == Action::kExcludeAndRollback) decision.restart = true;  // the node leaves only with its ranks
 }
 
 }  // namespace lmr::ckpt

@@ -57,7 +57,7 @@ def straggler_fault():
 
 
 class Job:
-    def __init__(self, parallel, directory, seed=0, latest_interval=3, self_healing=False):
+    def __init__(self, parallel, directory, seed=0, latest_interval=3, self_healing=False, recovery_policy=None):
         self.cfg = TrainConfig(parallel=parallel, steps=STEPS, seed=seed)
         self.model, self.opt, self.data, self.device = build(self.cfg)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: 1.0 / (1.0 + 0.05 * s))
@@ -65,7 +65,7 @@ class Job:
         self.config = DurableCheckpointConfig.for_dcp(
             self.model, self.opt, directory, scheduler=self.sched, data_state=self.pos,
             latest_interval=latest_interval, latest_directory=os.path.join(directory, "latest"),
-            self_healing=self_healing)
+            self_healing=self_healing, recovery_policy=recovery_policy)
 
     def certify(self, start=0, campaign_=None, state_dir=None):
         self.harness = ReplayHarness(self.model, self.opt, ReplayHarnessConfig(check_interval=2, state_integrity=True,
@@ -203,3 +203,45 @@ def failing_save_run(parallel, directory):
     job.close()
     first = int(calls[0].split("step-")[1].split(".")[0].split("/")[0])
     return {"first": first, "warnings": warnings, "losses": losses, "manifest": manifest}
+
+
+def culprit_run(directory, kind):
+    """Two "nodes" (LMR_NODE_ID node-0: ranks 0 and 1, node-1: rank 2), self-healing. "health": rank 2's
+    device reports an uncorrectable ECC error at step 9 (a scripted health source polled once);
+    "straggler": rank 1 is 60 ms slow from step 9 and the policy excludes a straggler at its
+    first confirmation. Each rank trains until it leaves; returns what it saw."""
+    from lm_resiliency import _core
+    from lm_resiliency.health import HardwareHealthMonitor, HealthConfig, HealthDevice, HealthReading, HealthSource
+
+    os.environ["LMR_NODE_ID"] = f"node-{dist.get_rank() // 2}"  # ranks 0, 1: node-0; rank 2: node-1
+    policy = {"straggler_exclude": True, "straggler_exclude_after": 1} if kind == "straggler" else None
+    job = Job("ddp", directory, self_healing=True, recovery_policy=policy)
+    slow = campaign(incident("slow", [9], "delay", {"rank": 1, **BLOCK0, "surface": "compute"}, {"delay_ms": 60},
+                             {"iterations": 10}))
+    job.certify(campaign_=slow if kind == "straggler" else None, state_dir=directory)
+
+    class FailingEcc(HealthSource):  # no errors at the first poll, 3 uncorrectable ones after
+        name = "scripted"
+        polls = 0
+
+        def poll(self):
+            self.polls += 1
+            return [HealthReading(HealthDevice(0, "GPU-test-2", "00000000:18:00.0", "test"),
+                                  "ecc_uncorrectable_volatile", 0 if self.polls == 1 else 3)]
+
+    monitor = HardwareHealthMonitor(HealthConfig(interval_s=60), [FailingEcc()],
+                                    on_event=job.certifier.note_health_event)
+    left, step = None, 0
+    try:
+        for step in range(STEPS):
+            if kind == "health" and step == 9 and dist.get_rank() == 2:
+                monitor.poll_once()
+                monitor.poll_once()
+            job.train(step, step + 1)
+    except SystemExit as e:
+        left = e.code
+    manifest = json.loads(job.certifier.manifest.to_json())
+    job.close()
+    ledger = _core.ExclusionLedger.read(directory)
+    return {"left": left, "at": step, "decision": manifest["decision"], "excluded": ledger.excluded_hosts,
+            "kinds": [d.kind for d in ledger.decisions]}

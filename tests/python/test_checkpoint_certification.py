@@ -92,3 +92,21 @@ def test_a_save_failing_on_one_rank_is_a_warning_everywhere_and_records_nothing(
         steps = [c["step"] for c in r["manifest"]["checkpoints"]]
         assert first not in steps and any(s > first for s in steps), steps
     assert len({json.dumps(r["manifest"]) for r in per_rank}) == 1
+
+
+@pytest.mark.parametrize("kind", ["health", "straggler"])
+def test_a_fatal_health_event_or_a_confirmed_straggler_excludes_its_node(kind, tmp_path):
+    # No SDC: a fatal ECC event on rank 2's device (node-1), or a compute straggler on rank 1
+    # (node-0) under a policy that excludes stragglers, reaches the recovery policy at the next
+    # check; the node is excluded and every rank leaves for the relaunch from a durable
+    # verified checkpoint.
+    per_rank = spawn(certify_workers.culprit_run, 3, args=(str(tmp_path), kind))
+    culprit = "node-1" if kind == "health" else "node-0"
+    assert [r["left"] for r in per_rank] == [75] * 3, per_rank
+    assert len({r["at"] for r in per_rank}) == 1  # every rank at the same boundary
+    decision = per_rank[0]["decision"]
+    assert decision["action"] == "exclude_and_rollback" and decision["blamed_hosts"] == [culprit], decision
+    assert decision["failure"] == ("inaccessible" if kind == "health" else "straggler")
+    assert decision["tier"] == "durable" and decision["restart"] and decision["status"] == "pending"
+    assert per_rank[0]["excluded"] == [culprit]
+    assert per_rank[0]["kinds"][-1] == ("health" if kind == "health" else "compute_straggler")

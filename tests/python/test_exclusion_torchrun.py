@@ -61,17 +61,17 @@ def _generations(directory):
         return [json.loads(line) for line in f]
 
 
-def _check_exclusion(directory, agents, world_after, nodes_after, latency):
+def _check_exclusion(directory, agents, world_after, nodes_after, latency, rollbacks=1):
     for node, (rc, log) in agents.items():
         assert rc == 0, f"{node}: exit status {rc}\n{log[-3000:]}"
     assert "node node-b is excluded" in agents["node-b"][1]
     generations = _generations(directory)
     assert [g["decision"]["action"] if g["decision"] else None for g in generations] == \
-        ["rollback", "exclude_and_rollback", None]  # one rollback before the exclusion, then nothing
+        ["rollback"] * rollbacks + ["exclude_and_rollback", None]  # the policy's rollbacks, the exclusion, nothing
     assert generations[-1]["detections"] == [] and generations[-1]["completed"] == 12  # every later check Agree
-    assert [g["world"] for g in generations] == [3, 3, world_after]
+    assert [g["world"] for g in generations] == [3] * (rollbacks + 1) + [world_after]
     assert generations[-1]["nodes"] == nodes_after
-    decision = generations[1]["decision"]
+    decision = generations[rollbacks]["decision"]
     assert decision["blamed_hosts"] == ["node-b"] and decision["tier"] == "durable"
     ledger = _core.ExclusionLedger.read(os.path.join(directory, "checkpoints"))
     assert ledger.excluded_hosts == ["node-b"]
@@ -81,7 +81,7 @@ def _check_exclusion(directory, agents, world_after, nodes_after, latency):
     assert 0 < summary["resumed_step"] < 9 and summary["rollback_distance_steps"] > 0
     assert summary["recovery_seconds"] > summary["load_seconds"] > 0
     assert generations[1]["resumed_from"] == generations[0]["decision"]["checkpoint_id"]
-    relaunch = summary["relaunches"][1]
+    relaunch = summary["relaunches"][rollbacks]
     assert relaunch["world"] == [3, world_after] and relaunch["total"] > relaunch["load"] > 0
     return generations
 
@@ -97,9 +97,9 @@ def test_a_standby_takes_the_place_of_the_excluded_node_that_hosts_the_store(tmp
 
 
 def test_without_a_standby_the_job_resumes_resharded_on_the_remaining_nodes(tmp_path):
-    # FSDP2 over 3 ranks, then over 2: the durable DCP checkpoint reshards on load.
-    agents = _run_nodes(tmp_path, ["node-a", "node-b", "node-c"], "--parallel", "fsdp2")
+    # FSDP2 over 3 ranks, then over 2: the durable DCP checkpoint reshards on load. The policy
+    # excludes at the first SDC here (the default's rollback first is the standby test's).
+    agents = _run_nodes(tmp_path, ["node-a", "node-b", "node-c"], "--parallel", "fsdp2", "--sdc-exclude-after", "1")
     # A block-output fault (replay sees no corrupted shard): the next check, one step later.
-    generations = _check_exclusion(tmp_path, agents, 2, ["node-a", "node-c"], latency=1)
+    _check_exclusion(tmp_path, agents, 2, ["node-a", "node-c"], latency=1, rollbacks=0)
     assert "loads resharded on 2 ranks" in agents["node-a"][1] + agents["node-c"][1]
-    assert generations[2]["resumed_from"] == generations[1]["decision"]["checkpoint_id"]

@@ -56,6 +56,14 @@ struct OccurrenceScore {
   Json toJson() const;
 };
 
+// One node a recovery excluded (lmr-exclusions.json), scored against the records: expected when
+// an injected host-bound action lived on it, else a false exclusion.
+struct ExclusionScore {
+  std::string host;
+  std::vector<std::string> injections;  // the injected host-bound actions that lived there
+  bool expected() const { return !injections.empty(); }
+};
+
 struct CampaignReport {
   std::string campaign;
   std::string manifest_identity;
@@ -64,6 +72,7 @@ struct CampaignReport {
   std::vector<LocalizationResult> results;
   std::vector<OccurrenceScore> occurrences;  // in (iteration, incident, attempt) order
   std::vector<std::string> unmatched_results;  // occurrence ids no record has
+  std::optional<std::vector<ExclusionScore>> exclusions;  // when the job's exclusions were scored
 
   std::size_t scored() const;     // occurrences not skipped
   std::size_t injected() const;
@@ -71,6 +80,9 @@ struct CampaignReport {
   std::size_t localized() const;
   std::optional<double> meanLatencyMs() const;  // over localized occurrences with a latency
   bool allLocalized() const { return localized() == scored(); }
+  std::size_t falseExclusions() const;
+  // Every occurrence localized and no node excluded that no fault lived on.
+  bool passed() const { return allLocalized() && falseExclusions() == 0; }
 
   Json totalsJson() const;
   std::string toJson(int indent = 2) const;  // the complete report, manifest embedded
@@ -80,5 +92,9 @@ struct CampaignReport {
 // An occurrence whose incident has actions without a record is not injected.
 CampaignReport evaluate(const Campaign& campaign, const std::vector<InjectionRecord>& records,
                         const std::vector<LocalizationResult>& results);
+
+// Scores the nodes the job excluded (`excluded_hosts`, e.g. the ledger's) against the report's
+// records: each is expected when an injected action with that expected_host lived there.
+void scoreExclusions(CampaignReport& report, const std::vector<std::string>& excluded_hosts);
 
 }  // namespace lmr::campaign

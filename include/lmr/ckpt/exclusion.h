@@ -107,7 +107,8 @@ ExclusionDecision decideExclusion(const RecoveryPolicy& policy, ExclusionLedger&
 bool readmit(ExclusionLedger& ledger, std::string_view host);
 
 // The recovery decision that carries `exclusion` out: its action and culprit, the reason
-// extended; an escalation does not send the ranks to a relaunch (restart false: the job stops).
+// extended; an escalation does not send the ranks to a relaunch (restart false: the job stops),
+// an exclusion always does (a straggler's or a health event's too: the node leaves with its ranks).
 // An exclusion resumes on other nodes, so a fast-tier checkpoint (node-local files) gives way to
 // the newest durable one `manifest` holds for the same failure; with none, it escalates.
 // A warning changes nothing.

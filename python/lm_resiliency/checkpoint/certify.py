@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from typing import Any, Optional
 
@@ -80,6 +81,9 @@ class CheckpointCertifier:
         self._nodes = gather(node_id(), self._group)  # where each rank runs: what exclusion names
         # The ranks and surfaces this rank's evidence blamed at the last outcome it took.
         self._blamed: tuple[set[int], set[str]] = (set(), set())
+        self._judged: Any = None  # the writer's last ExclusionDecision and its ranks, until applied
+        self._health: list[Any] = []  # fatal health events on this rank's devices, not yet acted on
+        self._health_lock = threading.Lock()
         if self._distributed:
             catalogs: list[Any] = [None] * world
             dist.all_gather_object(catalogs, self.catalog, group=self._group)
@@ -117,10 +121,11 @@ class CheckpointCertifier:
 
     def _boundary(self, step: int, observe: bool, result: Any = None) -> None:
         changes = None
+        health = False
         if observe:
             self._finish_pending_save()
             severity, accepted, reason = self._local_outcome(step, result)
-            severity, accepted = self._agree_outcome(severity, accepted)
+            severity, accepted, health = self._agree_outcome(severity, accepted)
             if severity >= _INCONCLUSIVE:
                 reason = self._agree_reason(reason)
             try:
@@ -147,6 +152,8 @@ class CheckpointCertifier:
                 self._write_manifest()
         if changes is not None and changes.recover:
             self._decide("sdc", step)
+        elif changes is not None and self.config.self_healing and (health or capture.performance_fault):
+            self._act_on_culprit(step, health, result)
 
     def _scan_integrity(self) -> None:
         """Notes the first state-integrity SDC among the results recorded since the last scan."""
@@ -190,14 +197,17 @@ class CheckpointCertifier:
         except Exception as e:  # noqa: BLE001 - an Inconclusive outcome, agreed below
             return _INCONCLUSIVE, [False] * len(self.catalog), f"rank {self.rank}: {describe(e)}"
 
-    def _agree_outcome(self, severity: int, accepted: list[bool]) -> tuple[int, list[bool]]:
-        """The worst severity and the recipes accepted on every rank (one all-reduce)."""
+    def _agree_outcome(self, severity: int, accepted: list[bool]) -> tuple[int, list[bool], bool]:
+        """The worst severity, the recipes accepted on every rank, and whether any rank holds a
+        fatal health event not yet acted on (one all-reduce)."""
+        with self._health_lock:
+            health = bool(self._health)
         if not self._distributed:
-            return severity, accepted
-        t = torch.tensor([severity] + [0 if ok else 1 for ok in accepted], dtype=torch.int64)
+            return severity, accepted, health
+        t = torch.tensor([severity, int(health)] + [0 if ok else 1 for ok in accepted], dtype=torch.int64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._group)
         values = t.tolist()
-        return values[0], [v == 0 for v in values[1:]]
+        return values[0], [v == 0 for v in values[2:]], bool(values[1])
 
     def _agree_reason(self, reason: str) -> str:
         """Every rank's reason, joined (the same text in every rank's manifest)."""
@@ -354,9 +364,15 @@ class CheckpointCertifier:
         return self._decide(failure, step, emergency)
 
     def _decide(self, failure: str, step: int, emergency: str = "not_run") -> Any:
-        decision = _core.select_recovery(self._core.manifest, failure, step, emergency, time.time())
         if failure == "sdc" and self.config.self_healing:
-            decision = self._exclusion(decision, step)
+            self._judge("sdc", self._blamed, step)
+        decision = _core.select_recovery(self._core.manifest, failure, step, emergency, time.time())
+        if self._judged is not None:  # the writer's exclusion decision, carried out
+            (exclusion, ranks), self._judged = self._judged, None
+            try:
+                decision = _core.apply_exclusion(decision, exclusion, ranks, self._core.manifest)
+            except Exception as e:  # noqa: BLE001 - the recovery goes on without the exclusion decision
+                log.warning("the exclusion decision at step %d could not be applied: %s", step, describe(e))
         if self._distributed:
             box = [decision.to_json() if self._writer else None]
             dist.broadcast_object_list(box, src=self.config.writer_rank, group=self._group)
@@ -383,33 +399,70 @@ class CheckpointCertifier:
             log.error("not leaving for a restart: the trust manifest in %s could not be written", self.config.directory)
         return decision
 
-    def _exclusion(self, decision: Any, step: int) -> Any:
-        """`decision` with what lmr::ckpt::decideExclusion says about the culprit (the ranks
-        any rank's evidence blamed, their nodes), recorded in the exclusion ledger by the
-        writer; unchanged when that fails (a warning: the rollback still happens).
-        Collective (one gather); only the writer's result counts (broadcast by _decide)."""
-        everyone = gather((sorted(self._blamed[0]), sorted(self._blamed[1])), self._group)
-        blamed = sorted({rank for ranks, _ in everyone for rank in ranks})
+    def _judge(self, kind: str, blamed: tuple[set[int], set[str]], step: int, fatal: bool = False) -> str:
+        """What the recovery policy says about `kind` blamed on the ranks any rank's evidence
+        named (lmr::ckpt::decideExclusion), as every rank learns it: "rollback",
+        "exclude_and_rollback", "escalate", "warn", or "" when nothing is blamed or the decision
+        failed (a warning: recovery goes on without it). The writer decides, records it in the
+        exclusion ledger and keeps it for _decide. Collective (a gather and a broadcast)."""
+        everyone = gather((sorted(blamed[0]), sorted(blamed[1])), self._group)
+        ranks = sorted({rank for found, _ in everyone for rank in found})
         sources = sorted({source for _, found in everyone for source in found})
-        if not self._writer or not blamed:
-            return decision
-        try:
-            ledger = _core.ExclusionLedger.read(self.config.directory)
-            hosts = sorted({self._nodes[r] for r in blamed})
-            policy = self.config.recovery_policy
-            if rendezvous_min_nodes() > policy.min_nodes:  # never below the rendezvous minimum
-                policy = _core.RecoveryPolicy.from_json(policy.to_json())
-                policy.min_nodes = rendezvous_min_nodes()
-            exclusion = _core.decide_exclusion(policy, ledger, "sdc", blamed, hosts, sources, step,
-                                               self._core.manifest.generation, len(set(self._nodes)))
-            with checkpoint_io():
-                ledger.write(self.config.directory)
-            log.warning("exclusion decision for %s (ranks %s): %s: %s", ", ".join(hosts), blamed, exclusion.action,
-                        exclusion.reason)
-            return _core.apply_exclusion(decision, exclusion, blamed, self._core.manifest)
-        except Exception as e:  # noqa: BLE001 - the rollback goes on without the exclusion decision
-            log.warning("the exclusion decision at step %d failed: %s", step, describe(e))
-            return decision
+        action, self._judged = "", None
+        if self._writer and ranks:
+            try:
+                ledger = _core.ExclusionLedger.read(self.config.directory)
+                hosts = sorted({self._nodes[r] for r in ranks})
+                policy = self.config.recovery_policy
+                if rendezvous_min_nodes() > policy.min_nodes:  # never below the rendezvous minimum
+                    policy = _core.RecoveryPolicy.from_json(policy.to_json())
+                    policy.min_nodes = rendezvous_min_nodes()
+                exclusion = _core.decide_exclusion(policy, ledger, kind, ranks, hosts, sources, step,
+                                                   self._core.manifest.generation, len(set(self._nodes)), True, fatal)
+                with checkpoint_io():
+                    ledger.write(self.config.directory)
+                log.warning("exclusion decision on %s for %s at step %d (ranks %s): %s: %s", kind, ", ".join(hosts),
+                            step, ranks, exclusion.action, exclusion.reason)
+                self._judged, action = (exclusion, ranks), exclusion.action
+            except Exception as e:  # noqa: BLE001 - agreed below; recovery goes on without it
+                log.warning("the exclusion decision at step %d failed: %s", step, describe(e))
+        if self._distributed:
+            box = [action]
+            dist.broadcast_object_list(box, src=self.config.writer_rank, group=self._group)
+            action = box[0]
+        return action
+
+    def _act_on_culprit(self, step: int, health: bool, result: Any) -> None:
+        """A check found no SDC, but a rank's device reported a fatal health event, or SCOUT
+        confirmed a compute straggler: the policy decides (a fatal event excludes its node at
+        once by default; a straggler warns unless the policy says exclude), and an exclusion
+        sends every rank to the relaunch like an SDC does. Collective."""
+        if health:
+            with self._health_lock:
+                events, self._health = self._health, []
+            blamed = ({self.rank} if events else set(), {f"health:{e.metric}" for e in events})
+            action = self._judge("health", blamed, step, fatal=True)
+            failure = "inaccessible"
+        else:
+            if result is None:
+                result = next((r for r in reversed(self._harness.results) if r.step == step), None)
+            ranks = set(result.straggler_ranks) if result is not None else set()
+            blamed = (ranks, {f"straggler:{s}" for s in (result.compute_seconds if ranks else ())})
+            action = self._judge("compute_straggler", blamed, step)
+            failure = "straggler"
+        if action == "exclude_and_rollback" or (health and action == "escalate"):
+            self._decide(failure, step)
+        else:
+            self._judged = None
+
+    def note_health_event(self, event: Any) -> None:
+        """Hands a HealthEvent of this rank's device to certification (any thread; wire it as
+        ``HardwareHealthMonitor(on_event=certifier.note_health_event)``). A fatal one is acted
+        on at the next check: the recovery policy excludes the device's node at once (by
+        default) and every rank leaves for the relaunch. Warnings are ignored."""
+        if getattr(event, "fatal", False):
+            with self._health_lock:
+                self._health.append(event)
 
     # --- inspection --------------------------------------------------------------------
 

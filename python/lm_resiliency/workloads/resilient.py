@@ -83,6 +83,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--recurring", action="store_true", help="the fault comes back after every recovery (broken hardware)")
     p.add_argument("--fault-host", default=None,
                    help="the node (LMR_NODE_ID) the fault lives on; --fault-rank is then its local rank there")
+    p.add_argument("--sdc-exclude-after", type=int, default=2,
+                   help="the recovery policy: the Nth SDC blamed on the same node excludes it (1: the first)")
     p.add_argument("--replicate-across-nodes", action="store_true",
                    help="HSDP: replicate across nodes, shard within a node (dp_replicate = world / LOCAL_WORLD_SIZE)")
     p.add_argument("--check-interval", type=int, default=2)
@@ -103,7 +105,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     config = DurableCheckpointConfig.for_dcp(model, opt, os.path.join(args.directory, "checkpoints"),
                                              scheduler=sched, data_state=pos, latest_interval=args.latest_interval,
                                              latest_directory=os.path.join(args.directory, "latest"),
-                                             self_healing=True)
+                                             self_healing=True,
+                                             recovery_policy={"sdc_exclude_after": args.sdc_exclude_after})
     resumed = resume(config, model, opt)
     timeline["loaded"] = time.time()
     start = resumed.step if resumed is not None else 0

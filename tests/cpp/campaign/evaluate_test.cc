@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "lmr/campaign/compare.h"
 #include "lmr/campaign/evaluate.h"
 #include "test_util.h"
 
@@ -216,6 +217,50 @@ TEST_F(Scoring, SkipsAndUnmatchedResults) {
   EXPECT_EQ(j["totals"]["skipped"], 1);
   EXPECT_EQ(j["manifest_identity"], campaign.identity());
   EXPECT_EQ(Campaign::parse(j["manifest"].dump()).identity(), campaign.identity());
+}
+
+// A host-bound fault expects the rank it ran on (its record says), and the node a recovery
+// excluded is scored against where injected faults lived.
+TEST(ExclusionScoring, HostBoundFaultsExpectTheirRankAndTheirNode) {
+  const Campaign c = Campaign::parse(R"({
+    "name": "broken-node",
+    "incidents": [{"incident_id": "gpu", "trigger": {"at": [9]}, "lifetime": {"until": "recovery"},
+                   "retrigger": "every_attempt",
+                   "faults": [{"fault_id": "f", "type": "tensor_corruption",
+                               "target": {"host": "node-b", "local_rank": 1, "component": "transformer_block",
+                                          "index": 0, "surface": "weight"},
+                               "parameters": {"operation": "scale", "factor": 4.0}}]}]})");
+  const Candidate cand{0, 9, 9, true};
+  InjectionRecord r = makeRecord(c, 0, 0, cand, 1);
+  r.execution_rank = 3;  // as the Session fills it in: node-b's local rank 1 was rank 3
+  r.expected_rank = 3;
+  r.transition(RecordStatus::kActive);
+  r.verified = true;
+  r.actual_iteration = 9;
+  r.executor = "test";
+  r.transition(RecordStatus::kCompleted);
+  LocalizationResult found;
+  found.occurrence_id = "gpu@9";
+  found.detected = true;
+  found.failed_ranks = {3};
+  CampaignReport report = evaluate(c, {r}, {found});
+  ASSERT_EQ(report.occurrences.size(), 1u);
+  EXPECT_TRUE(report.occurrences[0].localized) << ::testing::PrintToString(report.occurrences[0].reasons);
+  EXPECT_EQ(report.occurrences[0].expected_ranks, std::vector<std::int64_t>{3});
+  EXPECT_FALSE(report.exclusions.has_value());
+  EXPECT_TRUE(report.passed());
+  scoreExclusions(report, {"node-b"});
+  ASSERT_EQ(report.exclusions->size(), 1u);
+  EXPECT_TRUE(report.exclusions->front().expected());
+  EXPECT_EQ(report.exclusions->front().injections, std::vector<std::string>{"gpu@9/f"});
+  EXPECT_TRUE(report.passed());
+  scoreExclusions(report, {"node-b", "node-c"});  // node-c held no fault: a false exclusion
+  EXPECT_EQ(report.falseExclusions(), 1u);
+  EXPECT_FALSE(report.passed());
+  const Json j = json::parse(report.toJson(-1), "report").value;
+  EXPECT_EQ(j["totals"]["false_exclusions"], 1);
+  EXPECT_EQ(j["exclusions"][1]["host"], "node-c");
+  EXPECT_NE(formatReportTable(report).find("node-c: FALSE EXCLUSION"), std::string::npos) << formatReportTable(report);
 }
 
 TEST(LocalizationResultJson, StrictFields) {

@@ -256,6 +256,22 @@ TEST(Exclusion, AnExclusionResumesFromTheDurableTier) {
   RecoveryDecision only_latest = selectRecovery(m, Failure::kSdc, 12);
   applyExclusion(only_latest, e, b, m);
   EXPECT_EQ(only_latest.action, "escalate");
+  // A straggler's decision sends nobody away, unless it excludes.
+  RecoveryPolicy slow;
+  slow.straggler_exclude = true;
+  slow.straggler_exclude_after = 1;
+  ExclusionLedger slow_ledger;
+  const Blame late = blameOn(BlameKind::kComputeStraggler, "node-c", 12, 0);
+  const ExclusionDecision out = decideExclusion(slow, slow_ledger, late, 3);
+  ASSERT_EQ(out.action, Action::kExcludeAndRollback);
+  Manifest durable_only;
+  durable_only.topology = "t";
+  durable_only.checkpoints = {{"durable-4", 4, Tier::kDurable, TrustState::kRecoveryVerified, "/ck/4", "t", "", 4}};
+  RecoveryDecision straggler = selectRecovery(durable_only, Failure::kStraggler, 12);
+  ASSERT_FALSE(straggler.restart);
+  applyExclusion(straggler, out, late, durable_only);
+  EXPECT_TRUE(straggler.restart);
+  EXPECT_EQ(straggler.action, "exclude_and_rollback");
   // Repaired and readmitted: it may join again, and blamed again it goes straight out.
   ASSERT_TRUE(readmit(ledger, "node-b"));
   EXPECT_FALSE(readmit(ledger, "node-b"));
