@@ -88,7 +88,8 @@ def _check_exclusion(directory, agents, world_after, nodes_after, latency, rollb
 
 def test_a_standby_takes_the_place_of_the_excluded_node_that_hosts_the_store(tmp_path):
     # node-b starts first, so its agent hosts the rendezvous store: excluded, it keeps the
-    # store for the others with no workers of its own, and leaves when the job ends.
+    # store for the others with no workers of its own, and leaves when the job ends. The
+    # default policy: a rollback first, the second SDC on node-b excludes it.
     agents = _run_nodes(tmp_path, ["node-b", "node-a", "node-c", "spare-d"])
     # A weight fault: state integrity sees it at the boundary after it.
     _check_exclusion(tmp_path, agents, 3, ["node-a", "node-c", "spare-d"], latency=0)
