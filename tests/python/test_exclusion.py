@@ -81,3 +81,44 @@ def test_resume_stops_when_an_excluded_node_is_back_and_refuses_a_malformed_ledg
     with pytest.raises(InvalidArgumentError, match="exclusion ledger cannot be read.*extra"):
         resume(config, model, opt)
     assert not os.path.exists(tmp_path / "lmr-trust-manifest.json")
+
+
+def test_hang_reports_blame_their_nodes_in_the_ledger_once_each(tmp_path, monkeypatch):
+    # The out-of-band path's reports arrive on a background thread while training may be hung:
+    # the writer records a process stall or an unresponsive rank as a hang blame on its node
+    # (no collective), each report once; other kinds and inconclusive scopes blame nobody. One
+    # node here: the second hang on it cannot exclude it and escalates in the ledger.
+    import threading
+
+    import torch
+
+    from lm_resiliency.checkpoint import CheckpointCertifier, DurableCheckpointConfig
+    from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
+    from lm_resiliency.workloads.model import Decoder, DecoderConfig
+
+    monkeypatch.setenv("LMR_NODE_ID", "node-a")
+    model = Decoder(DecoderConfig())
+    opt = torch.optim.AdamW(model.parameters())
+    config = DurableCheckpointConfig(str(tmp_path), lambda step, path: None, lambda path: None, self_healing=True)
+    harness = ReplayHarness(model, opt, ReplayHarnessConfig(check_interval=2))
+    certifier = CheckpointCertifier(harness, config)
+
+    def report(kind, report_id, scope="rank", ranks=(0,)):
+        return _core.SCOUTFaultReport(kind, scope, list(ranks), ["vm"], report_id=report_id, step=3)
+
+    for r in (report("dataloader_stall", "r0"), report("group_stall", "r1", "peer_group", ())):
+        certifier.note_fault_report(r)
+    assert _core.ExclusionLedger.read(str(tmp_path)).decisions == []
+    first = report("process_stall", "r2")
+    threads = [threading.Thread(target=certifier.note_fault_report, args=(first,)) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ledger = _core.ExclusionLedger.read(str(tmp_path))
+    assert [(d.kind, d.action, d.hosts) for d in ledger.decisions] == [("hang", "rollback", ["node-a"])]
+    certifier.note_fault_report(report("unresponsive_rank", "r3"))
+    ledger = _core.ExclusionLedger.read(str(tmp_path))
+    assert [d.action for d in ledger.decisions] == ["rollback", "escalate"] and ledger.excluded_hosts == []
+    certifier.close()
+    harness.close()

@@ -39,6 +39,8 @@ log = logging.getLogger("lm_resiliency.checkpoint")
 OUTCOMES = _core.CKPT_OUTCOMES  # by severity: the world takes the worst
 _INCONCLUSIVE, _SDC = OUTCOMES.index("inconclusive"), OUTCOMES.index("sdc")
 _INTEGRITY = [_core.INTEGRITY_RECIPE]  # the checked recipes of a state-integrity result
+# Out-of-band report kinds that blame a rank's process or device for a hang.
+HANG_CULPRITS = ("process_stall", "unresponsive_rank")
 
 
 def outcome_of(result: Any, catalog: list[str]) -> tuple[int, list[bool], str]:
@@ -84,6 +86,8 @@ class CheckpointCertifier:
         self._judged: Any = None  # the writer's last ExclusionDecision and its ranks, until applied
         self._health: list[Any] = []  # fatal health events on this rank's devices, not yet acted on
         self._health_lock = threading.Lock()
+        self._ledger_lock = threading.Lock()  # the training thread's decisions and note_fault_report's
+        self._reports_seen: set[str] = set()
         if self._distributed:
             catalogs: list[Any] = [None] * world
             dist.all_gather_object(catalogs, self.catalog, group=self._group)
@@ -99,6 +103,7 @@ class CheckpointCertifier:
         self._core = _core.Certifier(self.catalog, manifest, harness.completed_iterations,
                                      dynamic=harness.dynamic_catalog, latest_interval=config.latest_interval)
         retire_abandoned(config, self._core.abandoned, self._writer)
+        self._generation = self._core.manifest.generation  # fixed for this process (resume() advances it)
         self._pending_save: Optional[tuple] = None  # (step, state, reason, future) of an async save
         self._seen = len(harness.results)  # harness results already scanned for state-integrity SDC
         self._integrity_finding: Any = None  # the first integrity SDC since the last boundary taken
@@ -411,16 +416,8 @@ class CheckpointCertifier:
         action, self._judged = "", None
         if self._writer and ranks:
             try:
-                ledger = _core.ExclusionLedger.read(self.config.directory)
-                hosts = sorted({self._nodes[r] for r in ranks})
-                policy = self.config.recovery_policy
-                if rendezvous_min_nodes() > policy.min_nodes:  # never below the rendezvous minimum
-                    policy = _core.RecoveryPolicy.from_json(policy.to_json())
-                    policy.min_nodes = rendezvous_min_nodes()
-                exclusion = _core.decide_exclusion(policy, ledger, kind, ranks, hosts, sources, step,
-                                                   self._core.manifest.generation, len(set(self._nodes)), True, fatal)
-                with checkpoint_io():
-                    ledger.write(self.config.directory)
+                with self._ledger_lock:
+                    exclusion, hosts = self._record_blame(kind, ranks, sources, step, fatal)
                 log.warning("exclusion decision on %s for %s at step %d (ranks %s): %s: %s", kind, ", ".join(hosts),
                             step, ranks, exclusion.action, exclusion.reason)
                 self._judged, action = (exclusion, ranks), exclusion.action
@@ -431,6 +428,51 @@ class CheckpointCertifier:
             dist.broadcast_object_list(box, src=self.config.writer_rank, group=self._group)
             action = box[0]
         return action
+
+    def _record_blame(self, kind: str, ranks: list[int], sources: list[str], step: int, fatal: bool = False,
+                      training_thread: bool = True) -> tuple[Any, list[str]]:
+        """The writer: lmr::ckpt::decideExclusion on the ledger, written back. Hold _ledger_lock.
+        Off the training thread the write is not published as this rank's checkpoint I/O (that
+        would change how a stall of the training thread is diagnosed)."""
+        ledger = _core.ExclusionLedger.read(self.config.directory)
+        hosts = sorted({self._nodes[r] for r in ranks})
+        policy = self.config.recovery_policy
+        if rendezvous_min_nodes() > policy.min_nodes:  # never below the rendezvous minimum
+            policy = _core.RecoveryPolicy.from_json(policy.to_json())
+            policy.min_nodes = rendezvous_min_nodes()
+        exclusion = _core.decide_exclusion(policy, ledger, kind, ranks, hosts, sources, step, self._generation,
+                                           len(set(self._nodes)), True, fatal)
+        if training_thread:
+            with checkpoint_io():
+                ledger.write(self.config.directory)
+        else:
+            ledger.write(self.config.directory)
+        return exclusion, hosts
+
+    def note_fault_report(self, report: Any) -> None:
+        """Hands an out-of-band SCOUTFaultReport to certification (any thread, no collective:
+        the training thread may be blocked in the hung collective; wire it as
+        ``OrchestrationHooks(on_fault_report=certifier.note_fault_report)``). A process stall or
+        an unresponsive rank is a hang blamed on those ranks' nodes: the writer rank records it in
+        the exclusion ledger (each report once), and when the policy excludes
+        (``hang_exclude_after``, the second on the same node by default) the node stays out of
+        the relaunch that follows the hang under lmr-c10d. Other reports are ignored."""
+        if (not self._writer or not self.config.self_healing or report.scope != "rank"
+                or report.kind not in HANG_CULPRITS or not report.ranks):
+            return
+        try:
+            with self._ledger_lock:
+                if report.report_id and report.report_id in self._reports_seen:
+                    return
+                self._reports_seen.add(report.report_id)
+                ranks = sorted(r for r in report.ranks if 0 <= r < len(self._nodes))
+                step = report.step if report.step is not None else self._harness.completed_iterations
+                exclusion, hosts = self._record_blame("hang", ranks, [f"oob:{report.kind}"], step,
+                                                      training_thread=False)
+            log.warning("exclusion decision on a hang (%s) for %s (ranks %s): %s: %s", report.kind, ", ".join(hosts),
+                        ranks, exclusion.action, exclusion.reason)
+        except Exception as e:  # noqa: BLE001 - a manager's callback thread: log, never raise
+            log.warning("the hang report %s could not be recorded: %s", report.report_id, describe(e))
 
     def _act_on_culprit(self, step: int, health: bool, result: Any) -> None:
         """A check found no SDC, but a rank's device reported a fatal health event, or SCOUT
