@@ -2,6 +2,7 @@
 // cross as their names ("sdc", "exclude_and_rollback").
 #include <nanobind/operators.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include "bindings.h"
@@ -67,6 +68,14 @@ void registerExclusion(nb::module_& m) {
            })
       .def(nb::self == nb::self);
   m.def("exclusion_ledger_path", &ledgerPath);
+  m.def(
+      "respond_to",
+      [](const ExclusionDecision& e, bool fatal) {
+        const CulpritResponse r = respondTo(e, fatal);
+        return std::make_tuple(std::string(name(r.failure)), r.leave);
+      },
+      nb::arg("exclusion"), nb::arg("fatal") = false,
+      "(failure, leave) a culprit's exclusion decision leads to (lmr::ckpt::respondTo).");
   m.def(
       "readmit", [](ExclusionLedger& ledger, const std::string& host) { return readmit(ledger, host); },
       nb::arg("ledger"), nb::arg("host"),

@@ -243,6 +243,21 @@ bool ExclusionLedger::isExcluded(std::string_view host) const {
   return std::any_of(excluded.begin(), excluded.end(), [&](const ExcludedHost& e) { return e.host == host; });
 }
 
+CulpritResponse respondTo(const ExclusionDecision& e, bool fatal) {
+  CulpritResponse r;
+  switch (e.kind) {
+    case BlameKind::kSdc: r.failure = Failure::kSdc; break;
+    case BlameKind::kComputeStraggler:
+    case BlameKind::kCommStraggler: r.failure = Failure::kStraggler; break;
+    case BlameKind::kHealth: r.failure = Failure::kInaccessible; break;
+    case BlameKind::kHang: r.failure = Failure::kHang; break;
+  }
+  const bool hang = e.kind == BlameKind::kHang;
+  r.leave = !hang && (e.action == Action::kExcludeAndRollback ||
+                      (e.action == Action::kEscalate && e.kind == BlameKind::kHealth && fatal));
+  return r;
+}
+
 bool readmit(ExclusionLedger& ledger, std::string_view host) {
   return std::erase_if(ledger.excluded, [&](const ExcludedHost& e) { return e.host == host; }) > 0;
 }

@@ -101,6 +101,17 @@ ExclusionLedger readLedger(const std::string& directory);
 ExclusionDecision decideExclusion(const RecoveryPolicy& policy, ExclusionLedger& ledger, const Blame& blame,
                                   std::int64_t nodes);
 
+// What a culprit found outside an SDC verdict leads to: the failure its recovery decision is for
+// (a fatal health event: inaccessible; a straggler: straggler; a hang: hang), and whether every
+// rank leaves for the relaunch now: on an exclusion, and on a fatal health event's escalation
+// (the device cannot go on); a straggler that cannot be excluded keeps training, and a hang's
+// relaunch is the collective timeout's or the manager's.
+struct CulpritResponse {
+  Failure failure = Failure::kUncertain;
+  bool leave = false;
+};
+CulpritResponse respondTo(const ExclusionDecision& exclusion, bool fatal);
+
 // After an operator repaired `host`: it leaves the excluded list, so it may join the job again
 // and no longer counts against max_excluded. Its earlier blames stay in the history: blamed
 // again, it is excluded at once. False (nothing changed) when `host` is not excluded.

@@ -404,23 +404,23 @@ class CheckpointCertifier:
             log.error("not leaving for a restart: the trust manifest in %s could not be written", self.config.directory)
         return decision
 
-    def _judge(self, kind: str, blamed: tuple[set[int], set[str]], step: int, fatal: bool = False) -> str:
+    def _judge(self, kind: str, blamed: tuple[set[int], set[str]], step: int, fatal: bool = False) -> Any:
         """What the recovery policy says about `kind` blamed on the ranks any rank's evidence
-        named (lmr::ckpt::decideExclusion), as every rank learns it: "rollback",
-        "exclude_and_rollback", "escalate", "warn", or "" when nothing is blamed or the decision
-        failed (a warning: recovery goes on without it). The writer decides, records it in the
-        exclusion ledger and keeps it for _decide. Collective (a gather and a broadcast)."""
+        named (lmr::ckpt::decideExclusion), as every rank learns it: (failure, leave) of
+        lmr::ckpt::respondTo, or None when nothing is blamed or the decision failed (a warning:
+        recovery goes on without it). The writer decides, records it in the exclusion ledger and
+        keeps it for _decide. Collective (a gather and a broadcast)."""
         everyone = gather((sorted(blamed[0]), sorted(blamed[1])), self._group)
         ranks = sorted({rank for found, _ in everyone for rank in found})
         sources = sorted({source for _, found in everyone for source in found})
-        action, self._judged = "", None
+        action, self._judged = None, None
         if self._writer and ranks:
             try:
                 with self._ledger_lock:
                     exclusion, hosts = self._record_blame(kind, ranks, sources, step, fatal)
                 log.warning("exclusion decision on %s for %s at step %d (ranks %s): %s: %s", kind, ", ".join(hosts),
                             step, ranks, exclusion.action, exclusion.reason)
-                self._judged, action = (exclusion, ranks), exclusion.action
+                self._judged, action = (exclusion, ranks), _core.respond_to(exclusion, fatal)
             except Exception as e:  # noqa: BLE001 - agreed below; recovery goes on without it
                 log.warning("the exclusion decision at step %d failed: %s", step, describe(e))
         if self._distributed:
@@ -483,17 +483,16 @@ class CheckpointCertifier:
             with self._health_lock:
                 events, self._health = self._health, []
             blamed = ({self.rank} if events else set(), {f"health:{e.metric}" for e in events})
-            action = self._judge("health", blamed, step, fatal=True)
-            failure = "inaccessible"
+            response = self._judge("health", blamed, step, fatal=True)
         else:
-            if result is None:
-                result = next((r for r in reversed(self._harness.results) if r.step == step), None)
+            if result is None:  # the check's own result (a state-integrity one has no timing)
+                result = next((r for r in reversed(self._harness.results)
+                               if r.step == step and r.checked_recipe_ids != _INTEGRITY), None)
             ranks = set(result.straggler_ranks) if result is not None else set()
             blamed = (ranks, {f"straggler:{s}" for s in (result.compute_seconds if ranks else ())})
-            action = self._judge("compute_straggler", blamed, step)
-            failure = "straggler"
-        if action == "exclude_and_rollback" or (health and action == "escalate"):
-            self._decide(failure, step)
+            response = self._judge("compute_straggler", blamed, step)
+        if response is not None and response[1]:  # lmr::ckpt::respondTo: the ranks leave now
+            self._decide(response[0], step)
         else:
             self._judged = None
 
@@ -501,8 +500,9 @@ class CheckpointCertifier:
         """Hands a HealthEvent of this rank's device to certification (any thread; wire it as
         ``HardwareHealthMonitor(on_event=certifier.note_health_event)``). A fatal one is acted
         on at the next check: the recovery policy excludes the device's node at once (by
-        default) and every rank leaves for the relaunch. Warnings are ignored."""
-        if getattr(event, "fatal", False):
+        default) and every rank leaves for the relaunch. Warnings, and every event without
+        self_healing, are ignored."""
+        if self.config.self_healing and getattr(event, "fatal", False):
             with self._health_lock:
                 self._health.append(event)
 

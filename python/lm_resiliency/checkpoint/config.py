@@ -47,8 +47,8 @@ RECOVERY_EXIT_CODE = 75
 # The exit status of a rank when self-healing cannot heal the job (EX_UNAVAILABLE): the same
 # culprit again where it cannot be excluded. Every relaunch stops with it at once.
 ESCALATE_EXIT_CODE = 69
-# The exit status of the torchrun agent of a node the job excluded (it leaves the rendezvous
-# and the others go on without it): lm_resiliency.rendezvous.
+# (The torchrun agent of a node the job excluded leaves with
+# lm_resiliency.rendezvous.EXCLUDED_EXIT_CODE, 0: the others go on without it.)
 
 
 @dataclasses.dataclass

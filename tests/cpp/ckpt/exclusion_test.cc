@@ -272,6 +272,19 @@ TEST(Exclusion, AnExclusionResumesFromTheDurableTier) {
   applyExclusion(straggler, out, late, durable_only);
   EXPECT_TRUE(straggler.restart);
   EXPECT_EQ(straggler.action, "exclude_and_rollback");
+  // What each culprit leads to: the failure of its decision, and whether the ranks leave now.
+  const auto response = respondTo(out, false);
+  EXPECT_EQ(response.failure, Failure::kStraggler);
+  EXPECT_TRUE(response.leave);
+  ExclusionDecision d2 = out;
+  d2.action = Action::kEscalate;
+  EXPECT_FALSE(respondTo(d2, false).leave);  // a slow node that cannot go keeps training
+  d2.kind = BlameKind::kHealth;
+  EXPECT_TRUE(respondTo(d2, true).leave);  // a dead device cannot go on
+  EXPECT_EQ(respondTo(d2, true).failure, Failure::kInaccessible);
+  d2.kind = BlameKind::kHang;
+  d2.action = Action::kExcludeAndRollback;
+  EXPECT_FALSE(respondTo(d2, false).leave);  // the hang's relaunch is not ours to start
   // Repaired and readmitted: it may join again, and blamed again it goes straight out.
   ASSERT_TRUE(readmit(ledger, "node-b"));
   EXPECT_FALSE(readmit(ledger, "node-b"));
