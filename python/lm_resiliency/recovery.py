@@ -105,8 +105,8 @@ def _refuse_excluded_nodes(config: DurableCheckpointConfig, group: Any) -> None:
     back = sorted(set(gather(node_id(), group)) & set(excluded))
     if back:
         log.error("node(s) %s were excluded by an earlier recovery decision (%s) but run ranks of this job: launch "
-                  "torchrun with --rdzv-backend lmr-c10d so they stay out (docs/recovery.md), or remove them from the "
-                  "ledger once repaired; stopping (exit status %d)", ", ".join(back),
+                  "torchrun with --rdzv-backend lmr-c10d so they stay out (docs/recovery.md), or readmit them once "
+                  "repaired (lm_resiliency.recovery.readmit_node); stopping (exit status %d)", ", ".join(back),
                   _core.exclusion_ledger_path(config.directory), ESCALATE_EXIT_CODE)
         raise SystemExit(ESCALATE_EXIT_CODE)
 
