@@ -206,6 +206,10 @@ void registerCampaign(nb::module_& m) {
       .def("to_json", &CampaignReport::toJson, nb::arg("indent") = 2)
       .def("table", &formatReportTable)
       .def_prop_ro("all_localized", &CampaignReport::allLocalized)
+      .def("score_exclusions", &scoreExclusions, nb::arg("excluded_hosts"),
+           "Scores the nodes the job excluded against the records (lmr::campaign::scoreExclusions).")
+      .def_prop_ro("false_exclusions", &CampaignReport::falseExclusions)
+      .def_prop_ro("passed", &CampaignReport::passed)
       .def_prop_ro("totals_json", [](const CampaignReport& r) { return r.totalsJson().dump(); });
 
   auto parseResults = [](const std::vector<std::string>& texts) {

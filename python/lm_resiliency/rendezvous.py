@@ -32,7 +32,9 @@ nodes (``lmr-rdzv-store``, ``is_host=false`` on every agent) to drain such a nod
 It also sets, for the agent and its workers: ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (each
 round's rank 0 publishes a fresh worker store: torch 2.13's shared store keeps the address of
 the first round's rank 0 on the other agents, which is gone once that node is excluded), and
-``LMR_RDZV_MIN_NODES`` (exclusion never leaves fewer nodes than ``--nnodes``'s minimum).
+``LMR_RDZV_MIN_NODES`` (exclusion never leaves fewer nodes than ``--nnodes``'s minimum); and for
+the workers of each round ``LMR_GENERATION``, the rendezvous round, the same on every node (the
+hang daemons and anything else keyed by generation agree with a standby that joined late).
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ _DEFAULT_PORT = 29400
 # How long an excluded agent that hosts the store keeps serving it after the rendezvous closed
 # (the last agents still sync their shutdown through it).
 _STORE_LINGER_S = 3.0
+GENERATION_ENV = "LMR_GENERATION"
 
 
 class ExcludingRendezvousHandler(RendezvousHandler):
@@ -98,7 +101,20 @@ class ExcludingRendezvousHandler(RendezvousHandler):
         if self._standby:
             self._wait_for_vacancy()
             self._standby = False
-        return self._inner.next_rendezvous()
+        info = self._inner.next_rendezvous()
+        self._export_generation()
+        return info
+
+    def _export_generation(self) -> None:
+        """LMR_GENERATION for the workers: the round just formed, the same on every node (a
+        standby's TORCHELASTIC_RESTART_COUNT starts at 0 where the others' is already 2, and
+        the hang daemons meet on a port derived from the generation)."""
+        state = getattr(getattr(self._inner, "_state_holder", None), "state", None)
+        round_ = getattr(state, "round", None)
+        if isinstance(round_, int):
+            os.environ[GENERATION_ENV] = str(round_)
+        else:  # another torch: the workers fall back to TORCHELASTIC_RESTART_COUNT
+            os.environ.pop(GENERATION_ENV, None)
 
     def is_closed(self) -> bool:
         return self._inner.is_closed()

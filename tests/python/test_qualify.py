@@ -16,6 +16,7 @@ import lm_resiliency as lmr
 from lm_resiliency.fault_injection import FaultCampaign, FaultInjectionRecord, RecordStatus, evaluate
 from lm_resiliency.orchestration import OrchestrationHooks
 from lm_resiliency.qualify import families as fam
+from lm_resiliency.qualify import runner
 from lm_resiliency.qualify.summary import mean_interval, wilson
 from lm_resiliency.scout import ReplayResult, SCOUTFaultReport, SurfaceResult, hang_localization_results
 from lm_resiliency.workloads.model import Decoder, DecoderConfig
@@ -38,7 +39,7 @@ def failure(run, out=None):
     the warnings, errors and exits torchrun logged for each generation (under `out`)."""
     text = run.stdout if len(run.stdout) <= 9000 else run.stdout[:4500] + "\n[...]\n" + run.stdout[-4500:]
     text += run.stderr[-3000:]
-    for log in sorted(out.glob("runs/*/torchrun.log")) if out is not None else []:
+    for log in sorted(out.glob("runs/*/torchrun*.log")) if out is not None else []:
         lines = [line for line in log.read_text(errors="replace").splitlines()
                  if any(w in line for w in LOGGED)]
         text += f"\n--- {log.relative_to(out)} ---\n" + "\n".join(lines[:40] + (["[...]"] + lines[-20:]
@@ -56,7 +57,7 @@ def _bad_campaign(tmp_path):
     return str(path)
 
 
-@pytest.mark.parametrize("case", ["family", "ranks", "unwritable", "repeat", "manifest", "port"])
+@pytest.mark.parametrize("case", ["family", "ranks", "unwritable", "repeat", "manifest", "port", "nodes", "standby"])
 def test_bad_input_is_one_line_and_exit_status_2(case, tmp_path):
     out = tmp_path / "out"
     blocker = tmp_path / "a-file"
@@ -71,6 +72,8 @@ def test_bad_input_is_one_line_and_exit_status_2(case, tmp_path):
         "unwritable": (["--out", str(blocker / "out")], "cannot write there"),
         "repeat": (["--repeat", "0"], "--repeat must be at least 1"),
         "manifest": (["--campaign", str(blocker)], "--campaign"),
+        "nodes": (["--nodes", "3", "--ranks", "5"], "--ranks (5) must be divisible by --nodes (3)"),
+        "standby": (["--standby", "1"], "--standby needs --nodes 2 or more"),
     }[case]
     if case != "unwritable":
         args = [*args, "--out", str(out)]
@@ -88,8 +91,9 @@ def test_bad_input_is_one_line_and_exit_status_2(case, tmp_path):
 def test_default_campaign_covers_what_the_configuration_can_localize():
     ddp = fam.default_campaign(fam.Config("ddp", 4))
     ids = [i["incident_id"] for i in ddp.campaign["incidents"]]
-    assert ids == [n for n in fam.NAMES if n != "comm_straggler"]
+    assert ids == [n for n in fam.NAMES if n not in ("comm_straggler", "broken_node")]
     assert "two process-group dimensions" in ddp.left_out["comm_straggler"]
+    assert "needs 2 or more nodes" in ddp.left_out["broken_node"]
     # The permanent fault comes first, once a verified checkpoint can exist; then one window
     # after the other with fault-free iterations between, on rotating ranks.
     incidents = ddp.campaign["incidents"]
@@ -116,6 +120,21 @@ def test_default_campaign_covers_what_the_configuration_can_localize():
     assert fam.parse_families("sdc_head, recovery") == ("recovery", "sdc_head")
     with pytest.raises(ValueError, match="unknown family 'nope'"):
         fam.parse_families("nope")
+
+
+def test_the_broken_node_comes_first_and_the_later_families_run_without_it():
+    plan = fam.default_campaign(fam.Config("ddp", 6, nodes=3))
+    first, *rest = plan.campaign["incidents"]
+    assert first["incident_id"] == "broken_node" and first["retrigger"] == "every_attempt"
+    assert first["lifetime"] == {"until": "recovery"} and first["trigger"]["at"] == [fam.RECOVERY_AT]
+    target = first["faults"][0]["target"]
+    assert target["host"] == "node-b" and target["local_rank"] == 1 and "rank" not in target
+    assert max(i["faults"][0]["target"].get("rank", 0) for i in rest) == 3  # the 4 ranks left after node-b
+    FaultCampaign.from_json(plan.campaign)
+    assert runner._recoveries_needed(plan.campaign) == 3  # the rollback, the exclusion, the recovery family
+    # One rank per node: once node-b left, 2 ranks have no strict majority, unless a standby comes.
+    assert "strict majority" in fam.default_campaign(fam.Config("ddp", 3, nodes=3)).left_out["broken_node"]
+    assert "broken_node" not in fam.default_campaign(fam.Config("ddp", 3, nodes=3, standby=1)).left_out
 
 
 # --- pieces the runner scores with -----------------------------------------------------
@@ -252,10 +271,10 @@ def test_default_qualification_localizes_every_family_and_recovers(tmp_path):
     run = qualify("--out", str(out), "--plain", "--metrics-port", str(_free_port()))
     assert run.returncode == 0, failure(run, out)
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["passed"] and list(summary["left_out"]) == ["comm_straggler"]
+    assert summary["passed"] and list(summary["left_out"]) == ["broken_node", "comm_straggler"]
     (campaign,) = summary["runs"]
     rows = {r["occurrence"].split("@")[0]: r for r in campaign["occurrences"]}
-    assert set(rows) == set(fam.NAMES) - {"comm_straggler"}
+    assert set(rows) == set(fam.NAMES) - {"comm_straggler", "broken_node"}
     assert all(r["localized"] for r in rows.values()), rows
     assert campaign["attributions"]["unexplained"] == []
     (recovery,) = campaign["recoveries"]
@@ -301,3 +320,26 @@ def test_inside_an_existing_torchrun_rank_0_scores_after_the_restart(tmp_path):
                                                               "finished"]
     assert all(r["localized"] for r in campaign["occurrences"]) and len(campaign["occurrences"]) == 2
     assert run.stdout.count("PASSED") == 1  # rank 0 alone reports
+
+
+@pytest.mark.distributed
+def test_a_broken_node_is_excluded_and_a_standby_takes_its_place(tmp_path):
+    """Three torchrun agents as nodes (one rank each) and a standby on one lmr-c10d rendezvous:
+    node-b's recurring SDC rolls back once, then excludes node-b; spare-1 takes its place."""
+    out = tmp_path / "q"
+    run = qualify("--out", str(out), "--plain", "--no-plots", "--nodes", "3", "--standby", "1", "--ranks", "3",
+                  "--families", "broken_node", timeout=300)
+    assert run.returncode == 0, failure(run, out)
+    summary = json.loads((out / "summary.json").read_text())
+    (campaign,) = summary["runs"]
+    assert summary["passed"] and campaign["missing_exclusions"] == []
+    assert [r["action"] for r in campaign["recoveries"]] == ["rollback", "exclude_and_rollback"]
+    assert campaign["recoveries"][1]["blamed_hosts"] == ["node-b"] and campaign["recoveries"][1]["joined"] == ["spare-1"]
+    assert [e["host"] for e in campaign["exclusions"]] == ["node-b"] and campaign["exclusions"][0]["expected"]
+    assert [g["world"] for g in campaign["generations"]] == [3, 3, 3]
+    assert campaign["generations"][-1]["nodes"] == ["node-a", "node-c", "spare-1"]
+    assert [r["localized"] for r in campaign["occurrences"]] == [True, True]
+    run_dir = out / "runs" / "campaign"
+    assert "exclusions: 1 node(s), 0 false" in (run_dir / "compare.txt").read_text()
+    assert "exclude node-b, spare-1 in its place (world 3 -&gt; 3)" in (out / "report.html").read_text()
+    assert "excluded node-b: expected" in run.stdout and "PASSED" in run.stdout

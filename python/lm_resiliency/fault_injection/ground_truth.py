@@ -169,6 +169,25 @@ class CampaignReport:
     def table(self) -> str:
         return self._core.table()
 
+    def score_exclusions(self, excluded_hosts: Iterable[str]) -> None:
+        """Scores the nodes the job excluded (the exclusion ledger's hosts): each is expected
+        when an injected fault bound to that host lived there, else a false exclusion."""
+        self._core.score_exclusions(list(excluded_hosts))
+
+    @property
+    def exclusions(self) -> Optional[list[dict[str, Any]]]:
+        """host, expected, injections per excluded node; None until score_exclusions ran."""
+        return self.to_dict().get("exclusions")
+
+    @property
+    def false_exclusions(self) -> int:
+        return self._core.false_exclusions
+
+    @property
+    def passed(self) -> bool:
+        """Every occurrence localized and no node excluded that no fault lived on."""
+        return self._core.passed
+
 
 def _result_texts(results: Iterable[LocalizationResult]) -> list[str]:
     out = []

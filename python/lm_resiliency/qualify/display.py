@@ -103,7 +103,11 @@ class Tail:
         elif kind == "decision":
             d = e["decision"]
             s.decisions += 1
-            s.lines.append(f"step {d['decided_at']}: recovery decision {d['mode']} -> {d.get('checkpoint_id') or '-'}")
+            action = d.get("action", "rollback")
+            if d.get("blamed_hosts") and action != "rollback":
+                action += f" ({', '.join(d['blamed_hosts'])})"
+            s.lines.append(f"step {d['decided_at']}: recovery decision {d['mode']}, {action} -> "
+                           f"{d.get('checkpoint_id') or '-'}")
         elif kind == "end":
             s.lines.append(f"generation {g} ended: {e['ended']}")
 

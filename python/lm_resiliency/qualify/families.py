@@ -3,9 +3,11 @@
 Each family is one incident of the campaign: what it injects, on which rank, for how long,
 and what the run's configuration needs for it to be localized (a family the configuration
 cannot localize is left out of the default campaign, with the reason printed). The
-schedule puts the permanent fault first, once a verified checkpoint exists, so the
-self-healing restart happens early and every other family runs in the resumed generation,
-each in its own window with fault-free iterations between them.
+schedule puts the permanent faults first, once a verified checkpoint exists, so the
+self-healing restarts happen early and every other family runs in the resumed generation,
+each in its own window with fault-free iterations between them. On several nodes the
+broken node's fault comes first: it recurs after the rollback, the node is excluded, and
+the later families run on the world without it.
 """
 
 from __future__ import annotations
@@ -32,11 +34,30 @@ class Config:
     device: str = "cpu"
     dp_replicate: int = 2
     host: str = "localhost"  # the host every rank runs on (the comm straggler's resource)
+    nodes: int = 1  # torchrun agents, each a node with its own LMR_NODE_ID (node_name(i))
+    standby: int = 0  # spare agents waiting to take an excluded node's place
 
     @property
     def replicas(self) -> int:
         """Copies of each piece of held state (parameters, optimizer state)."""
         return {"ddp": self.world, "fsdp2": 1, "hsdp": self.dp_replicate}[self.parallel]
+
+    @property
+    def per_node(self) -> int:
+        return self.world // self.nodes
+
+    @property
+    def after_exclusion(self) -> int:
+        """The world once the broken node left: a standby keeps it, else it shrinks by a node."""
+        return self.world if self.standby or self.nodes < 2 else self.world - self.per_node
+
+
+def node_name(i: int) -> str:
+    """The node identity of agent i (node-a, node-b, ...); spares are spare-1, spare-2, ..."""
+    return f"node-{chr(ord('a') + i)}"
+
+
+BROKEN_NODE = node_name(1)  # where the broken_node family's fault lives
 
 
 def _fault(fault_type: str, target: dict, parameters: Optional[dict] = None) -> dict:
@@ -55,11 +76,15 @@ class Family:
     faults: Callable[[int, Config], list]  # (rank, config) -> the incident's faults
     needs: Callable[[Config], str] = lambda c: ""  # why `c` cannot localize it ("" when it can)
     until: str = ""  # a lifetime "until" instead of `window` iterations
+    retrigger: str = ""  # "every_attempt": the fault comes back after every recovery
 
     def incident(self, at: int, rank: int, config: Config) -> dict:
         lifetime: dict[str, Any] = {"until": self.until} if self.until else {"iterations": self.window}
-        return {"incident_id": self.name, "trigger": {"at": [at]}, "lifetime": lifetime,
-                "faults": self.faults(rank, config)}
+        incident = {"incident_id": self.name, "trigger": {"at": [at]}, "lifetime": lifetime,
+                    "faults": self.faults(rank, config)}
+        if self.retrigger:
+            incident["retrigger"] = self.retrigger
+        return incident
 
 
 def _majority(c: Config) -> str:
@@ -86,7 +111,28 @@ def _mesh(c: Config) -> str:
     return ""
 
 
+def _nodes(c: Config) -> str:
+    if c.nodes < 2:
+        return ("needs 2 or more nodes (--nodes N: N torchrun agents on one rendezvous, each with its own "
+                "node identity) so the broken one can leave")
+    if c.after_exclusion < 3:
+        return (f"needs 3 or more ranks once the broken node left, for a strict majority ({c.after_exclusion}): "
+                "more ranks per node, another node or --standby 1")
+    return ""
+
+
+def _broken_node(rank: int, c: Config) -> list:
+    """A weight SDC on the broken node's local rank `rank % per_node`, wherever the job puts
+    that node's ranks; retriggered after every recovery, it is gone once the node is excluded."""
+    target = {"host": BROKEN_NODE, "local_rank": rank % c.per_node, "component": "transformer_block", "index": 0,
+              "surface": "weight"}
+    return [_fault("tensor_corruption", target,
+                   {"operation": "scale", "factor": 4.0, "scope": "1%", "parameter": "attention.wq.weight"})]
+
+
 FAMILIES: tuple[Family, ...] = (
+    Family("broken_node", "broken node (recurring SDC): rollback, then exclusion", 0, _broken_node, _nodes,
+           until="recovery", retrigger="every_attempt"),
     Family("recovery", "permanent weight SDC, self-healing restart", 0,
            lambda r, c: [_fault("tensor_corruption", _block(r, "weight"),
                                 {"operation": "scale", "factor": 4.0, "scope": "1%", "parameter": "attention.wq.weight"})],
@@ -158,14 +204,17 @@ def default_campaign(config: Config, families: tuple[str, ...] = NAMES, seed: in
     incidents, left_out = [], {}
     at = RECOVERY_AT
     chosen = [BY_NAME[n] for n in families]
-    if "recovery" not in families:
-        at = 4
+    if "recovery" not in families and "broken_node" not in families:
+        at = 4  # nothing needs a verified checkpoint first
+    world = config.world
     for family in chosen:
         why = family.needs(config)
         if why:
             left_out[family.name] = why
             continue
-        rank = (len(incidents) + 1) % config.world
+        rank = (len(incidents) + 1) % world
+        if family.name == "broken_node":
+            world = config.after_exclusion  # every later family runs on the world without it
         incidents.append(family.incident(at, rank, config))
         # The permanent fault ends at the restart: the resumed run starts below it.
         at += (1 if family.until else family.window) + GAP

@@ -9,7 +9,7 @@ import html
 import os
 from typing import Any
 
-from lm_resiliency.qualify.rows import rows
+from lm_resiliency.qualify.rows import exclusion_lines, rows
 
 _STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}
@@ -40,33 +40,41 @@ def _run_section(run: Any, titles: dict[str, str], out: str) -> str:
              f"<p>{len(o.generations)} generation(s), {run.seconds:.0f} s; manifest <code>{_e(o.campaign.identity)}</code></p>"]
     if o.report.occurrences:
         parts.append("<table><tr><th>occurrence</th><th>family</th><th>expected</th><th>injected</th><th>detected</th>"
-                     "<th>localized</th><th>latency</th><th>rollback</th><th>recovery</th><th>reasons</th></tr>")
+                     "<th>localized</th><th>latency</th><th>rollback</th><th>recovery</th><th>action</th>"
+                     "<th>reasons</th></tr>")
         for r in rows(run.outcome, titles):
             latency = "-" if r["latency_ms"] is None else f"{r['latency_ms']:.0f} ms"
             rollback = "-" if r["rollback_steps"] is None else f"{r['rollback_steps']} steps"
             recovery = "-" if r["recovery_s"] is None else f"{r['recovery_s']:.1f} s"
             parts.append(f"<tr><td>{_e(r['occurrence'])}</td><td>{_e(r['family'])}</td><td>{_e(r['expected'])}</td>"
                          f"<td>{_yes(r['injected'])}</td><td>{_yes(r['detected'])}</td><td>{_yes(r['localized'])}</td>"
-                         f"<td>{latency}</td><td>{rollback}</td><td>{recovery}</td><td>{_e('; '.join(r['reasons']))}</td></tr>")
+                         f"<td>{latency}</td><td>{rollback}</td><td>{recovery}</td><td>{_e(r['action'] or '-')}</td>"
+                         f"<td>{_e('; '.join(r['reasons']))}</td></tr>")
         parts.append("</table>")
     residual = sum(1 for a in o.attributions if a.explanation == "residual")
     parts.append(f"<p>{len(o.attributions)} attributions: {len(o.attributions) - residual - len(o.unexplained)} "
                  f"explained by an occurrence, {residual} residual (lasting divergence of a state fault that ended), "
                  f"{len(o.unexplained)} unexplained.</p>")
     if o.recoveries:
-        parts.append("<table><tr><th>decided at</th><th>resumed from</th><th>rollback</th><th>recovery time</th>"
-                     "<th>load</th></tr>")
+        parts.append("<table><tr><th>decided at</th><th>action</th><th>resumed from</th><th>rollback</th>"
+                     "<th>recovery time</th><th>load</th></tr>")
         for r in o.recoveries:
-            parts.append(f"<tr><td>step {r.decided_at}</td><td>{_e(r.checkpoint)} (step {r.resumed_step})</td>"
-                         f"<td>{r.rollback_steps} steps</td><td>{_e(r.recovery_seconds)} s</td><td>{_e(r.load_seconds)} s</td></tr>")
+            parts.append(f"<tr><td>step {r.decided_at}</td><td>{_e(r.describe())}</td>"
+                         f"<td>{_e(r.checkpoint)} (step {r.resumed_step})</td><td>{r.rollback_steps} steps</td>"
+                         f"<td>{_e(r.recovery_seconds)} s</td><td>{_e(r.load_seconds)} s</td></tr>")
         parts.append("</table>")
+    excluded = exclusion_lines(o)
+    if excluded:
+        parts.append("<h3>Nodes excluded</h3><ul>" + "".join(
+            f"<li class='{'fail' if 'FALSE' in x or x.startswith('NOT') else 'pass'}'>{_e(x)}</li>" for x in excluded)
+            + "</ul>")
     failures = run.failures()
     if failures:
         parts.append("<ul>" + "".join(f"<li class='fail'>{_e(f)}</li>" for f in failures) + "</ul>")
     rel = os.path.relpath(run.run_dir, out)
     artifacts = ["plan.json", "localization.json", "compare.txt", "compare.json", "report.json", "replay-results.jsonl",
                  "fault-reports.json", "recovery-decisions.json", "run-summary.json", "checkpoints/lmr-trust-manifest.json",
-                 "gen-*/injections-rank-*.json", "torchrun.log"]
+                 "checkpoints/lmr-exclusions.json", "gen-*/injections-rank-*.json", "torchrun*.log"]
     parts.append("<p>Artifacts: " + ", ".join(f"<code>{_e(os.path.join(rel, a))}</code>" for a in artifacts) + "</p>")
     return "\n".join(parts)
 

@@ -16,6 +16,7 @@ import json
 import os
 from typing import Any, Optional
 
+from lm_resiliency import _core
 from lm_resiliency.fault_injection import FaultCampaign, FaultInjectionRecord, LocalizationResult, evaluate
 from lm_resiliency.scout import ReplayResult, SCOUTFaultReport, explain_attributions, localization_results
 from lm_resiliency.scout.scoring import explain_reports, hang_localization_results
@@ -55,6 +56,8 @@ class Generation:
     health: list[dict] = dataclasses.field(default_factory=list)
     replay: dict[int, list[tuple[int, float]]] = dataclasses.field(default_factory=dict)  # rank -> (step, seconds)
     health_monitor: str = ""  # rank 0's health monitor: "polling NVML device N", or why not
+    world: int = 0  # ranks in this generation
+    nodes: list[str] = dataclasses.field(default_factory=list)  # each rank's node identity, in rank order
 
     @property
     def first_step_time(self) -> Optional[float]:
@@ -71,6 +74,7 @@ def read_generation(gen_dir: str, index: int) -> Generation:
             g.start_step, g.resumed_from = e["start_step"], e["resumed_from"]
             g.decided_time, g.load_seconds, g.started = e["decided_time"], e["load_seconds"], e["time"]
             g.health_monitor = e.get("health", "")
+            g.world, g.nodes = e.get("world", 0), e.get("nodes", [])
         elif kind == "result":
             g.checks.append(ReplayResult.from_dict(e["result"]))
         elif kind in ("report", "end"):
@@ -115,6 +119,17 @@ class Recovery:
     recovery_seconds: Optional[float]  # decision -> first step after the load (relaunch included)
     load_seconds: Optional[float]
     generation: int  # the generation that resumed
+    action: str = "rollback"  # or exclude_and_rollback (the blamed hosts left the job)
+    blamed_hosts: tuple[str, ...] = ()
+    world: tuple[int, int] = (0, 0)  # ranks before and after
+    joined: tuple[str, ...] = ()  # nodes in the resumed generation that were not in the one before
+
+    def describe(self) -> str:
+        """"rollback", or "exclude node-b (world 6 -> 4)", "exclude node-b, spare-1 in its place (world 6 -> 6)"."""
+        if self.action != "exclude_and_rollback":
+            return self.action
+        spare = f", {', '.join(self.joined)} in its place" if self.joined else ""
+        return f"exclude {', '.join(self.blamed_hosts)}{spare} (world {self.world[0]} -> {self.world[1]})"
 
 
 @dataclasses.dataclass
@@ -146,7 +161,27 @@ class Outcome:
 
     @property
     def passed(self) -> bool:
-        return self.finished and not self.missed and not self.unexplained and self.recovery_ok
+        return self.finished and not self.missed and not self.unexplained and self.recovery_ok and self.exclusion_ok
+
+    @property
+    def exclusions(self) -> list[dict]:
+        """The excluded nodes, scored (host, expected, injections); [] when none."""
+        return self.report.exclusions or []
+
+    @property
+    def missing_exclusions(self) -> list[str]:
+        """Nodes a recurring fault bound to them was injected on that the job did not exclude."""
+        succeeded = [r.to_dict() for r in self.records if r.injection_succeeded]
+        expected = {d["expected_host"] for d in succeeded if d.get("expected_host") and self._recurs(d["incident_id"])}
+        return sorted(expected - {e["host"] for e in self.exclusions})
+
+    def _recurs(self, incident_id: str) -> bool:
+        return any(i["incident_id"] == incident_id and i.get("retrigger") == "every_attempt"
+                   for i in self.campaign.incidents)
+
+    @property
+    def exclusion_ok(self) -> bool:
+        return not self.missing_exclusions and self.report.false_exclusions == 0
 
     @property
     def recovery_ok(self) -> bool:
@@ -164,7 +199,9 @@ def _recoveries(generations: list[Generation]) -> list[Recovery]:
         first = after.first_step_time
         seconds = None if first is None or not decision.get("decided_time") else round(first - decision["decided_time"], 3)
         out.append(Recovery(decision["decided_at"], decision["step"], decision["checkpoint_id"],
-                            decision["decided_at"] - decision["step"], seconds, after.load_seconds, after.index))
+                            decision["decided_at"] - decision["step"], seconds, after.load_seconds, after.index,
+                            decision.get("action", "rollback"), tuple(decision.get("blamed_hosts", ())),
+                            (before.world, after.world), tuple(sorted(set(after.nodes) - set(before.nodes)))))
     return out
 
 
@@ -179,6 +216,9 @@ def score(run_dir: str, campaign: FaultCampaign, steps: int) -> Outcome:
         attributions.extend(explain_attributions(campaign, g.records, g.checks, recoveries))
         attributions.extend(explain_reports(campaign, g.records, g.reports, recoveries))
     records = [r for g in generations for r in g.records]
-    return Outcome(campaign, generations, evaluate(campaign, records, results), results, attributions,
-                   _recoveries(generations), steps)
+    report = evaluate(campaign, records, results)
+    checkpoints = os.path.join(run_dir, "checkpoints")
+    if os.path.exists(_core.exclusion_ledger_path(checkpoints)):
+        report.score_exclusions(_core.ExclusionLedger.read(checkpoints).excluded_hosts)
+    return Outcome(campaign, generations, report, results, attributions, _recoveries(generations), steps)
 

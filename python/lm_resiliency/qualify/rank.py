@@ -22,11 +22,13 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
+from lm_resiliency.agree import gather
 from lm_resiliency.checkpoint import CheckpointCertifier, DurableCheckpointConfig
 from lm_resiliency.fault_injection import JsonCampaignStateStore, enable_fault_injection
 from lm_resiliency.orchestration import OrchestrationHooks
 from lm_resiliency.qualify.executors import Executors, StallingBatches
 from lm_resiliency.qualify.families import DESYNC_S, HANG_THRESHOLD_S, LATEST_INTERVAL
+from lm_resiliency.rank_state import node_id
 from lm_resiliency.recovery import init_process_group, resume
 from lm_resiliency.scout import HangDetectionConfig, HangMonitor, ReplayHarness, ReplayHarnessConfig, instrument_dataloader
 from lm_resiliency.workloads.data import Position
@@ -51,8 +53,18 @@ class Journal:
         self._f.close()
 
 
-def _generation() -> int:
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+def _generation(root: str) -> int:
+    """This generation's index, the same on every rank: rank 0 takes the next free ``gen-<G>``
+    folder of the run (a standby node's agent counts its restarts from 0, and a round that a
+    joining node restarts spends none) and tells the others."""
+    index = torch.zeros(1, dtype=torch.int64)
+    if dist.get_rank() == 0:
+        taken = [int(d[4:]) for d in os.listdir(root) if d.startswith("gen-") and d[4:].isdigit()] \
+            if os.path.isdir(root) else []
+        index[0] = max(taken, default=-1) + 1
+        os.makedirs(os.path.join(root, f"gen-{int(index[0])}"), exist_ok=True)
+    dist.broadcast(index, src=0)
+    return int(index[0])
 
 
 def _health_monitor(device: torch.device, hooks: OrchestrationHooks) -> tuple[Optional[Any], str]:
@@ -71,11 +83,11 @@ def _health_monitor(device: torch.device, hooks: OrchestrationHooks) -> tuple[Op
 
 def run(plan: dict) -> None:
     init_process_group(plan["backend"])
-    rank, generation = dist.get_rank(), _generation()
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     root = plan["run_dir"]
+    rank, generation = dist.get_rank(), _generation(root)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     gen_dir = os.path.join(root, f"gen-{generation}")
-    os.makedirs(gen_dir, exist_ok=True)
+    nodes = gather(node_id())
     progress = Journal(os.path.join(gen_dir, f"progress-rank-{rank}.jsonl"))
     events = Journal(os.path.join(gen_dir, "events.jsonl")) if rank == 0 else None
     started = time.time()
@@ -135,7 +147,8 @@ def run(plan: dict) -> None:
         events.write(type="generation", generation=generation, start_step=start, time=started,
                      resumed_from=resumed.decision.checkpoint_id if resumed else None,
                      load_seconds=round(resumed.load_seconds, 3) if resumed else None,
-                     decided_time=resumed.decision.decided_time if resumed else None, health=health_note)
+                     decided_time=resumed.decision.decided_time if resumed else None, health=health_note,
+                     world=dist.get_world_size(), nodes=nodes)
     batches = StallingBatches(lambda s: data.batch(s, shard=rank), start, plan["steps"], executors.dataloader)
     ended = "finished"
     try:

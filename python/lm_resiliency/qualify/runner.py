@@ -7,7 +7,9 @@ built-in campaign, which injects every family this configuration can localize: S
 block's output, a gradient, a weight, optimizer state, the embedding and the head; a
 compute straggler; a slow link (HSDP); a collective desync; a process stall; a DataLoader
 stall; a checkpoint I/O stall; and a permanent fault that needs a self-healing restart from
-the verified checkpoint. Progress is shown live; at the end a table per occurrence, the
+the verified checkpoint. With ``--nodes N`` it runs N torchrun agents as nodes on one lmr-c10d
+rendezvous and adds a broken node (a fault that recurs after the rollback), which must be
+excluded while the job goes on without it (``--standby K``: spares take its place). Progress is shown live; at the end a table per occurrence, the
 artifacts (manifest, injection records, localization results, the ``lmr campaign compare``
 report, replay results, fault reports, recovery decisions, the trust manifest, a summary,
 plots, an HTML report) are in the output folder.
@@ -46,7 +48,13 @@ class UsageError(Exception):
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lmr-qualify", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ranks", type=int, default=4, help="ranks to launch (default 4); ignored inside torchrun")
+    p.add_argument("--ranks", type=int, default=None,
+                   help="ranks to launch (default 4, or 2 per node with --nodes); ignored inside torchrun")
+    p.add_argument("--nodes", type=int, default=1,
+                   help="torchrun agents on one lmr-c10d rendezvous, each a node with its own identity (node-a, "
+                        "node-b, ...); 2 or more add the broken_node family (default 1: one standalone torchrun)")
+    p.add_argument("--standby", type=int, default=0,
+                   help="spare agents (spare-1, ...) that take an excluded node's place (default 0: the job shrinks)")
     p.add_argument("--parallel", choices=PARALLEL, default="ddp")
     p.add_argument("--dp-replicate", type=int, default=2, help="HSDP replicate dimension (default 2)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -60,8 +68,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=None, help="run the campaign K times with different seeds")
     p.add_argument("--clean", type=int, default=0, help="K fault-free runs; every attribution in them counts")
     p.add_argument("--seed", type=int, default=20261202)
-    p.add_argument("--max-recoveries", type=int, default=1,
-                   help="self-healing restarts a run acts on (default 1); later decisions are recorded only")
+    p.add_argument("--max-recoveries", type=int, default=None,
+                   help="self-healing restarts a run acts on (default: what the campaign needs, at least 1); "
+                        "later decisions are recorded only")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds one run may take (default 900)")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port while running")
     p.add_argument("--metrics-addr", default="127.0.0.1", help="address for --metrics-port (default 127.0.0.1)")
@@ -77,7 +86,8 @@ class Setup:
         self.ns = ns
         self.world = world
         self.backend = ns.backend or ("nccl" if ns.device == "cuda" else "gloo")
-        self.config = fam.Config(ns.parallel, world, ns.device, ns.dp_replicate, socket.gethostname())
+        self.config = fam.Config(ns.parallel, world, ns.device, ns.dp_replicate, socket.gethostname(), ns.nodes,
+                                 ns.standby)
         self.left_out: dict[str, str] = {}
         self.titles: dict[str, str] = {}
         if ns.campaign:
@@ -94,11 +104,20 @@ class Setup:
                                      + "; ".join(f"{k}: {v}" for k, v in self.left_out.items()))
                 # Nothing to inject (one rank has no peer): a fault-free run, health and checks on.
                 self.campaign = fam.clean_campaign(ns.seed)
+        self.max_recoveries = ns.max_recoveries if ns.max_recoveries is not None else _recoveries_needed(self.campaign)
         self.repeat = 1 if ns.repeat is None and not ns.clean else (ns.repeat or 0)
         if _is_clean(self.campaign):
             self.repeat, self.clean = 0, max(ns.clean, 1)
         else:
             self.clean = ns.clean
+
+
+def _recoveries_needed(campaign: dict) -> int:
+    """Restarts the campaign's permanent faults need: one each, and one more for a fault that
+    recurs after the rollback (the second blame on a node excludes it)."""
+    needed = sum(1 + (i.get("retrigger") == "every_attempt") for i in campaign.get("incidents", [])
+                 if i.get("lifetime", {}).get("until") == "recovery")
+    return max(1, needed)
 
 
 def _is_clean(campaign: dict) -> bool:
@@ -157,9 +176,18 @@ def validate(ns: argparse.Namespace, world: Optional[int] = None) -> Setup:
         raise UsageError(f"--repeat must be at least 1, got {ns.repeat}")
     if ns.clean < 0:
         raise UsageError(f"--clean must be 0 or more, got {ns.clean}")
-    if ns.max_recoveries < 0:
+    if ns.max_recoveries is not None and ns.max_recoveries < 0:
         raise UsageError(f"--max-recoveries must be 0 or more, got {ns.max_recoveries}")
-    world = ns.ranks if world is None else world
+    if not 1 <= ns.nodes <= 26:
+        raise UsageError(f"--nodes must be between 1 and 26, got {ns.nodes}")
+    if ns.standby < 0 or (ns.standby and ns.nodes < 2):
+        raise UsageError(f"--standby needs --nodes 2 or more and must be 0 or more, got {ns.standby}")
+    if world is not None and ns.nodes > 1:
+        raise UsageError("--nodes starts its own torchrun agents: use it outside torchrun")
+    if world is None:
+        world = ns.ranks if ns.ranks is not None else (2 * ns.nodes if ns.nodes > 1 else 4)
+    if world % ns.nodes:
+        raise UsageError(f"--ranks ({world}) must be divisible by --nodes ({ns.nodes})")
     if not 1 <= world <= 64:
         raise UsageError(f"--ranks must be between 1 and 64, got {world}")
     if ns.parallel == "hsdp" and (ns.dp_replicate < 1 or world % ns.dp_replicate):
@@ -191,46 +219,92 @@ def validate(ns: argparse.Namespace, world: Optional[int] = None) -> Setup:
 def _plan(setup: Setup, campaign: dict, run_dir: str, seed: int, run_id: Optional[str] = None) -> dict:
     return {"campaign": campaign, "steps": setup.steps, "parallel": setup.ns.parallel, "device": setup.ns.device,
             "dp_replicate": setup.ns.dp_replicate, "seed": seed, "backend": setup.backend, "run_dir": run_dir,
-            "max_recoveries": setup.ns.max_recoveries, "run_id": run_id or f"lmr-qualify-{uuid.uuid4().hex[:12]}",
+            "max_recoveries": setup.max_recoveries, "run_id": run_id or f"lmr-qualify-{uuid.uuid4().hex[:12]}",
             "comm_sample_every": 1 if setup.ns.parallel == "hsdp" else 0}
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def agents(setup: Setup, plan: dict, plan_path: str) -> list[tuple[str, list[str], dict[str, str]]]:
+    """(name, command, environment) of each torchrun agent: one standalone torchrun, or one
+    agent per node on one lmr-c10d rendezvous (this host's loopback), each with its node
+    identity, and the spares as standbys. The job may shrink by one node (--nnodes N-1:N)."""
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", f"--max-restarts={setup.max_recoveries}",
+                "--monitor-interval=0.5"]
+    job = ["-m", "lm_resiliency.qualify.rank", plan_path]
+    c = setup.config
+    if c.nodes == 1:
+        return [("torchrun", [*torchrun, "--standalone", f"--nproc-per-node={setup.world}", *job], env)]
+    port, out = _free_port(), []
+    names = [fam.node_name(i) for i in range(c.nodes)] + [f"spare-{k + 1}" for k in range(c.standby)]
+    for name in names:
+        conf = (f"checkpoint_dir={os.path.join(plan['run_dir'], 'checkpoints')},last_call_timeout=3,"
+                f"keep_alive_interval=1,keep_alive_max_attempt=3,standby={str(name.startswith('spare')).lower()}")
+        rdzv = [f"--nnodes={c.nodes - 1}:{c.nodes}", f"--nproc-per-node={c.per_node}", "--rdzv-backend=lmr-c10d",
+                f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={plan['run_id']}", f"--rdzv-conf={conf}"]
+        out.append((name, [*torchrun, *rdzv, *job], {**env, "LMR_NODE_ID": name}))
+    return out
+
+
+def _stop(procs: list[subprocess.Popen], sig: int) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+
 def launch(setup: Setup, plan: dict, label: str, display: Any, metrics: Any = None) -> int:
-    """Runs one plan under torchrun, showing progress; torchrun's exit status."""
+    """Runs one plan under torchrun (one agent, or one per node), showing progress; the first
+    non-zero exit status of an agent, else 0 (an excluded node's agent leaves with 0)."""
     run_dir = plan["run_dir"]
     os.makedirs(run_dir, exist_ok=True)
     plan_path = os.path.join(run_dir, "plan.json")
     with open(plan_path, "w", encoding="utf-8") as f:
         json.dump(plan, f, indent=2)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={setup.world}",
-           f"--max-restarts={setup.ns.max_recoveries}", "--monitor-interval=0.5",
-           "-m", "lm_resiliency.qualify.rank", plan_path]
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     state = State(label, setup.world, setup.steps)
     tail = Tail(run_dir, state, metrics.on_event if metrics is not None else None)
-    with open(os.path.join(run_dir, "torchrun.log"), "w", encoding="utf-8") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    procs: list[subprocess.Popen] = []
+    logs = []
+    try:
+        for k, (name, cmd, env) in enumerate(agents(setup, plan, plan_path)):
+            path = os.path.join(run_dir, "torchrun.log" if name == "torchrun" else f"torchrun-{name}.log")
+            log = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed below
+            logs.append(log)
+            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+            if k == 0 and setup.config.nodes > 1:
+                time.sleep(1.0)  # the first agent binds the rendezvous endpoint and hosts the store
         deadline = time.monotonic() + setup.ns.timeout
-        try:
-            while proc.poll() is None:
-                if time.monotonic() > deadline:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                    try:
-                        proc.wait(timeout=30)
-                    except subprocess.TimeoutExpired:
-                        os.killpg(proc.pid, signal.SIGKILL)
-                        proc.wait()
-                    state.lines.append(f"stopped after {setup.ns.timeout:.0f} s (--timeout)")
-                    break
-                tail.poll()
-                display.update(state)
-                time.sleep(0.5)
-        except BaseException:
-            os.killpg(proc.pid, signal.SIGKILL)
-            raise
+        while any(p.poll() is None for p in procs):
+            if time.monotonic() > deadline:
+                _stop(procs, signal.SIGTERM)
+                try:
+                    for p in procs:
+                        p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    _stop(procs, signal.SIGKILL)
+                state.lines.append(f"stopped after {setup.ns.timeout:.0f} s (--timeout)")
+                break
+            tail.poll()
+            display.update(state)
+            time.sleep(0.5)
+    except BaseException:
+        _stop(procs, signal.SIGKILL)
+        raise
+    finally:
+        for log in logs:
+            log.close()
+    for p in procs:
+        p.wait()
     tail.poll()
     display.update(state, force=True)
-    return proc.returncode if proc.returncode is not None else 1
+    return next((p.returncode for p in procs if p.returncode), 0)
 
 
 def run_one(setup: Setup, label: str, campaign: dict, seed: int, display: Any, metrics: Any = None) -> Run:

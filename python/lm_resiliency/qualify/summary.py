@@ -17,7 +17,7 @@ from typing import Any, Optional
 from lm_resiliency.fault_injection import write_localization_artifact
 from lm_resiliency.qualify.html_report import write_html
 from lm_resiliency.qualify.outcome import Outcome
-from lm_resiliency.qualify.rows import rows, table
+from lm_resiliency.qualify.rows import exclusion_lines, rows, table
 
 TRUST_MANIFEST = "lmr-trust-manifest.json"
 
@@ -44,8 +44,9 @@ class Run:
         o, out = self.outcome, []
         if not o.finished:
             last = o.generations[-1] if o.generations else None
-            log = os.path.join(self.run_dir, "torchrun.log")
-            error = last_error(log)
+            logs = sorted(glob.glob(os.path.join(self.run_dir, "torchrun*.log")))
+            error = next((e for e in map(last_error, logs) if e), "")
+            log = logs[0] if len(logs) == 1 else os.path.join(self.run_dir, "torchrun-*.log")
             out.append(f"the run did not finish: {last.ended if last else 'no generation started'} "
                        f"(torchrun exit status {self.exit_code}{'; ' + error if error else ''}; see {log})")
         for occ in o.missed:
@@ -54,6 +55,7 @@ class Run:
             out.append(f"FALSE ATTRIBUTION: {a.describe()}")
         if not o.recovery_ok:
             out.append("RECOVERY NOT DONE: a generation left for a restart that no later generation applied")
+        out.extend(line for line in exclusion_lines(o) if not line.startswith("excluded ") or "FALSE" in line)
         if not self.clean and self.compare_code not in (0, None):
             out.append(f"lmr campaign compare exited {self.compare_code} (compare.txt)")
         return out
@@ -93,9 +95,11 @@ def write_run_artifacts(run: Run) -> None:
         json.dump([{"generation": g.index, **x} for g in o.generations for x in g.decisions], f, indent=2)
     injections = sorted(glob.glob(os.path.join(d, "gen-*", "injections-rank-*.json")))
     if injections:
+        ledger = os.path.join(d, "checkpoints")
+        exclusions = ["--exclusions", ledger] if o.report.exclusions is not None else []
         done = subprocess.run([_lmr(), "campaign", "compare", "--injections", *injections, "--localization",
-                               os.path.join(d, "localization.json"), "--report", os.path.join(d, "compare.json")],
-                              capture_output=True, text=True)
+                               os.path.join(d, "localization.json"), "--report", os.path.join(d, "compare.json"),
+                               *exclusions], capture_output=True, text=True)
         run.compare_code = done.returncode
         with open(os.path.join(d, "compare.txt"), "w", encoding="utf-8") as f:
             f.write(done.stdout + done.stderr)
@@ -134,10 +138,12 @@ def run_summary(run: Run) -> dict[str, Any]:
         "generations": [{"generation": g.index, "start_step": g.start_step, "resumed_from": g.resumed_from,
                          "ended": g.ended, "completed": g.completed, "checks": len(g.checks),
                          "stall_reports": len(g.reports), "health_monitor": g.health_monitor,
-                         "health_events": len(g.health)} for g in o.generations],
+                         "health_events": len(g.health), "world": g.world, "nodes": sorted(set(g.nodes))}
+                        for g in o.generations],
         "totals": o.report.totals,
         "occurrences": rows(run.outcome, {}),
         "recoveries": [dataclasses.asdict(r) for r in o.recoveries],
+        "exclusions": o.exclusions, "missing_exclusions": o.missing_exclusions,
         "attributions": {"total": len(o.attributions), "occurrence": sum(a.explanation == "occurrence"
                                                                            for a in o.attributions),
                          "residual": len(residual), "unexplained": [a.describe() for a in o.unexplained]},
@@ -177,6 +183,7 @@ def summarize(setup: Any, runs: list[Run], out: str, plots: bool = True) -> tupl
         lines.append(f"\n{r.label}: {o.campaign.name} ({o.campaign.identity[:19]}...), "
                      f"{len(o.generations)} generation(s), {r.seconds:.0f} s")
         lines.append(table(r.outcome, titles))
+        lines.extend(exclusion_lines(o))
         t = o.report.totals
         residual = sum(1 for a in o.attributions if a.explanation == "residual")
         lines.append(f"totals: {t['occurrences']} occurrences, {t['injected']} injected, {t['detected']} detected, "
