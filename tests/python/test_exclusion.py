@@ -122,3 +122,26 @@ def test_hang_reports_blame_their_nodes_in_the_ledger_once_each(tmp_path, monkey
     assert [d.action for d in ledger.decisions] == ["rollback", "escalate"] and ledger.excluded_hosts == []
     certifier.close()
     harness.close()
+
+
+def test_an_emergency_replay_checks_now_and_says_what_it_saw(tmp_path):
+    # emergency_replay() is a full check on demand: here, one process, nothing corrupted, a
+    # check that replays one hidden layer and one slice: "incomplete" (never "clean" today).
+    import torch
+
+    from lm_resiliency.checkpoint import CheckpointCertifier, DurableCheckpointConfig
+    from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
+    from lm_resiliency.workloads.model import Decoder, DecoderConfig
+
+    model = Decoder(DecoderConfig())
+    opt = torch.optim.AdamW(model.parameters())
+    config = DurableCheckpointConfig(str(tmp_path), lambda step, path: None, lambda path: None)
+    harness = ReplayHarness(model, opt, ReplayHarnessConfig(check_interval=2))
+    certifier = CheckpointCertifier(harness, config)
+    inputs = torch.randint(0, DecoderConfig().vocab_size, (2, 8))
+    model(inputs).float().pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad()
+    assert certifier.emergency_replay() == "incomplete"
+    certifier.close()
+    harness.close()

@@ -1,8 +1,8 @@
 """Exclusion end to end as a multi-node job runs it: several torchrun agents on this host share
 one lmr-c10d rendezvous, each with its own node identity (LMR_NODE_ID), and the reference
-workload carries a fault that lives on node-b and comes back after every recovery (a broken
-GPU). The first SDC rolls back; the second excludes node-b, whose agent leaves; the job
-finishes without it, with a standby in its place, or resharded on fewer ranks."""
+workload carries a fault that lives on node-b: a device that reports a fatal health event.
+node-b is excluded, its agent leaves, and the job finishes resharded on fewer ranks. (A
+recurring SDC and a standby: test_qualify.py's lmr-qualify --nodes run.)"""
 
 import json
 import os
@@ -86,21 +86,18 @@ def _check_exclusion(directory, agents, world_after, nodes_after, latency, rollb
     return generations
 
 
-def test_a_standby_takes_the_place_of_the_excluded_node_that_hosts_the_store(tmp_path):
-    # node-b starts first, so its agent hosts the rendezvous store: excluded, it keeps the
-    # store for the others with no workers of its own, and leaves when the job ends. The
-    # default policy: a rollback first, the second SDC on node-b excludes it.
-    agents = _run_nodes(tmp_path, ["node-b", "node-a", "node-c", "spare-d"])
-    # A weight fault: state integrity sees it at the boundary after it.
-    _check_exclusion(tmp_path, agents, 3, ["node-a", "node-c", "spare-d"], latency=0)
-    assert "node spare-d takes the place of an excluded node" in agents["spare-d"][1]
-    assert "hosts the rendezvous store" in agents["node-b"][1]
-
-
-def test_without_a_standby_the_job_resumes_resharded_on_the_remaining_nodes(tmp_path):
-    # FSDP2 over 3 ranks, then over 2: the durable DCP checkpoint reshards on load. The policy
-    # excludes at the first SDC here (the default's rollback first is the standby test's).
-    agents = _run_nodes(tmp_path, ["node-a", "node-b", "node-c"], "--parallel", "fsdp2", "--sdc-exclude-after", "1")
-    # A block-output fault (replay sees no corrupted shard): the next check, one step later.
-    _check_exclusion(tmp_path, agents, 2, ["node-a", "node-c"], latency=1, rollbacks=0)
+def test_a_fatal_health_event_takes_its_node_out_and_the_job_resumes_resharded(tmp_path):
+    # node-b's device reports uncorrectable ECC errors at step 9 (a scripted source standing in
+    # for NVML): a fatal event, excluded at once, no rollback first. FSDP2 over 3 ranks, then
+    # over 2: the durable DCP checkpoint reshards on load. node-b starts first, so its agent
+    # hosts the rendezvous store: excluded, it keeps the store for the others with no workers
+    # of its own, and leaves when the job ends. (A recurring SDC's rollback, then exclusion,
+    # with a standby in the excluded node's place: lmr-qualify --nodes 3 --standby 1 in
+    # test_qualify.py.)
+    agents = _run_nodes(tmp_path, ["node-b", "node-a", "node-c"], "--parallel", "fsdp2", "--fault-kind", "health")
+    generations = _check_exclusion(tmp_path, agents, 2, ["node-a", "node-c"], latency=1, rollbacks=0)
+    assert generations[0]["detections"] == []  # no SDC: the decision is the health event's
+    ledger = _core.ExclusionLedger.read(os.path.join(tmp_path, "checkpoints"))
+    assert [d.kind for d in ledger.decisions] == ["health"]
     assert "loads resharded on 2 ranks" in agents["node-a"][1] + agents["node-c"][1]
+    assert "hosts the rendezvous store" in agents["node-b"][1]

@@ -310,7 +310,7 @@ def test_inside_an_existing_torchrun_rank_0_scores_after_the_restart(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     env["OMP_NUM_THREADS"] = "1"
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
-                          "--max-restarts=1", *QUALIFY[1:], "--out", str(out), "--families", "recovery,process_stall",
+                          "--max-restarts=1", *QUALIFY[1:], "--out", str(out), "--families", "recovery",
                           "--no-plots"], capture_output=True, text=True, timeout=600, env=env)
     assert run.returncode == 0, failure(run)
     summary = json.loads((out / "summary.json").read_text())
@@ -318,7 +318,7 @@ def test_inside_an_existing_torchrun_rank_0_scores_after_the_restart(tmp_path):
     assert summary["passed"] and len(campaign["recoveries"]) == 1
     assert [g["ended"] for g in campaign["generations"]] == ["left for a self-healing restart (exit status 75)",
                                                               "finished"]
-    assert all(r["localized"] for r in campaign["occurrences"]) and len(campaign["occurrences"]) == 2
+    assert all(r["localized"] for r in campaign["occurrences"]) and len(campaign["occurrences"]) == 1
     assert run.stdout.count("PASSED") == 1  # rank 0 alone reports
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from typing import Any, Optional
 
@@ -23,24 +22,22 @@ import torch
 import torch.distributed as dist
 
 from lm_resiliency import _core
-from lm_resiliency.agree import gather, problems
+from lm_resiliency.agree import problems
 from lm_resiliency.attach import CERTIFICATION
 from lm_resiliency.checkpoint.config import DurableCheckpointConfig
+from lm_resiliency.checkpoint.culprits import Culprits
 from lm_resiliency.checkpoint.manifest_io import is_distributed, read_manifest, retire_abandoned
 from lm_resiliency.checkpoint.topology import topology_digest
 from lm_resiliency.errors import InvalidArgumentError, describe
 from lm_resiliency.frameworks.checkpoint_files import step_folder
 from lm_resiliency.orchestration import OrchestrationHooks
 from lm_resiliency.progress import checkpoint_io, forbid_collectives
-from lm_resiliency.rank_state import node_id, rendezvous_min_nodes
 
 log = logging.getLogger("lm_resiliency.checkpoint")
 
 OUTCOMES = _core.CKPT_OUTCOMES  # by severity: the world takes the worst
 _INCONCLUSIVE, _SDC = OUTCOMES.index("inconclusive"), OUTCOMES.index("sdc")
 _INTEGRITY = [_core.INTEGRITY_RECIPE]  # the checked recipes of a state-integrity result
-# Out-of-band report kinds that blame a rank's process or device for a hang.
-HANG_CULPRITS = ("process_stall", "unresponsive_rank")
 
 
 def outcome_of(result: Any, catalog: list[str]) -> tuple[int, list[bool], str]:
@@ -80,14 +77,8 @@ class CheckpointCertifier:
         attachment = harness._attachment
         self.topology = topology_digest(attachment.adapter, attachment.model, world, self._group)
         self.catalog = harness.catalog()
-        self._nodes = gather(node_id(), self._group)  # where each rank runs: what exclusion names
         # The ranks and surfaces this rank's evidence blamed at the last outcome it took.
         self._blamed: tuple[set[int], set[str]] = (set(), set())
-        self._judged: Any = None  # the writer's last ExclusionDecision and its ranks, until applied
-        self._health: list[Any] = []  # fatal health events on this rank's devices, not yet acted on
-        self._health_lock = threading.Lock()
-        self._ledger_lock = threading.Lock()  # the training thread's decisions and note_fault_report's
-        self._reports_seen: set[str] = set()
         if self._distributed:
             catalogs: list[Any] = [None] * world
             dist.all_gather_object(catalogs, self.catalog, group=self._group)
@@ -103,7 +94,9 @@ class CheckpointCertifier:
         self._core = _core.Certifier(self.catalog, manifest, harness.completed_iterations,
                                      dynamic=harness.dynamic_catalog, latest_interval=config.latest_interval)
         retire_abandoned(config, self._core.abandoned, self._writer)
-        self._generation = self._core.manifest.generation  # fixed for this process (resume() advances it)
+        # Blame and exclusion; the generation is fixed for this process (resume() advances it).
+        self._culprits = Culprits(config, self._group, self._writer, self._core.manifest.generation,
+                                  lambda: harness.completed_iterations)
         self._pending_save: Optional[tuple] = None  # (step, state, reason, future) of an async save
         self._seen = len(harness.results)  # harness results already scanned for state-integrity SDC
         self._integrity_finding: Any = None  # the first integrity SDC since the last boundary taken
@@ -205,8 +198,7 @@ class CheckpointCertifier:
     def _agree_outcome(self, severity: int, accepted: list[bool]) -> tuple[int, list[bool], bool]:
         """The worst severity, the recipes accepted on every rank, and whether any rank holds a
         fatal health event not yet acted on (one all-reduce)."""
-        with self._health_lock:
-            health = bool(self._health)
+        health = self._culprits.health_pending()
         if not self._distributed:
             return severity, accepted, health
         t = torch.tensor([severity, int(health)] + [0 if ok else 1 for ok in accepted], dtype=torch.int64)
@@ -353,7 +345,7 @@ class CheckpointCertifier:
         RECOVERY_VERIFIED, which is what the selection rule requires of an incomplete replay."""
         result = self._harness.check()
         severity, accepted, _ = self._local_outcome(result.step, result)
-        severity, accepted = self._agree_outcome(severity, accepted)
+        severity, accepted, _ = self._agree_outcome(severity, accepted)
         return _core.emergency_verdict(OUTCOMES[severity], accepted)
 
     def decide(self, failure: str, emergency: str = "not_run") -> Any:
@@ -370,14 +362,9 @@ class CheckpointCertifier:
 
     def _decide(self, failure: str, step: int, emergency: str = "not_run") -> Any:
         if failure == "sdc" and self.config.self_healing:
-            self._judge("sdc", self._blamed, step)
+            self._culprits.judge("sdc", self._blamed, step)
         decision = _core.select_recovery(self._core.manifest, failure, step, emergency, time.time())
-        if self._judged is not None:  # the writer's exclusion decision, carried out
-            (exclusion, ranks), self._judged = self._judged, None
-            try:
-                decision = _core.apply_exclusion(decision, exclusion, ranks, self._core.manifest)
-            except Exception as e:  # noqa: BLE001 - the recovery goes on without the exclusion decision
-                log.warning("the exclusion decision at step %d could not be applied: %s", step, describe(e))
+        decision = self._culprits.apply(decision, self._core.manifest, step)  # the writer's exclusion decision
         if self._distributed:
             box = [decision.to_json() if self._writer else None]
             dist.broadcast_object_list(box, src=self.config.writer_rank, group=self._group)
@@ -404,50 +391,20 @@ class CheckpointCertifier:
             log.error("not leaving for a restart: the trust manifest in %s could not be written", self.config.directory)
         return decision
 
-    def _judge(self, kind: str, blamed: tuple[set[int], set[str]], step: int, fatal: bool = False) -> Any:
-        """What the recovery policy says about `kind` blamed on the ranks any rank's evidence
-        named (lmr::ckpt::decideExclusion), as every rank learns it: (failure, leave) of
-        lmr::ckpt::respondTo, or None when nothing is blamed or the decision failed (a warning:
-        recovery goes on without it). The writer decides, records it in the exclusion ledger and
-        keeps it for _decide. Collective (a gather and a broadcast)."""
-        everyone = gather((sorted(blamed[0]), sorted(blamed[1])), self._group)
-        ranks = sorted({rank for found, _ in everyone for rank in found})
-        sources = sorted({source for _, found in everyone for source in found})
-        action, self._judged = None, None
-        if self._writer and ranks:
-            try:
-                with self._ledger_lock:
-                    exclusion, hosts = self._record_blame(kind, ranks, sources, step, fatal)
-                log.warning("exclusion decision on %s for %s at step %d (ranks %s): %s: %s", kind, ", ".join(hosts),
-                            step, ranks, exclusion.action, exclusion.reason)
-                self._judged, action = (exclusion, ranks), _core.respond_to(exclusion, fatal)
-            except Exception as e:  # noqa: BLE001 - agreed below; recovery goes on without it
-                log.warning("the exclusion decision at step %d failed: %s", step, describe(e))
-        if self._distributed:
-            box = [action]
-            dist.broadcast_object_list(box, src=self.config.writer_rank, group=self._group)
-            action = box[0]
-        return action
-
-    def _record_blame(self, kind: str, ranks: list[int], sources: list[str], step: int, fatal: bool = False,
-                      training_thread: bool = True) -> tuple[Any, list[str]]:
-        """The writer: lmr::ckpt::decideExclusion on the ledger, written back. Hold _ledger_lock.
-        Off the training thread the write is not published as this rank's checkpoint I/O (that
-        would change how a stall of the training thread is diagnosed)."""
-        ledger = _core.ExclusionLedger.read(self.config.directory)
-        hosts = sorted({self._nodes[r] for r in ranks})
-        policy = self.config.recovery_policy
-        if rendezvous_min_nodes() > policy.min_nodes:  # never below the rendezvous minimum
-            policy = _core.RecoveryPolicy.from_json(policy.to_json())
-            policy.min_nodes = rendezvous_min_nodes()
-        exclusion = _core.decide_exclusion(policy, ledger, kind, ranks, hosts, sources, step, self._generation,
-                                           len(set(self._nodes)), True, fatal)
-        if training_thread:
-            with checkpoint_io():
-                ledger.write(self.config.directory)
+    def _act_on_culprit(self, step: int, health: bool, result: Any) -> None:
+        """A check found no SDC, but a rank's device reported a fatal health event, or SCOUT
+        confirmed a compute straggler: the policy decides (a fatal event excludes its node at
+        once by default; a straggler warns unless the policy says exclude), and an exclusion
+        sends every rank to the relaunch like an SDC does. Collective."""
+        if result is None:  # the check's own result (a state-integrity one has no timing)
+            result = next((r for r in reversed(self._harness.results)
+                           if r.step == step and r.checked_recipe_ids != _INTEGRITY), None)
+        slow = set(result.straggler_ranks) if result is not None else set()
+        response = self._culprits.respond(step, health, slow, result.compute_seconds if slow else ())
+        if response is not None and response[1]:  # lmr::ckpt::respondTo: the ranks leave now
+            self._decide(response[0], step)
         else:
-            ledger.write(self.config.directory)
-        return exclusion, hosts
+            self._culprits.forget()
 
     def note_fault_report(self, report: Any) -> None:
         """Hands an out-of-band SCOUTFaultReport to certification (any thread, no collective:
@@ -457,44 +414,7 @@ class CheckpointCertifier:
         the exclusion ledger (each report once), and when the policy excludes
         (``hang_exclude_after``, the second on the same node by default) the node stays out of
         the relaunch that follows the hang under lmr-c10d. Other reports are ignored."""
-        if (not self._writer or not self.config.self_healing or report.scope != "rank"
-                or report.kind not in HANG_CULPRITS or not report.ranks):
-            return
-        try:
-            with self._ledger_lock:
-                if report.report_id and report.report_id in self._reports_seen:
-                    return
-                self._reports_seen.add(report.report_id)
-                ranks = sorted(r for r in report.ranks if 0 <= r < len(self._nodes))
-                step = report.step if report.step is not None else self._harness.completed_iterations
-                exclusion, hosts = self._record_blame("hang", ranks, [f"oob:{report.kind}"], step,
-                                                      training_thread=False)
-            log.warning("exclusion decision on a hang (%s) for %s (ranks %s): %s: %s", report.kind, ", ".join(hosts),
-                        ranks, exclusion.action, exclusion.reason)
-        except Exception as e:  # noqa: BLE001 - a manager's callback thread: log, never raise
-            log.warning("the hang report %s could not be recorded: %s", report.report_id, describe(e))
-
-    def _act_on_culprit(self, step: int, health: bool, result: Any) -> None:
-        """A check found no SDC, but a rank's device reported a fatal health event, or SCOUT
-        confirmed a compute straggler: the policy decides (a fatal event excludes its node at
-        once by default; a straggler warns unless the policy says exclude), and an exclusion
-        sends every rank to the relaunch like an SDC does. Collective."""
-        if health:
-            with self._health_lock:
-                events, self._health = self._health, []
-            blamed = ({self.rank} if events else set(), {f"health:{e.metric}" for e in events})
-            response = self._judge("health", blamed, step, fatal=True)
-        else:
-            if result is None:  # the check's own result (a state-integrity one has no timing)
-                result = next((r for r in reversed(self._harness.results)
-                               if r.step == step and r.checked_recipe_ids != _INTEGRITY), None)
-            ranks = set(result.straggler_ranks) if result is not None else set()
-            blamed = (ranks, {f"straggler:{s}" for s in (result.compute_seconds if ranks else ())})
-            response = self._judge("compute_straggler", blamed, step)
-        if response is not None and response[1]:  # lmr::ckpt::respondTo: the ranks leave now
-            self._decide(response[0], step)
-        else:
-            self._judged = None
+        self._culprits.note_fault_report(report)
 
     def note_health_event(self, event: Any) -> None:
         """Hands a HealthEvent of this rank's device to certification (any thread; wire it as
@@ -502,9 +422,7 @@ class CheckpointCertifier:
         on at the next check: the recovery policy excludes the device's node at once (by
         default) and every rank leaves for the relaunch. Warnings, and every event without
         self_healing, are ignored."""
-        if self.config.self_healing and getattr(event, "fatal", False):
-            with self._health_lock:
-                self._health.append(event)
+        self._culprits.note_health_event(event)
 
     # --- inspection --------------------------------------------------------------------
 

@@ -12,6 +12,11 @@ recovery exit status, torchrun relaunches the workers, and they resume from that
 line per generation to ``<directory>/run-log.jsonl`` and writes ``summary.json`` at the end:
 detection latency and rollback distance in steps, and recovery time in seconds (from the
 decision to the first step after the load, torchrun's relaunch included).
+
+On several nodes (torchrun agents on one lmr-c10d rendezvous, docs/recovery.md) the fault can
+live on a node (``--fault-host``) and come back after every recovery (``--recurring``), or be
+a slow GPU (``--fault-kind straggler``) or a device reporting uncorrectable ECC errors
+(``--fault-kind health``): the recovery policy then takes that node out of the job.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import torch.distributed as dist
 from lm_resiliency.agree import gather
 from lm_resiliency.checkpoint import CheckpointCertifier, DurableCheckpointConfig
 from lm_resiliency.fault_injection import JsonCampaignStateStore, enable_fault_injection
+from lm_resiliency.health import HardwareHealthMonitor, HealthConfig, HealthDevice, HealthReading, HealthSource
 from lm_resiliency.orchestration import OrchestrationHooks
 from lm_resiliency.rank_state import node_id
 from lm_resiliency.recovery import init_process_group, resume
@@ -54,6 +60,45 @@ def permanent_fault(step: int, rank: int, parallel: str, recurring: bool = False
         "faults": [{"fault_id": "f", "type": "tensor_corruption", "target": target, "parameters": parameters}]}]}
 
 
+def straggler_fault(step: int, rank: int, host: Optional[str] = None) -> dict[str, Any]:
+    """Block 0 of the rank (of `host`'s local rank `rank`) 60 ms slow in every step from `step`
+    on, again after every recovery: a degraded GPU."""
+    where: dict[str, Any] = {"host": host, "local_rank": rank} if host else {"rank": rank}
+    return {"name": "resilient-straggler", "seed": 7, "incidents": [{
+        "incident_id": "slow-gpu", "trigger": {"at": [step]}, "lifetime": {"iterations": 100000},
+        "retrigger": "every_attempt",
+        "faults": [{"fault_id": "f", "type": "delay", "target": {**where, "component": "transformer_block",
+                                                                  "index": 0, "surface": "compute"},
+                    "parameters": {"delay_ms": 60}}]}]}
+
+
+class ScriptedEcc(HealthSource):
+    """A stand-in for NVML where there is no GPU (a demonstration, not a monitor): one device
+    whose uncorrectable ECC count is what `errors` says; the workload raises it at the fault
+    step, which is a fatal health event for this node."""
+
+    name = "scripted-ecc"
+
+    def __init__(self) -> None:
+        self.errors = 0
+
+    def poll(self) -> list[Any]:
+        device = HealthDevice(0, f"GPU-scripted-{node_id()}", "00000000:18:00.0", "scripted")
+        return [HealthReading(device, "ecc_uncorrectable_volatile", self.errors)]
+
+
+def _scripted_health(args: argparse.Namespace, certifier: Any) -> Optional[tuple[Any, ScriptedEcc]]:
+    """The scripted device on the faulty rank (of --fault-host), reporting to certification."""
+    mine = int(os.environ.get("LOCAL_RANK", "0")) == args.fault_rank and node_id() == args.fault_host \
+        if args.fault_host else dist.get_rank() == args.fault_rank
+    if args.fault_kind != "health" or not args.fault_step or not mine:
+        return None
+    source = ScriptedEcc()
+    monitor = HardwareHealthMonitor(HealthConfig(interval_s=60), [source], on_event=certifier.note_health_event)
+    monitor.poll_once()  # the healthy baseline
+    return monitor, source
+
+
 def _process_start() -> float:
     """When this process started (seconds since the epoch), from /proc: the relaunch's spawn,
     before the interpreter and torch were imported; now where /proc is not there."""
@@ -65,6 +110,13 @@ def _process_start() -> float:
         return boot + ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, StopIteration):
         return time.time()
+
+
+def _policy(args: argparse.Namespace) -> dict[str, Any]:
+    policy: dict[str, Any] = {"sdc_exclude_after": args.sdc_exclude_after}
+    if args.fault_kind == "straggler":
+        policy.update(straggler_exclude=True, straggler_exclude_after=1)
+    return policy
 
 
 def _log(directory: str, entry: dict[str, Any]) -> None:
@@ -81,6 +133,11 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--fault-step", type=int, default=11, help="optimizer step of the permanent fault (0: none)")
     p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--recurring", action="store_true", help="the fault comes back after every recovery (broken hardware)")
+    p.add_argument("--fault-kind", choices=("sdc", "straggler", "health"), default="sdc",
+                   help="sdc: a weight fault (default); straggler: block 0 of the faulty rank 60 ms slow from "
+                        "--fault-step on (the policy then excludes a confirmed straggler's node); health: the "
+                        "faulty rank's device reports uncorrectable ECC errors at --fault-step (a scripted source "
+                        "standing in for NVML: a fatal event, its node is excluded at once)")
     p.add_argument("--fault-host", default=None,
                    help="the node (LMR_NODE_ID) the fault lives on; --fault-rank is then its local rank there")
     p.add_argument("--sdc-exclude-after", type=int, default=2,
@@ -105,8 +162,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     config = DurableCheckpointConfig.for_dcp(model, opt, os.path.join(args.directory, "checkpoints"),
                                              scheduler=sched, data_state=pos, latest_interval=args.latest_interval,
                                              latest_directory=os.path.join(args.directory, "latest"),
-                                             self_healing=True,
-                                             recovery_policy={"sdc_exclude_after": args.sdc_exclude_after})
+                                             self_healing=True, recovery_policy=_policy(args))
     resumed = resume(config, model, opt)
     timeline["loaded"] = time.time()
     start = resumed.step if resumed is not None else 0
@@ -116,13 +172,16 @@ def main(argv: Optional[list[str]] = None) -> None:
                                                             state_integrity=True),
                             completed_iterations=start, hooks=hooks)
     session = None
-    if args.fault_step:
+    if args.fault_step and args.fault_kind != "health":
         store = JsonCampaignStateStore(os.path.join(args.directory, f"journal-{rank}.json"))
-        campaign = permanent_fault(args.fault_step, args.fault_rank, args.parallel, args.recurring, args.fault_host)
+        campaign = straggler_fault(args.fault_step, args.fault_rank, args.fault_host) \
+            if args.fault_kind == "straggler" else \
+            permanent_fault(args.fault_step, args.fault_rank, args.parallel, args.recurring, args.fault_host)
         session = enable_fault_injection(model, opt, campaign=campaign, state_store=store, completed_iterations=start)
         if resumed is not None:
             session.notify_recovery()
     certifier = CheckpointCertifier(harness, config, hooks=hooks)
+    health = _scripted_health(args, certifier)
     entry: dict[str, Any] = {"generation": certifier.manifest.generation, "start_step": start,
                              "resumed_from": resumed.decision.checkpoint_id if resumed else None,
                              "world": dist.get_world_size(), "nodes": sorted(set(gather(node_id()))),
@@ -130,6 +189,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     try:
         for step in range(start, args.steps):
             pos.consumed = step + 1
+            if health is not None and step + 1 == args.fault_step:
+                health[1].errors = 3
+                health[0].poll_once()  # the fatal event: certification acts at the next check
             train_step(model, opt, data, device, step)
             sched.step()
             if "first_step" not in timeline:
@@ -141,6 +203,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         timeline["ended"] = time.time()
         entry["timeline"] = {k: round(v, 3) for k, v in timeline.items()}
         entry["detections"] = [(r.step, r.sdc_ranks) for r in harness.results if r.sdc_ranks]
+        entry["stragglers"] = [(r.step, r.straggler_ranks) for r in harness.results if r.straggler_ranks]
         entry["decision"] = json.loads(decisions[-1].to_json()) if decisions else None
         entry["completed"] = harness.completed_iterations
         entry["seconds"] = round(time.time() - generation_started, 3)
@@ -148,6 +211,8 @@ def main(argv: Optional[list[str]] = None) -> None:
             _log(args.directory, entry)
     if session is not None:
         session.close()
+    if health is not None:
+        health[0].stop()
     certifier.close()
     harness.close()
     if rank == 0:
