@@ -26,6 +26,7 @@ void registerExclusion(nb::module_& m) {
       .def_rw("max_excluded", &RecoveryPolicy::max_excluded)
       .def_rw("min_nodes", &RecoveryPolicy::min_nodes)
       .def_rw("max_identical", &RecoveryPolicy::max_identical)
+      .def_rw("in_process", &RecoveryPolicy::in_process)
       .def_static(
           "from_json", [](const std::string& text, const std::string& source) { return parsePolicy(text, source); },
           nb::arg("text"), nb::arg("source") = "policy")
@@ -76,6 +77,8 @@ void registerExclusion(nb::module_& m) {
       },
       nb::arg("exclusion"), nb::arg("fatal") = false,
       "(failure, leave) a culprit's exclusion decision leads to (lmr::ckpt::respondTo).");
+  m.def("rolls_back_in_process", &rollsBackInProcess, nb::arg("decision"), nb::arg("policy"),
+        "Whether the decision is carried out in the running processes (lmr::ckpt::rollsBackInProcess).");
   m.def(
       "readmit", [](ExclusionLedger& ledger, const std::string& host) { return readmit(ledger, host); },
       nb::arg("ledger"), nb::arg("host"),

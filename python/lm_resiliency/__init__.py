@@ -37,6 +37,7 @@ from lm_resiliency.fault_injection import (
     SafetyClass,
     enable_fault_injection,
 )
+from lm_resiliency.protection import ProtectedJob, protect
 from lm_resiliency.signature import PendingSignatures, Signature, SignatureSet, signature, signatures
 
 __version__ = _core.__version__
@@ -75,5 +76,7 @@ __all__ = [
     "signatures",
     "SignatureSet",
     "PendingSignatures",
+    "ProtectedJob",
+    "protect",
     "timing",
 ]

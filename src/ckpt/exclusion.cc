@@ -207,7 +207,7 @@ RecoveryPolicy parsePolicy(std::string_view text, std::string_view source) {
   json::requireObject(v, root);
   json::requireKnownKeys(v, root,
                          {"sdc_exclude_after", "straggler_exclude", "straggler_exclude_after", "health_fatal_exclude",
-                          "hang_exclude_after", "max_excluded", "min_nodes", "max_identical"});
+                          "hang_exclude_after", "max_excluded", "min_nodes", "max_identical", "in_process"});
   RecoveryPolicy p;
   auto integer = [&](std::string_view key, std::int64_t& field) {
     if (const Json* m = json::findMember(v, key)) field = json::asInteger(*m, std::string(key));
@@ -223,6 +223,7 @@ RecoveryPolicy parsePolicy(std::string_view text, std::string_view source) {
   integer("max_excluded", p.max_excluded);
   integer("min_nodes", p.min_nodes);
   integer("max_identical", p.max_identical);
+  boolean("in_process", p.in_process);
   requirePolicy(p);
   return p;
 }
@@ -235,7 +236,8 @@ std::string toJson(const RecoveryPolicy& p, int indent) {
               {"hang_exclude_after", p.hang_exclude_after},
               {"max_excluded", p.max_excluded},
               {"min_nodes", p.min_nodes},
-              {"max_identical", p.max_identical}}
+              {"max_identical", p.max_identical},
+              {"in_process", p.in_process}}
       .dump(indent);
 }
 
@@ -256,6 +258,11 @@ CulpritResponse respondTo(const ExclusionDecision& e, bool fatal) {
   r.leave = !hang && (e.action == Action::kExcludeAndRollback ||
                       (e.action == Action::kEscalate && e.kind == BlameKind::kHealth && fatal));
   return r;
+}
+
+bool rollsBackInProcess(const RecoveryDecision& d, const RecoveryPolicy& policy) {
+  return policy.in_process && d.available && d.restart && d.action == "rollback" &&
+         (d.failure == "sdc" || d.failure == "straggler");
 }
 
 bool readmit(ExclusionLedger& ledger, std::string_view host) {

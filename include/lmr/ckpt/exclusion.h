@@ -53,6 +53,7 @@ struct RecoveryPolicy {
   std::int64_t max_excluded = 1;             // hosts excluded over the job's life
   std::int64_t min_nodes = 1;                // the rendezvous minimum (torchrun --nnodes MIN:MAX)
   std::int64_t max_identical = 3;            // the same decision this many times: escalate instead
+  bool in_process = true;                    // a rollback on healthy processes loads in place (no relaunch)
   bool operator==(const RecoveryPolicy&) const = default;
 };
 // InvalidArgument naming the JSON path of an unknown key or a bad value.
@@ -111,6 +112,14 @@ struct CulpritResponse {
   bool leave = false;
 };
 CulpritResponse respondTo(const ExclusionDecision& exclusion, bool fatal);
+
+// Whether `decision`, which sends the ranks back to a checkpoint, is carried out in the running
+// processes (each loads the checkpoint in place and training goes on) instead of a relaunch:
+// only a plain rollback after an SDC or a straggler, when every process, device and
+// communicator is still sound and no node leaves, and only when the policy allows it. An
+// exclusion, an escalation, a hang (a communicator may be broken), an inaccessible device and an
+// uncertain failure (a crash nobody diagnosed) relaunch.
+bool rollsBackInProcess(const RecoveryDecision& decision, const RecoveryPolicy& policy);
 
 // After an operator repaired `host`: it leaves the excluded list, so it may join the job again
 // and no longer counts against max_excluded. Its earlier blames stay in the history: blamed

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -100,6 +100,9 @@ class CheckpointCertifier:
         self._pending_save: Optional[tuple] = None  # (step, state, reason, future) of an async save
         self._seen = len(harness.results)  # harness results already scanned for state-integrity SDC
         self._integrity_finding: Any = None  # the first integrity SDC since the last boundary taken
+        # protect()'s job.steps(): a decision lmr::ckpt::rollsBackInProcess allows is handed to it
+        # (the ranks load the checkpoint in place after this step) instead of a relaunch.
+        self.on_rollback: Optional[Callable[[Any], None]] = None
         self._handle = attachment.add_listener(self, CERTIFICATION)
 
     # --- the optimizer boundary --------------------------------------------------------
@@ -384,6 +387,9 @@ class CheckpointCertifier:
             self._hooks.deliver_recovery_decision(decision)
         leaves = decision.restart or decision.action == "escalate"
         if self.config.self_healing and leaves and written:
+            if self.on_rollback is not None and _core.rolls_back_in_process(decision, self.config.recovery_policy):
+                self.on_rollback(decision)  # every rank alike: the same decision, the same policy
+                return decision
             from lm_resiliency.recovery import leave_for_restart
 
             leave_for_restart(decision, self.config.exit_code)

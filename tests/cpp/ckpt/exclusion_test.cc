@@ -297,5 +297,38 @@ TEST(Exclusion, AnExclusionResumesFromTheDurableTier) {
       << only_latest.reason;
 }
 
+// Only a plain rollback after an SDC, with every process and communicator still sound and no
+// node leaving, is carried out in the running processes; everything else relaunches.
+TEST(Exclusion, OnlyAPlainSdcRollbackStaysInProcess) {
+  Manifest m;
+  m.topology = "t";
+  m.checkpoints = {{"durable-4", 4, Tier::kDurable, TrustState::kRecoveryVerified, "/ck/4", "t", "", 4}};
+  const RecoveryPolicy policy;
+  EXPECT_TRUE(policy.in_process);
+  RecoveryDecision sdc = selectRecovery(m, Failure::kSdc, 12);
+  EXPECT_TRUE(rollsBackInProcess(sdc, policy));
+  RecoveryPolicy off;
+  off.in_process = false;
+  EXPECT_FALSE(rollsBackInProcess(sdc, off));
+  EXPECT_EQ(parsePolicy(R"({"in_process": false})").in_process, false);
+  EXPECT_NE(failureOf([] { parsePolicy(R"({"in_process": 1})"); }).find("in_process"), std::string::npos);
+  for (Failure f : {Failure::kInaccessible, Failure::kStraggler, Failure::kHang, Failure::kUncertain})
+    EXPECT_FALSE(rollsBackInProcess(selectRecovery(m, f, 12), policy)) << name(f);
+  EXPECT_FALSE(rollsBackInProcess(selectRecovery(Manifest{}, Failure::kSdc, 12), policy));  // nothing to load
+  ExclusionLedger ledger;
+  RecoveryPolicy once;
+  once.sdc_exclude_after = 1;
+  const Blame b = blameOn(BlameKind::kSdc, "node-b", 12, 0);
+  RecoveryDecision excluded = selectRecovery(m, Failure::kSdc, 12);
+  applyExclusion(excluded, decideExclusion(once, ledger, b, 3), b, m);
+  ASSERT_EQ(excluded.action, "exclude_and_rollback");
+  EXPECT_FALSE(rollsBackInProcess(excluded, policy));  // the node leaves: a relaunch
+  RecoveryDecision escalated = selectRecovery(m, Failure::kSdc, 12);
+  ExclusionLedger one_node;
+  applyExclusion(escalated, decideExclusion(once, one_node, b, 1), b, m);
+  ASSERT_EQ(escalated.action, "escalate");
+  EXPECT_FALSE(rollsBackInProcess(escalated, policy));
+}
+
 }  // namespace
 }  // namespace lmr::ckpt

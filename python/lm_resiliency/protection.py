@@ -1,0 +1,408 @@
+"""``protect()``: one call that turns the whole protection on for a training job.
+
+    job = lm_resiliency.protect(model, optimizer, checkpoint_dir="/shared/run/checkpoints",
+                                scheduler=sched, data_state=position)
+    with job:
+        for step in job.steps(total_steps):
+            loss = model(batch(step)).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+It resumes what the trust manifest says (collective, at once), then builds, in order, SCOUT's
+replay harness with state integrity, certified checkpoints over the framework's back end (DCP
+for plain PyTorch, DDP, FSDP2 and HSDP) with self-healing and the recovery policy, the
+out-of-band hang daemon (in a distributed job), the GPU health monitor (on CUDA) and, when
+given, a fault-injection campaign. Each part is configurable or off; ``job`` exposes them
+(``job.harness``, ``job.certifier``, ``job.hangs``, ``job.health``, ``job.session``,
+``job.checkpoints``).
+
+``job.steps(total)`` owns the step counter. When certification decides a plain rollback after
+an SDC and every process is sound (lmr::ckpt::rollsBackInProcess: no node leaves, no hang, the
+policy's ``in_process`` on), every rank loads the checkpoint in place after the step that decided
+it, the parts are rebuilt at the checkpoint's step and the loop goes on from there: no process
+exits. Every other decision leaves for torchrun's relaunch as before, and the relaunched job's
+``protect()`` resumes it. Outside ``job.steps()`` a rollback always relaunches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+import weakref
+from typing import Any, Iterator, Optional, Union
+
+import torch.distributed as dist
+
+from lm_resiliency import _core
+from lm_resiliency.agree import gather, problems, raise_everywhere
+from lm_resiliency.errors import InvalidArgumentError, describe
+from lm_resiliency.orchestration import OrchestrationHooks
+
+log = logging.getLogger("lm_resiliency.protection")
+
+__all__ = ["InProcessRecovery", "ProtectedJob", "protect"]
+
+_protected: "weakref.WeakSet[Any]" = weakref.WeakSet()  # models under a ProtectedJob not yet closed
+
+
+@dataclasses.dataclass
+class InProcessRecovery:
+    """One rollback carried out in the running processes."""
+
+    decided_at: int  # the step whose check decided it
+    step: int  # the checkpoint's step, where the loop went on
+    checkpoint: str
+    load_seconds: float  # the load itself
+    seconds: float  # from the decision to the parts rebuilt (the next step starts at once)
+    decided_time: float  # when the decision was made (seconds since the epoch)
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def read_policy(policy: Any) -> Any:
+    """A _core.RecoveryPolicy from None, a dict, a RecoveryPolicy, or a path to a JSON or TOML
+    file (``.toml``: its ``[recovery]`` table, or the whole file). Unknown keys are refused with
+    their path."""
+    if policy is None or isinstance(policy, (dict, _core.RecoveryPolicy)):
+        return policy
+    if not isinstance(policy, (str, os.PathLike)):
+        raise InvalidArgumentError(f"policy must be a dict, a RecoveryPolicy or a file path, got {type(policy).__name__}")
+    path = os.fspath(policy)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise InvalidArgumentError(f"policy {path}: {e.strerror}") from None
+    if path.endswith(".toml"):
+        import tomllib
+
+        try:
+            table = tomllib.loads(raw.decode("utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise InvalidArgumentError(f"policy {path}: {e}") from None
+        unknown = sorted(set(table) - {"recovery", "schema_version"})
+        if "recovery" in table and unknown:
+            raise InvalidArgumentError(f"policy {path}: {unknown[0]}: unknown table (known: recovery, schema_version)")
+        table = table.get("recovery", table)
+        text = json.dumps({k: v for k, v in table.items() if k != "schema_version"})
+    else:
+        text = raw.decode("utf-8", errors="replace")
+    return _core.RecoveryPolicy.from_json(text, path)
+
+
+def _check_writable(directory: str) -> str:
+    """"" when this rank can create files in `directory` (made if missing), else why not."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+        probe = os.path.join(directory, f".lmr-write-test-{os.getpid()}")
+        with open(probe, "w", encoding="utf-8") as f:
+            f.write("ok")
+        os.remove(probe)
+        return ""
+    except OSError as e:
+        return f"checkpoint_dir {directory} is not writable: {e.strerror}"
+
+
+class ProtectedJob:
+    """What :func:`protect` returns. A context manager: ``close()`` once, in order, even after an
+    exception. Attributes: ``start_step`` (where this process starts: 0, or the resumed step),
+    ``resumed`` (what the start loaded, or None), ``recoveries`` (in-process rollbacks)."""
+
+    def __init__(self, model: Any, optimizer: Any, checkpoints: Any, replay: Any, hangs: Any, health: Any,
+                 campaign: Any, hooks: Optional[OrchestrationHooks]) -> None:
+        self.model, self.optimizer = model, optimizer
+        self.checkpoints = checkpoints  # DurableCheckpointConfig, or None
+        self._replay_config = replay
+        self._hang_config = hangs  # HangDetectionConfig, or None
+        self._campaign = campaign
+        self._user_hooks = hooks or OrchestrationHooks()
+        self.hooks = OrchestrationHooks(on_fault_report=self._on_fault_report,
+                                        on_health_event=self._user_hooks.on_health_event,
+                                        on_replay_result=self._user_hooks.on_replay_result,
+                                        on_recovery_decision=self._user_hooks.on_recovery_decision,
+                                        on_exclusion=self._user_hooks.on_exclusion)
+        self.harness: Any = None
+        self.certifier: Any = None
+        self.hangs: Any = None
+        self.session: Any = None
+        self.health: Any = None
+        self.resumed: Any = None
+        self.recoveries: list[InProcessRecovery] = []
+        self.start_step = 0
+        self._pending: Any = None  # a decision to carry out in process, after the step that made it
+        self._entered = False
+        self._iterating = False
+        self._closed = False
+        self._health_sources = health
+
+    # --- building ------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        from lm_resiliency.recovery import resume
+
+        if self.checkpoints is not None:
+            self.resumed = resume(self.checkpoints, self.model, self.optimizer)
+        self.start_step = self.resumed.step if self.resumed is not None else 0
+        self._build(self.start_step, recovered=self.resumed is not None)
+        if self._health_sources:
+            from lm_resiliency.health import HardwareHealthMonitor
+
+            self.health = HardwareHealthMonitor(sources=self._health_sources, on_event=self._on_health_event,
+                                                hooks=self._user_hooks).start()
+
+    def _build(self, step: int, recovered: bool) -> None:
+        """The per-generation parts at `step`, in order: harness, certifier, hang monitor, campaign."""
+        from lm_resiliency.checkpoint import CheckpointCertifier
+        from lm_resiliency.scout import HangMonitor, ReplayHarness
+
+        if self._replay_config is not None:
+            self.harness = ReplayHarness(self.model, self.optimizer, self._replay_config, completed_iterations=step,
+                                         hooks=self.hooks)
+        if self.checkpoints is not None:
+            self.certifier = CheckpointCertifier(self.harness, self.checkpoints, hooks=self.hooks)
+            self.certifier.on_rollback = self._on_rollback if self._iterating else None
+        if self._hang_config is not None:
+            config = self._hang_config
+            if self.recoveries:  # a fresh rendezvous port for this process's next daemons
+                base = config.resolved_generation()
+                config = dataclasses.replace(config, generation=base * 16 + len(self.recoveries))
+            self.hangs = HangMonitor(self.model, self.optimizer, config, self.hooks, completed_iterations=step)
+        if self._campaign is not None:
+            from lm_resiliency.fault_injection import JsonCampaignStateStore, enable_fault_injection
+
+            campaign, directory = self._campaign
+            rank = dist.get_rank() if _distributed() else 0
+            store = JsonCampaignStateStore(os.path.join(directory, f"journal-rank-{rank}.json"))
+            self.session = enable_fault_injection(self.model, self.optimizer, campaign=campaign, state_store=store,
+                                                  completed_iterations=step)
+            if recovered:
+                self.session.notify_recovery()
+
+    def _teardown(self) -> None:
+        """The per-generation parts, closed in the reverse order (every rank, collective)."""
+        for name in ("session", "hangs", "certifier", "harness"):
+            part = getattr(self, name)
+            setattr(self, name, None)
+            if part is not None:
+                try:
+                    part.close()
+                except Exception as e:  # noqa: BLE001 - closing goes on with the next part
+                    log.warning("closing %s failed: %s", name, describe(e))
+
+    # --- callbacks -------------------------------------------------------------------------
+
+    def _on_fault_report(self, report: Any) -> None:
+        certifier = self.certifier
+        if certifier is not None:
+            certifier.note_fault_report(report)
+        self._user_hooks.deliver_fault_report(report)
+
+    def _on_health_event(self, event: Any) -> None:
+        certifier = self.certifier
+        if certifier is not None:
+            certifier.note_health_event(event)
+
+    def _on_rollback(self, decision: Any) -> None:
+        """The certifier's decision, carried out in process after this step (every rank alike)."""
+        self._pending = decision
+
+    # --- the loop ----------------------------------------------------------------------------
+
+    def steps(self, total: int) -> Iterator[int]:
+        """Yields the steps from where this process starts to `total` (exclusive). After a step
+        whose check decided an in-process rollback, every rank loads the checkpoint and the next
+        step yielded is the checkpoint's. Enter it once."""
+        if self._closed:
+            raise InvalidArgumentError("job.steps(): the job is closed")
+        if self._entered:
+            raise InvalidArgumentError("job.steps() was already entered: a job runs one loop")
+        if not isinstance(total, int) or isinstance(total, bool) or total < 0:
+            raise InvalidArgumentError(f"job.steps(total): total must be a non-negative int, got {total!r}")
+        self._entered = True
+        return self._loop(total)
+
+    def _loop(self, total: int) -> Iterator[int]:
+        self._iterating = True
+        if self.certifier is not None:
+            self.certifier.on_rollback = self._on_rollback
+        step = self.start_step
+        try:
+            while step < total:
+                yield step
+                step += 1
+                if self._pending is not None:
+                    step = self._roll_back()
+        finally:
+            self._iterating = False
+            if self.certifier is not None:
+                self.certifier.on_rollback = None
+
+    def _roll_back(self) -> int:
+        """Every rank: the parts closed, the decision's checkpoint loaded in place (resume(), as a
+        relaunch does), the parts rebuilt at its step. A failure leaves for the relaunch."""
+        from lm_resiliency.recovery import leave_for_restart, resume
+
+        decision, self._pending = self._pending, None
+        self._teardown()
+        resumed, problem = None, None
+        try:
+            resumed = resume(self.checkpoints, self.model, self.optimizer)
+        except Exception as e:  # noqa: BLE001 - agreed below; every rank then leaves alike
+            problem = describe(e)
+        if resumed is None and problem is None:
+            problem = "the decision's checkpoint is no longer in the trust manifest"
+        found = problems(problem)
+        if found:
+            log.error("the in-process rollback failed (%s): leaving for a relaunch instead",
+                      "; ".join(dict.fromkeys(found.values())))
+            leave_for_restart(decision, self.checkpoints.exit_code)
+        self._build(resumed.step, recovered=True)
+        seconds = time.time() - decision.decided_time if decision.decided_time else float("nan")
+        self.recoveries.append(InProcessRecovery(decision.decided_at, resumed.step, decision.checkpoint_id,
+                                                 resumed.load_seconds, seconds, decision.decided_time))
+        log.warning("rolled back in process to %s (step %d): %.2f s from the decision", decision.checkpoint_id,
+                    resumed.step, seconds)
+        return resumed.step
+
+    # --- closing -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Closes every part in order (campaign, hang monitor, certifier, harness, health), once.
+        Collective on every rank, like the parts' own close()."""
+        if self._closed:
+            return
+        self._closed = True
+        self._teardown()
+        if self.health is not None:
+            self.health.stop()
+            self.health = None
+        _protected.discard(self.model)
+
+    def __enter__(self) -> "ProtectedJob":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def protect(model: Any, optimizer: Any = None, *, checkpoint_dir: Union[str, os.PathLike, None],
+            scheduler: Any = None, data_state: Any = None, policy: Any = None,
+            replay: Any = None, integrity: bool = True, hangs: Any = None, health: Any = None,
+            checkpoints: Any = None, campaign: Any = None, hooks: Optional[OrchestrationHooks] = None,
+            self_healing: bool = True, latest_interval: int = 0,
+            latest_directory: Optional[str] = None) -> ProtectedJob:
+    """Turns on the protection for `model` and `optimizer` (collective on every rank, after the
+    process group and the model are built, before training) and resumes from the trust
+    manifest in `checkpoint_dir`. Returns a :class:`ProtectedJob`.
+
+    - `replay`: a ReplayHarnessConfig (default: its defaults, ``state_integrity=integrity``);
+      False: no replay, and then no certification either.
+    - `checkpoints`: a DurableCheckpointConfig of your own, or False for none (no resume, no
+      self-healing); default: the framework's back end under `checkpoint_dir`
+      (``durable_checkpoints``) with `scheduler`, `data_state`, `self_healing`, `policy` and
+      `latest_interval` (fast-tier snapshots every N steps in `latest_directory`, default a
+      per-job folder in /dev/shm under torchrun; 0: none).
+    - `policy`: the recovery policy (a dict, a RecoveryPolicy, or a JSON/TOML file path).
+    - `hangs`: a HangDetectionConfig, or False; default on in a distributed job.
+    - `health`: HealthSources, or False; default NVML for this rank's GPU on CUDA.
+    - `campaign`: a fault-injection campaign (the kit's manifest) to run, for evaluation.
+    - `hooks`: your OrchestrationHooks; they receive everything the parts report.
+    """
+    from lm_resiliency.scout import HangDetectionConfig, ReplayHarnessConfig
+
+    if model in _protected:
+        raise InvalidArgumentError("protect(): this model is already protected (close the first job before "
+                                   "protecting it again)")
+    distributed = _distributed()
+    group = None
+    if checkpoints is None:
+        if checkpoint_dir is None:
+            raise InvalidArgumentError("protect(): checkpoint_dir is required (or checkpoints=False)")
+        checkpoint_dir = os.fspath(checkpoint_dir)
+    why = _check_writable(checkpoint_dir) if checkpoints is None else ""
+    if distributed:
+        group = dist.new_group(backend="gloo")
+    try:
+        raise_everywhere(why, InvalidArgumentError, "protect()", group)
+        policy = read_policy(policy)
+        if replay is None:
+            replay = ReplayHarnessConfig(state_integrity=integrity)
+        elif replay is False:
+            replay = None
+            if checkpoints not in (False,):
+                raise InvalidArgumentError("protect(): certified checkpoints need replay checks: pass "
+                                           "checkpoints=False with replay=False")
+        if checkpoints is None:
+            from lm_resiliency.checkpoint import durable_checkpoints
+
+            checkpoints = durable_checkpoints(model, optimizer, checkpoint_dir, scheduler=scheduler,
+                                              data_state=data_state, latest_interval=latest_interval,
+                                              latest_directory=latest_directory, self_healing=self_healing,
+                                              recovery_policy=policy)
+        elif checkpoints is False:
+            checkpoints = None
+        if hangs is None:
+            hangs = HangDetectionConfig() if distributed else None
+        elif hangs is False:
+            hangs = None
+        sources = _health_sources(model, health)
+        run_campaign = None
+        if campaign is not None:
+            where = checkpoints.directory if checkpoints is not None else (checkpoint_dir or ".")
+            run_campaign = (campaign, where)
+        _preflight(policy if checkpoints is None else checkpoints.recovery_policy, campaign, group)
+    finally:
+        if group is not None:
+            dist.destroy_process_group(group)
+    job = ProtectedJob(model, optimizer, checkpoints, replay, hangs, sources, run_campaign, hooks)
+    _protected.add(model)
+    try:
+        job._start()
+    except BaseException:
+        job.close()
+        raise
+    return job
+
+
+def _health_sources(model: Any, health: Any) -> list[Any]:
+    """NVML for this rank's CUDA device unless `health` says otherwise; [] on CPU."""
+    if health is False:
+        return []
+    if health is not None:
+        return list(health)
+    device = next((p.device for p in model.parameters()), None) if hasattr(model, "parameters") else None
+    if device is None or device.type != "cuda":
+        return []
+    from lm_resiliency.health import NvmlSource, nvml_index_for_cuda_device
+
+    try:
+        return [NvmlSource(nvml_index_for_cuda_device(device))]
+    except Exception as e:  # noqa: BLE001 - no NVML: the rest of the protection goes on
+        log.warning("GPU health monitoring is off: %s", describe(e))
+        return []
+
+
+def _preflight(policy: Any, campaign: Any, group: Any) -> None:
+    """Every rank runs the same package version, recovery policy and campaign: a drift across
+    nodes is refused before training, naming the ranks that differ."""
+    if group is None:
+        return
+    from lm_resiliency import __version__
+
+    text = policy.to_json() if isinstance(policy, _core.RecoveryPolicy) else json.dumps(policy, sort_keys=True)
+    mine = {"version": __version__, "policy": text,
+            "campaign": json.dumps(campaign, sort_keys=True, default=str) if campaign is not None else None}
+    everyone = gather(mine, group)
+    for key in ("version", "policy", "campaign"):
+        values = [e[key] for e in everyone]
+        if len(set(values)) > 1:
+            differ = [r for r, v in enumerate(values) if v != values[0]]
+            raise InvalidArgumentError(f"protect(): the ranks' {key} differs (rank 0 against ranks {differ}): every "
+                                       "rank must run the same package and configuration")
+
