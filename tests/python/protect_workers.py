@@ -15,6 +15,7 @@ from lm_resiliency.signature import signatures
 from lm_resiliency.workloads import TrainConfig, build, train_step
 
 FAULT_STEP = 11
+TOTAL = 14  # the loop's steps: the rollback (to step 4) and three steps past the fault
 
 
 def _state_digest(model, opt):
@@ -58,7 +59,7 @@ def in_process_run(directory, parallel, hangs=True):
                      latest_interval=3, latest_directory=os.path.join(directory, "latest"),
                      hangs=None if hangs else False,
                      campaign=SDC_FAULT[parallel](FAULT_STEP)) as job:
-        for step in job.steps(STEPS):
+        for step in job.steps(TOTAL):
             if job.recoveries and after is None:  # the first step after the in-process rollback
                 after = (_state_digest(model, opt), pos.consumed, sched.last_epoch)
             yielded.append(step)

@@ -2,13 +2,18 @@
 one lmr-c10d rendezvous, each with its own node identity (LMR_NODE_ID), and the reference
 workload carries a fault that lives on node-b: a device that reports a fatal health event.
 node-b is excluded, its agent leaves, and the job finishes resharded on fewer ranks. (A
-recurring SDC and a standby: test_qualify.py's lmr-qualify --nodes run.)"""
+recurring SDC and a standby: test_qualify.py's lmr-qualify --nodes run.) And one node alone
+under torchrun with a fault that comes back after every recovery: nothing can be excluded, so
+the second SDC escalates instead of looping."""
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import sysconfig
+import time
 
 import pytest
 
@@ -23,9 +28,9 @@ def _port():
         return s.getsockname()[1]
 
 
-def _run_nodes(directory, nodes, *workload, nproc=1, timeout=240):
+def _start_nodes(directory, nodes, *workload, nproc=1):
     """One torchrun agent per node name (spare-*: a standby), started in order (the first
-    hosts the rendezvous store); returns {node: (exit status, log)}."""
+    hosts the rendezvous store); {node: (process, log file)}."""
     port, agents = _port(), {}
     for node in nodes:
         conf = (f"checkpoint_dir={directory}/checkpoints,last_call_timeout=2,keep_alive_interval=1,"
@@ -35,25 +40,45 @@ def _run_nodes(directory, nodes, *workload, nproc=1, timeout=240):
                "--rdzv-id", "exclusion-test", "--rdzv-conf", conf, "-m", "lm_resiliency.workloads.resilient",
                "--directory", str(directory), "--steps", "12", "--fault-step", "9", "--recurring",
                "--fault-host", "node-b", "--fault-rank", "0", *workload]
-        log = open(os.path.join(directory, f"agent-{node}.log"), "w", encoding="utf-8")
-        agents[node] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                         env={**os.environ, "LMR_NODE_ID": node, "OMP_NUM_THREADS": "1"}), log)
+        agents[node] = _start(cmd, os.path.join(directory, f"agent-{node}.log"), LMR_NODE_ID=node)
         if node == nodes[0]:
-            import time
-
             time.sleep(1.0)  # it binds the endpoint first
+    return agents
+
+
+def _start(cmd, log_path, **env):
+    log = open(log_path, "w", encoding="utf-8")
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", **env}), log
+
+
+def _wait(started, timeout=300):
+    """{name: (exit status, log)} of every process in `started` ({name: (process, log)})."""
     out = {}
     try:
-        for node, (proc, log) in agents.items():
+        for name, (proc, log) in started.items():
             rc = proc.wait(timeout=timeout)
             log.close()
             with open(log.name, encoding="utf-8") as f:
-                out[node] = (rc, f.read())
+                out[name] = (rc, f.read())
     finally:
-        for proc, _ in agents.values():
+        for proc, _ in started.values():
             if proc.poll() is None:
                 proc.kill()
     return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Both jobs at once (neither has a timing verdict to disturb): node-b's fatal health event
+    across three agents, and one node's recurring SDC under a standalone torchrun."""
+    health, single = tmp_path_factory.mktemp("health"), tmp_path_factory.mktemp("one-node")
+    agents = _start_nodes(health, ["node-b", "node-a", "node-c"], "--parallel", "fsdp2", "--fault-kind", "health")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
+           "--max-restarts", "2", "-m", "lm_resiliency.workloads.resilient", "--directory", str(single),
+           "--steps", "12", "--fault-step", "9", "--recurring"]
+    one_node = _start(cmd, os.path.join(single, "torchrun.log"), LMR_NODE_ID="node-a")
+    return {"health": (health, _wait(agents)), "one_node": (single, _wait({"torchrun": one_node})["torchrun"])}
 
 
 def _generations(directory):
@@ -86,7 +111,7 @@ def _check_exclusion(directory, agents, world_after, nodes_after, latency, rollb
     return generations
 
 
-def test_a_fatal_health_event_takes_its_node_out_and_the_job_resumes_resharded(tmp_path):
+def test_a_fatal_health_event_takes_its_node_out_and_the_job_resumes_resharded(runs):
     # node-b's device reports uncorrectable ECC errors at step 9 (a scripted source standing in
     # for NVML): a fatal event, excluded at once, no rollback first. FSDP2 over 3 ranks, then
     # over 2: the durable DCP checkpoint reshards on load. node-b starts first, so its agent
@@ -94,10 +119,48 @@ def test_a_fatal_health_event_takes_its_node_out_and_the_job_resumes_resharded(t
     # of its own, and leaves when the job ends. (A recurring SDC's rollback, then exclusion,
     # with a standby in the excluded node's place: lmr-qualify --nodes 3 --standby 1 in
     # test_qualify.py.)
-    agents = _run_nodes(tmp_path, ["node-b", "node-a", "node-c"], "--parallel", "fsdp2", "--fault-kind", "health")
+    tmp_path, agents = runs["health"]
     generations = _check_exclusion(tmp_path, agents, 2, ["node-a", "node-c"], latency=1, rollbacks=0)
     assert generations[0]["detections"] == []  # no SDC: the decision is the health event's
     ledger = _core.ExclusionLedger.read(os.path.join(tmp_path, "checkpoints"))
     assert [d.kind for d in ledger.decisions] == ["health"]
     assert "loads resharded on 2 ranks" in agents["node-a"][1] + agents["node-c"][1]
     assert "hosts the rendezvous store" in agents["node-b"][1]
+
+
+def test_a_fault_that_follows_the_hardware_escalates_instead_of_looping(runs):
+    # The fault comes back after every recovery (a broken GPU). One node: nothing can be
+    # excluded, so the second SDC on the same node escalates: the ranks stop with the
+    # documented status, and the next relaunch stops at once instead of rolling back again.
+    tmp_path, (returncode, log) = runs["one_node"]
+    assert returncode != 0, log[-4000:]
+    assert "exitcode  : 69" in log or "exitcode: 69" in log, log[-4000:]
+    env = {**os.environ, "LMR_NODE_ID": "node-a"}
+    with open(os.path.join(tmp_path, "run-log.jsonl"), encoding="utf-8") as f:
+        generations = [json.loads(line) for line in f]
+    assert [g["decision"]["action"] for g in generations] == ["rollback", "escalate"], generations
+    assert generations[1]["decision"]["blamed_hosts"] == ["node-a"] and generations[1]["decision"]["blamed_ranks"] == [1]
+    from lm_resiliency import _core
+
+    ledger = _core.ExclusionLedger.read(os.path.join(tmp_path, "checkpoints"))
+    assert [d.action for d in ledger.decisions] == ["rollback", "escalate"] and ledger.excluded_hosts == []
+    assert "min_nodes" in ledger.decisions[1].reason or "max_excluded" in ledger.decisions[1].reason
+    manifest = _core.CkptManifest.read(os.path.join(tmp_path, "checkpoints"))
+    assert manifest.decision.action == "escalate" and manifest.decision.status == "pending"
+    assert [(d.action, d.status) for d in manifest.history] == [("rollback", "applied")]  # generation 0's
+    lmr_cli = shutil.which("lmr", path=sysconfig.get_path("scripts"))
+    inspect = subprocess.run([lmr_cli, "ckpt", "inspect", os.path.join(tmp_path, "checkpoints")], capture_output=True,
+                             text=True, env=env)
+    assert "escalate" in inspect.stdout and "blamed: node-a" in inspect.stdout, inspect.stdout
+    assert "earlier decisions (1):" in inspect.stdout, inspect.stdout
+
+    # The node repaired: the operator releases the escalation, and the next start would roll
+    # back to the decision's checkpoint instead of stopping (lmr::ckpt::planResume).
+    from lm_resiliency.recovery import release_escalation
+
+    assert release_escalation(os.path.join(tmp_path, "checkpoints"))
+    assert not release_escalation(os.path.join(tmp_path, "checkpoints"))  # once
+    released = _core.CkptManifest.read(os.path.join(tmp_path, "checkpoints"))
+    decision, undiagnosed, stop = _core.plan_resume(released, released.topology)
+    assert not stop and not undiagnosed and decision.action == "rollback"
+    assert decision.checkpoint_id == manifest.decision.checkpoint_id

@@ -22,7 +22,7 @@ def test_an_sdc_rolls_back_in_process_to_the_state_a_relaunch_loads(parallel, tm
     ((decided_at, step, checkpoint, seconds, load_seconds),) = first["recoveries"]
     assert decided_at >= protect_workers.FAULT_STEP > step and seconds >= load_seconds > 0
     # The loop went back to the checkpoint's step in the same processes and finished.
-    assert first["yielded"] == list(range(decided_at)) + list(range(step, protect_workers.STEPS))
+    assert first["yielded"] == list(range(decided_at)) + list(range(step, protect_workers.TOTAL))
     for r in per_rank:
         assert r["late_sdc"] == [], r["late_sdc"]  # the fault ended with the recovery; nothing blamed later
         digest, consumed, epoch = r["after"]

@@ -319,7 +319,7 @@ def test_a_broken_node_is_excluded_and_a_standby_takes_its_place(tmp_path):
     node-b's recurring SDC rolls back once, then excludes node-b; spare-1 takes its place."""
     out = tmp_path / "q"
     run = qualify("--out", str(out), "--plain", "--no-plots", "--nodes", "3", "--standby", "1", "--ranks", "3",
-                  "--families", "broken_node", "--metrics-port", str(_free_port()), timeout=300)
+                  "--families", "broken_node", "--steps", "15", "--metrics-port", str(_free_port()), timeout=300)
     assert run.returncode == 0, failure(run, out)
     summary = json.loads((out / "summary.json").read_text())
     (campaign,) = summary["runs"]
