@@ -41,6 +41,7 @@ from lm_resiliency import _core
 from lm_resiliency.agree import gather, problems, raise_everywhere
 from lm_resiliency.errors import InvalidArgumentError, describe
 from lm_resiliency.orchestration import OrchestrationHooks
+from lm_resiliency.rank_state import cannot_write
 
 log = logging.getLogger("lm_resiliency.protection")
 
@@ -94,19 +95,6 @@ def read_policy(policy: Any) -> Any:
     else:
         text = raw.decode("utf-8", errors="replace")
     return _core.RecoveryPolicy.from_json(text, path)
-
-
-def _check_writable(directory: str) -> str:
-    """"" when this rank can create files in `directory` (made if missing), else why not."""
-    try:
-        os.makedirs(directory, exist_ok=True)
-        probe = os.path.join(directory, f".lmr-write-test-{os.getpid()}")
-        with open(probe, "w", encoding="utf-8") as f:
-            f.write("ok")
-        os.remove(probe)
-        return ""
-    except OSError as e:
-        return f"checkpoint_dir {directory} is not writable: {e.strerror}"
 
 
 class ProtectedJob:
@@ -325,7 +313,8 @@ def protect(model: Any, optimizer: Any = None, *, checkpoint_dir: Union[str, os.
         if checkpoint_dir is None:
             raise InvalidArgumentError("protect(): checkpoint_dir is required (or checkpoints=False)")
         checkpoint_dir = os.fspath(checkpoint_dir)
-    why = _check_writable(checkpoint_dir) if checkpoints is None else ""
+    why = cannot_write(checkpoint_dir) if checkpoints is None else ""
+    why = f"checkpoint_dir {checkpoint_dir} is not writable: {why}" if why else ""
     if distributed:
         group = dist.new_group(backend="gloo")
     try:

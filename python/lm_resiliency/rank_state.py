@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from lm_resiliency.errors import InvalidArgumentError, LmrIOError
 
-__all__ = ["DataState", "Stateful", "advance_scheduler", "atomic_save", "data_getter", "data_setter",
+__all__ = ["DataState", "Stateful", "advance_scheduler", "atomic_save", "cannot_write", "data_getter", "data_setter",
            "fsync_directory", "load_file", "node_id", "rank_and_world", "rendezvous_min_nodes", "rng_state", "set_rng_state"]
 
 
@@ -86,6 +86,20 @@ def _remove_quietly(path: str) -> None:
 
 
 # --- rank, RNG, data position ---------------------------------------------------------------
+
+def cannot_write(directory: str) -> str:
+    """"" when this process can create files in `directory` (made when missing), else why not
+    (the OS's reason). A probe file is written and removed."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+        probe = os.path.join(directory, f".lmr-write-test-{os.getpid()}")
+        with open(probe, "w", encoding="utf-8") as f:
+            f.write("ok")
+        os.remove(probe)
+        return ""
+    except OSError as e:
+        return e.strerror or str(e)
+
 
 def node_id() -> str:
     """Where this rank runs, as exclusion and the replacement scope name it: ``LMR_NODE_ID``

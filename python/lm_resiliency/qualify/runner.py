@@ -160,14 +160,11 @@ def _campaign_steps(campaign: dict, horizon: int = 10000) -> int:
 
 
 def _check_out(path: str) -> None:
-    try:
-        os.makedirs(path, exist_ok=True)
-        probe = os.path.join(path, f".lmr-write-test-{os.getpid()}")
-        with open(probe, "w", encoding="utf-8") as f:
-            f.write("ok")
-        os.remove(probe)
-    except OSError as e:
-        raise UsageError(f"--out {path}: cannot write there ({e.strerror})") from None
+    from lm_resiliency.rank_state import cannot_write
+
+    why = cannot_write(path)
+    if why:
+        raise UsageError(f"--out {path}: cannot write there ({why})")
 
 
 def validate(ns: argparse.Namespace, world: Optional[int] = None) -> Setup:
