@@ -3,7 +3,7 @@ job.steps()) against torchrun's relaunch, for the same fault and the same decisi
 interleaved. Recovery time: from the decision to the first step after the load; the load itself
 is shown beside it (the target: in process <= load + 0.5 s).
 
-    python bench/recovery_time.py [--ranks 4] [--rounds 3] [--model reference|gpt2]
+    python bench/recovery_time.py [--ranks 4] [--rounds 3] [--model reference|gpt2] [--device cuda]
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import tempfile
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "recovery_worker.py")
 
 
-def one(ranks: int, in_process: bool, model: str) -> dict:
+def one(ranks: int, in_process: bool, model: str, device: str = "cpu") -> dict:
     with tempfile.TemporaryDirectory(prefix="lmr-recovery-") as d:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
                "--max-restarts=1", "--monitor-interval=0.2", WORKER, "--directory", d, "--in-process",
-               str(int(in_process)), "--model", model]
+               str(int(in_process)), "--model", model, "--device", device]
         if model == "gpt2":  # more blocks: two catalog cycles (a verified checkpoint) take longer
             cmd += ["--steps", "32", "--fault-step", "23"]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -41,12 +41,14 @@ def main() -> None:
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--model", choices=("reference", "gpt2"), default="reference")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: the ranks share the GPUs over gloo")
     args = p.parse_args()
     runs: dict[bool, list[dict]] = {True: [], False: []}
     for _ in range(args.rounds):
         for in_process in (True, False):  # interleaved
-            runs[in_process].append(one(args.ranks, in_process, args.model))
-    print(f"{args.model} on {args.ranks} CPU ranks, {args.rounds} rounds each, interleaved")
+            runs[in_process].append(one(args.ranks, in_process, args.model, args.device))
+    where = "CPU ranks" if args.device == "cpu" else "ranks sharing the GPU over gloo"
+    print(f"{args.model} on {args.ranks} {where}, {args.rounds} rounds each, interleaved")
     print(f"{'path':<12} {'recovery s (median, min-max)':<30} load s (median)")
     median = {}
     for in_process in (True, False):

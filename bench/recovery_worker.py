@@ -38,14 +38,14 @@ class Position:
         self.consumed = int(state["consumed"])
 
 
-def _gpt2(vocab: int):
+def _gpt2(vocab: int, device: torch.device):
     import transformers
     from torch.nn.parallel import DistributedDataParallel
 
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=vocab, n_positions=128,
                                   bos_token_id=0, eos_token_id=0, attn_implementation="eager")
-    model = DistributedDataParallel(transformers.GPT2LMHeadModel(cfg))
+    model = DistributedDataParallel(transformers.GPT2LMHeadModel(cfg).to(device))
     return model, "attn.c_attn.weight"
 
 
@@ -56,16 +56,21 @@ def main() -> None:
     p.add_argument("--model", choices=("reference", "gpt2"), default="reference")
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--fault-step", type=int, default=11)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: the ranks share the GPUs over gloo")
     args = p.parse_args()
     init_process_group("gloo")
     rank = dist.get_rank()
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
     vocab = 512
     if args.model == "gpt2":
-        model, parameter = _gpt2(vocab)
+        model, parameter = _gpt2(vocab, device)
     else:
         from lm_resiliency.workloads import TrainConfig, build
 
-        model = build(TrainConfig(parallel="ddp", steps=args.steps))[0]
+        model = build(TrainConfig(parallel="ddp", steps=args.steps, device=args.device))[0]
         parameter, vocab = "attention.wq.weight", 128
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     pos = Position()
@@ -76,7 +81,7 @@ def main() -> None:
                     "parameters": {"operation": "scale", "factor": 4.0, "scope": "1%", "parameter": parameter}}]}]}
     replay = ReplayHarnessConfig(check_interval=2, state_integrity=True, optimizer_slice_size=64)
     gen = torch.Generator().manual_seed(rank)
-    times: dict = {"start": START, "in_process": bool(args.in_process), "model": args.model}
+    times: dict = {"start": START, "in_process": bool(args.in_process), "model": args.model, "device": args.device}
     with lmr.protect(model, opt, checkpoint_dir=os.path.join(args.directory, "checkpoints"), data_state=pos,
                      replay=replay, hangs=False, campaign=fault, policy={"in_process": bool(args.in_process)}) as job:
         if job.resumed is not None:
@@ -87,7 +92,7 @@ def main() -> None:
                 if job.recoveries:
                     times.update(decided=job.recoveries[0].decided_time, load=job.recoveries[0].load_seconds)
             pos.consumed = step + 1
-            inputs = torch.randint(0, vocab, (8, 64), generator=gen)
+            inputs = torch.randint(0, vocab, (8, 64), generator=gen).to(device)
             out = model(inputs)
             logits = out.logits if hasattr(out, "logits") else out
             loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, vocab).float(),
