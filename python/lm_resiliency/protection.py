@@ -47,7 +47,18 @@ log = logging.getLogger("lm_resiliency.protection")
 
 __all__ = ["InProcessRecovery", "ProtectedJob", "protect"]
 
-_protected: "weakref.WeakSet[Any]" = weakref.WeakSet()  # models under a ProtectedJob not yet closed
+# The jobs not yet closed, by model (a Megatron job's model is a list of chunks: by its chunks).
+_protected: dict[Any, "weakref.ref[ProtectedJob]"] = {}
+
+
+def _model_key(model: Any) -> Any:
+    return tuple(id(m) for m in model) if isinstance(model, (list, tuple)) else id(model)
+
+
+def _protected_job(model: Any) -> "Optional[ProtectedJob]":
+    ref = _protected.get(_model_key(model))
+    job = ref() if ref is not None else None
+    return job if job is not None and not job._closed else None
 
 
 @dataclasses.dataclass
@@ -270,7 +281,8 @@ class ProtectedJob:
         if self.health is not None:
             self.health.stop()
             self.health = None
-        _protected.discard(self.model)
+        if _protected_job(self.model) is None:
+            _protected.pop(_model_key(self.model), None)
 
     def __enter__(self) -> "ProtectedJob":
         return self
@@ -304,7 +316,7 @@ def protect(model: Any, optimizer: Any = None, *, checkpoint_dir: Union[str, os.
     """
     from lm_resiliency.scout import HangDetectionConfig, ReplayHarnessConfig
 
-    if model in _protected:
+    if _protected_job(model) is not None:
         raise InvalidArgumentError("protect(): this model is already protected (close the first job before "
                                    "protecting it again)")
     distributed = _distributed()
@@ -350,7 +362,7 @@ def protect(model: Any, optimizer: Any = None, *, checkpoint_dir: Union[str, os.
         if group is not None:
             dist.destroy_process_group(group)
     job = ProtectedJob(model, optimizer, checkpoints, replay, hangs, sources, run_campaign, hooks)
-    _protected.add(model)
+    _protected[_model_key(model)] = weakref.ref(job)
     try:
         job._start()
     except BaseException:

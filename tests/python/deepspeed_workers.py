@@ -217,21 +217,19 @@ def _state(engine):
 
 
 def certify_run(stage, directory, steps):
-    """Certification over the engine's own checkpoints: SCOUT every 2 steps, a checkpoint
-    captured at each check; what each rank held at every capture."""
-    from lm_resiliency.checkpoint import CheckpointCertifier, durable_checkpoints
+    """Certification over the engine's own checkpoints, through lm_resiliency.protect(): SCOUT
+    every 2 steps, a checkpoint captured at each check; what each rank held at every capture."""
+    from lm_resiliency.checkpoint import durable_checkpoints
 
     engine = build(stage)
     trainer = Trainer(engine)
     config = durable_checkpoints(engine, None, directory)
     saved = remember_saves(config, lambda: _state(engine))
-    harness = ReplayHarness(engine, config=ReplayHarnessConfig(check_interval=2, state_integrity=True))
-    certifier = CheckpointCertifier(harness, config)
-    for _ in range(steps):
-        trainer.step()
-    manifest = certifier.manifest.to_json()
-    certifier.close()
-    harness.close()
+    with lmr.protect(engine, None, checkpoint_dir=None, checkpoints=config, hangs=False,
+                     replay=ReplayHarnessConfig(check_interval=2, state_integrity=True)) as job:
+        for _ in job.steps(steps):
+            trainer.step()
+        manifest = job.certifier.manifest.to_json()
     return {"manifest": manifest, "saved": saved, "files": sorted(os.listdir(directory))}
 
 

@@ -327,10 +327,11 @@ def scheduler_of(optimizer):
 
 def certify_run(directory, steps, distributed_optimizer, training=False):
     """Certified checkpoints over dist_checkpointing (`training`: megatron.training's
-    checkpointing, with an LR scheduler): SCOUT every step, captures by the certifier; what
-    each rank held at each capture."""
-    from lm_resiliency.checkpoint import CheckpointCertifier, durable_checkpoints
-    from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
+    checkpointing, with an LR scheduler), through lm_resiliency.protect(): SCOUT every step,
+    captures by the certifier; what each rank held at each capture."""
+    import lm_resiliency as lmr
+    from lm_resiliency.checkpoint import durable_checkpoints
+    from lm_resiliency.scout import ReplayHarnessConfig
 
     chunks, optimizer = build(1, 1, distributed_optimizer)
     scheduler = None
@@ -347,13 +348,11 @@ def certify_run(directory, steps, distributed_optimizer, training=False):
         return out
 
     saved = remember_saves(config, state)
-    harness = ReplayHarness(chunks, optimizer, config=ReplayHarnessConfig(check_interval=1, state_integrity=True))
-    certifier = CheckpointCertifier(harness, config)
-    for _ in range(steps):
-        trainer.step()
-    manifest = certifier.manifest.to_json()
-    certifier.close()
-    harness.close()
+    with lmr.protect(chunks, optimizer, checkpoint_dir=None, checkpoints=config, hangs=False,
+                     replay=ReplayHarnessConfig(check_interval=1, state_integrity=True)) as job:
+        for _ in job.steps(steps):
+            trainer.step()
+        manifest = job.certifier.manifest.to_json()
     return {"manifest": manifest, "saved": saved}
 
 
