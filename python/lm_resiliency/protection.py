@@ -177,6 +177,7 @@ class ProtectedJob:
 
             campaign, directory = self._campaign
             rank = dist.get_rank() if _distributed() else 0
+            os.makedirs(directory, exist_ok=True)
             store = JsonCampaignStateStore(os.path.join(directory, f"journal-rank-{rank}.json"))
             self.session = enable_fault_injection(self.model, self.optimizer, campaign=campaign, state_store=store,
                                                   completed_iterations=step)

@@ -106,7 +106,7 @@ def _check_exclusion(directory, agents, world_after, nodes_after, latency, rollb
     assert 0 < summary["resumed_step"] < 9 and summary["rollback_distance_steps"] > 0
     assert summary["recovery_seconds"] > summary["load_seconds"] > 0
     assert generations[1]["resumed_from"] == generations[0]["decision"]["checkpoint_id"]
-    relaunch = summary["relaunches"][rollbacks]
+    relaunch = summary["recoveries"][rollbacks]
     assert relaunch["world"] == [3, world_after] and relaunch["total"] > relaunch["load"] > 0
     return generations
 

@@ -5,13 +5,15 @@ that injects a permanent weight fault on one rank.
     torchrun --standalone --nproc-per-node 4 --max-restarts 2 \\
         -m lm_resiliency.workloads.resilient --directory /tmp/run --steps 24
 
-SCOUT localizes the fault, certification rejects every checkpoint it may have reached and
-decides to roll back to the newest RECOVERY_VERIFIED one, every rank leaves with the
-recovery exit status, torchrun relaunches the workers, and they resume from that checkpoint
-(the campaign's journal keeps the fault from firing again) and finish. Rank 0 appends one
-line per generation to ``<directory>/run-log.jsonl`` and writes ``summary.json`` at the end:
-detection latency and rollback distance in steps, and recovery time in seconds (from the
-decision to the first step after the load, torchrun's relaunch included).
+Everything is turned on by ``lm_resiliency.protect()``. SCOUT localizes the fault,
+certification rejects every checkpoint it may have reached and decides to roll back to the
+newest RECOVERY_VERIFIED one, and every rank loads it in place and goes on from its step (the
+campaign's journal keeps the fault from firing again). With ``--in-process 0``, or for a
+decision that excludes a node, every rank leaves with the recovery exit status instead and
+torchrun relaunches the workers, which resume from that checkpoint. Rank 0 appends one line
+per generation (a process, or a rollback in process) to ``<directory>/run-log.jsonl`` and writes
+``summary.json`` at the end: detection latency and rollback distance in steps, and recovery
+time in seconds (from the decision to the first step after the load, a relaunch included).
 
 On several nodes (torchrun agents on one lmr-c10d rendezvous, docs/recovery.md) the fault can
 live on a node (``--fault-host``) and come back after every recovery (``--recurring``), or be
@@ -31,13 +33,13 @@ import torch
 import torch.distributed as dist
 
 from lm_resiliency.agree import gather
-from lm_resiliency.checkpoint import CheckpointCertifier, DurableCheckpointConfig
-from lm_resiliency.fault_injection import JsonCampaignStateStore, enable_fault_injection
+from lm_resiliency.checkpoint import DurableCheckpointConfig
 from lm_resiliency.health import HardwareHealthMonitor, HealthConfig, HealthDevice, HealthReading, HealthSource
 from lm_resiliency.orchestration import OrchestrationHooks
 from lm_resiliency.rank_state import node_id
-from lm_resiliency.recovery import init_process_group, resume
-from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
+from lm_resiliency.protection import protect
+from lm_resiliency.recovery import init_process_group
+from lm_resiliency.scout import ReplayHarnessConfig
 from lm_resiliency.workloads.data import Position
 from lm_resiliency.workloads.train import TrainConfig, build, train_step
 
@@ -87,14 +89,15 @@ class ScriptedEcc(HealthSource):
         return [HealthReading(device, "ecc_uncorrectable_volatile", self.errors)]
 
 
-def _scripted_health(args: argparse.Namespace, certifier: Any) -> Optional[tuple[Any, ScriptedEcc]]:
-    """The scripted device on the faulty rank (of --fault-host), reporting to certification."""
+def _scripted_health(args: argparse.Namespace, report: Any) -> Optional[tuple[Any, ScriptedEcc]]:
+    """The scripted device on the faulty rank (of --fault-host), reporting to `report`
+    (certification's note_health_event)."""
     mine = int(os.environ.get("LOCAL_RANK", "0")) == args.fault_rank and node_id() == args.fault_host \
         if args.fault_host else dist.get_rank() == args.fault_rank
     if args.fault_kind != "health" or not args.fault_step or not mine:
         return None
     source = ScriptedEcc()
-    monitor = HardwareHealthMonitor(HealthConfig(interval_s=60), [source], on_event=certifier.note_health_event)
+    monitor = HardwareHealthMonitor(HealthConfig(interval_s=60), [source], on_event=report)
     monitor.poll_once()  # the healthy baseline
     return monitor, source
 
@@ -113,7 +116,7 @@ def _process_start() -> float:
 
 
 def _policy(args: argparse.Namespace) -> dict[str, Any]:
-    policy: dict[str, Any] = {"sdc_exclude_after": args.sdc_exclude_after}
+    policy: dict[str, Any] = {"sdc_exclude_after": args.sdc_exclude_after, "in_process": bool(args.in_process)}
     if args.fault_kind == "straggler":
         policy.update(straggler_exclude=True, straggler_exclude_after=1)
     return policy
@@ -144,6 +147,8 @@ def main(argv: Optional[list[str]] = None) -> None:
                    help="the recovery policy: the Nth SDC blamed on the same node excludes it (1: the first)")
     p.add_argument("--replicate-across-nodes", action="store_true",
                    help="HSDP: replicate across nodes, shard within a node (dp_replicate = world / LOCAL_WORLD_SIZE)")
+    p.add_argument("--in-process", type=int, choices=(0, 1), default=1,
+                   help="1 (default): a plain SDC rollback loads in the running processes; 0: always relaunch")
     p.add_argument("--check-interval", type=int, default=2)
     p.add_argument("--latest-interval", type=int, default=3)
     args = p.parse_args(argv)
@@ -152,7 +157,6 @@ def main(argv: Optional[list[str]] = None) -> None:
     timeline["group_ready"] = time.time()
     rank = dist.get_rank()
     os.makedirs(args.directory, exist_ok=True)
-    generation_started = time.time()
     replicate = dist.get_world_size() // int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if args.replicate_across_nodes \
         else 2
     model, opt, data, device = build(TrainConfig(parallel=args.parallel, steps=args.steps, device=args.device,
@@ -163,58 +167,74 @@ def main(argv: Optional[list[str]] = None) -> None:
                                              scheduler=sched, data_state=pos, latest_interval=args.latest_interval,
                                              latest_directory=os.path.join(args.directory, "latest"),
                                              self_healing=True, recovery_policy=_policy(args))
-    resumed = resume(config, model, opt)
-    timeline["loaded"] = time.time()
-    start = resumed.step if resumed is not None else 0
     decisions: list[Any] = []
-    hooks = OrchestrationHooks(on_recovery_decision=decisions.append)
-    harness = ReplayHarness(model, opt, ReplayHarnessConfig(check_interval=args.check_interval, optimizer_slice_size=64,
-                                                            state_integrity=True),
-                            completed_iterations=start, hooks=hooks)
-    session = None
+    results: list[Any] = []
+    hooks = OrchestrationHooks(on_recovery_decision=decisions.append, on_replay_result=results.append)
+    campaign = None
     if args.fault_step and args.fault_kind != "health":
-        store = JsonCampaignStateStore(os.path.join(args.directory, f"journal-{rank}.json"))
         campaign = straggler_fault(args.fault_step, args.fault_rank, args.fault_host) \
             if args.fault_kind == "straggler" else \
             permanent_fault(args.fault_step, args.fault_rank, args.parallel, args.recurring, args.fault_host)
-        session = enable_fault_injection(model, opt, campaign=campaign, state_store=store, completed_iterations=start)
-        if resumed is not None:
-            session.notify_recovery()
-    certifier = CheckpointCertifier(harness, config, hooks=hooks)
-    health = _scripted_health(args, certifier)
-    entry: dict[str, Any] = {"generation": certifier.manifest.generation, "start_step": start,
-                             "resumed_from": resumed.decision.checkpoint_id if resumed else None,
-                             "world": dist.get_world_size(), "nodes": sorted(set(gather(node_id()))),
-                             "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))}
-    try:
-        for step in range(start, args.steps):
-            pos.consumed = step + 1
-            if health is not None and step + 1 == args.fault_step:
-                health[1].errors = 3
-                health[0].poll_once()  # the fatal event: certification acts at the next check
-            train_step(model, opt, data, device, step)
-            sched.step()
-            if "first_step" not in timeline:
-                timeline["first_step"] = time.time()
-            if resumed is not None and "recovery_seconds" not in entry:
-                entry["recovery_seconds"] = round(time.time() - resumed.decision.decided_time, 3)
-                entry["load_seconds"] = round(resumed.load_seconds, 3)
-    finally:
-        timeline["ended"] = time.time()
+    replay = ReplayHarnessConfig(check_interval=args.check_interval, optimizer_slice_size=64, state_integrity=True)
+    job = protect(model, opt, checkpoint_dir=None, checkpoints=config, replay=replay, hangs=False, health=False,
+                  campaign=campaign, hooks=hooks)
+    timeline["loaded"] = time.time()
+    health = _scripted_health(args, lambda event: job.certifier.note_health_event(event))
+    resumed = job.resumed
+
+    def opening(start: int, recovery: Any = None) -> dict[str, Any]:
+        """The run-log entry of a generation: a process's start, or a rollback in process."""
+        entry = {"generation": job.certifier.manifest.generation, "start_step": start,
+                 "resumed_from": None, "world": dist.get_world_size(), "nodes": sorted(set(gather(node_id()))),
+                 "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+                 "in_process": recovery is not None, "results_from": len(results), "started": time.time()}
+        if recovery is not None:
+            entry.update(resumed_from=recovery.checkpoint, recovery_seconds=round(recovery.seconds, 3),
+                         load_seconds=round(recovery.load_seconds, 3))
+        elif resumed is not None:
+            entry["resumed_from"] = resumed.decision.checkpoint_id
+        return entry
+
+    def closing(entry: dict[str, Any], completed: int, timeline: dict[str, float]) -> None:
+        found = results[entry.pop("results_from"):]
         entry["timeline"] = {k: round(v, 3) for k, v in timeline.items()}
-        entry["detections"] = [(r.step, r.sdc_ranks) for r in harness.results if r.sdc_ranks]
-        entry["stragglers"] = [(r.step, r.straggler_ranks) for r in harness.results if r.straggler_ranks]
+        entry["detections"] = [(r.step, r.sdc_ranks) for r in found if r.sdc_ranks]
+        entry["stragglers"] = [(r.step, r.straggler_ranks) for r in found if r.straggler_ranks]
         entry["decision"] = json.loads(decisions[-1].to_json()) if decisions else None
-        entry["completed"] = harness.completed_iterations
-        entry["seconds"] = round(time.time() - generation_started, 3)
+        entry["completed"] = completed
+        entry["seconds"] = round(time.time() - entry.pop("started"), 3)
+        decisions.clear()
         if rank == 0:
             _log(args.directory, entry)
-    if session is not None:
-        session.close()
-    if health is not None:
-        health[0].stop()
-    certifier.close()
-    harness.close()
+
+    entry = opening(job.start_step)
+    completed, seen = job.start_step, 0
+    try:
+        with job:
+            for step in job.steps(args.steps):
+                if len(job.recoveries) > seen:  # rolled back in process after the step before
+                    seen, recovery = len(job.recoveries), job.recoveries[-1]
+                    timeline["ended"] = recovery.decided_time
+                    closing(entry, recovery.decided_at, timeline)
+                    timeline = {"decided": recovery.decided_time}
+                    entry = opening(step, recovery)
+                pos.consumed = step + 1
+                if health is not None and step + 1 == args.fault_step:
+                    health[1].errors = 3
+                    health[0].poll_once()  # the fatal event: certification acts at the next check
+                train_step(model, opt, data, device, step)
+                sched.step()
+                completed = step + 1
+                if "first_step" not in timeline:
+                    timeline["first_step"] = time.time()
+                if resumed is not None and not entry["in_process"] and "recovery_seconds" not in entry:
+                    entry["recovery_seconds"] = round(time.time() - resumed.decision.decided_time, 3)
+                    entry["load_seconds"] = round(resumed.load_seconds, 3)
+    finally:
+        timeline["ended"] = time.time()
+        closing(entry, completed, timeline)
+        if health is not None:
+            health[0].stop()
     if rank == 0:
         _summarize(args)
     dist.destroy_process_group()
@@ -222,11 +242,16 @@ def main(argv: Optional[list[str]] = None) -> None:
 
 def _phases(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     """Where the time from one generation's verdict to the next one's first step went (seconds,
-    rank 0's clock): the verdict to the ranks' exit, torchrun stopping the agents, the next
-    rendezvous and the spawn, the interpreter and imports, the process group, the load, the first
-    step; and the steps the rollback repeats."""
+    rank 0's clock): for a relaunch, the verdict to the ranks' exit, torchrun stopping the
+    agents, the next rendezvous and the spawn, the interpreter and imports, the process group,
+    the load, the first step; for a rollback in process, the load and the total; and the steps
+    the rollback repeats."""
     t, nxt = before["timeline"], after["timeline"]
     decided = (before.get("decision") or {}).get("decided_time") or t["ended"]
+    if after.get("in_process"):  # the same processes: the load and the parts rebuilt, then the step
+        return {"in_process": True, "load": after.get("load_seconds"),
+                "total": round(nxt.get("first_step", nxt["ended"]) - decided, 2),
+                "steps_lost": before["completed"] - after["start_step"], "world": [before["world"], after["world"]]}
     marks = [("verdict_to_exit", decided, t["ended"]), ("agents_rendezvous_spawn", t["ended"], nxt["process_start"]),
              ("imports", nxt["process_start"], nxt["main"]), ("group_init", nxt["main"], nxt["group_ready"]),
              ("load", nxt["group_ready"], nxt["loaded"]), ("first_step", nxt["loaded"], nxt.get("first_step", nxt["ended"]))]
@@ -254,7 +279,7 @@ def _summarize(args: argparse.Namespace) -> None:
                        attributions_after_resume=sum(len(g["detections"]) for g in restarts))
     summary.update(worlds=[g["world"] for g in generations], nodes=[g["nodes"] for g in generations],
                    actions=[g["decision"]["action"] for g in generations if g["decision"]],
-                   relaunches=[_phases(before, after) for before, after in zip(generations, generations[1:])])
+                   recoveries=[_phases(before, after) for before, after in zip(generations, generations[1:])])
     with open(os.path.join(args.directory, "summary.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2)
     print(json.dumps(summary))
