@@ -97,9 +97,12 @@ for parallel in ddp fsdp2; do  # NCCL: one rank per GPU
   run "workload_nccl_$parallel.log" python3 -m lm_resiliency.workloads --parallel "$parallel" --device cuda \
     --backend nccl --world-size "$gpus" --steps 10
 done
-# The self-healing loop with CUDA ranks: torchrun relaunches the job after a detected SDC.
+# The self-healing loop with CUDA ranks: the rollback in process after a detected SDC (protect()),
+# then the same fault through torchrun's relaunch.
 run resilient.log python3 -m torch.distributed.run --standalone --nproc-per-node 2 --max-restarts 2 \
   -m lm_resiliency.workloads.resilient --device cuda --directory "$out/resilient" --steps 24
+run resilient_relaunch.log python3 -m torch.distributed.run --standalone --nproc-per-node 2 --max-restarts 2 \
+  -m lm_resiliency.workloads.resilient --device cuda --directory "$out/resilient-relaunch" --steps 24 --in-process 0
 if [ "${LMR_CKPT_BENCH:-1}" != 0 ]; then  # certification and recovery against plain DCP
   run ckpt_bench.txt python3 bench/ckpt_overhead.py --device cuda --world 2 --dim 1024 --layers 6 \
     --root "$PWD/build-gpu/ckpt-bench"
