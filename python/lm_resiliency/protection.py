@@ -33,7 +33,7 @@ import logging
 import os
 import time
 import weakref
-from typing import Any, Iterator, Optional, Union
+from typing import Any, Iterator, Optional, Sequence, Union
 
 import torch.distributed as dist
 
@@ -41,7 +41,7 @@ from lm_resiliency import _core
 from lm_resiliency.agree import gather, problems, raise_everywhere
 from lm_resiliency.errors import InvalidArgumentError, describe
 from lm_resiliency.orchestration import OrchestrationHooks
-from lm_resiliency.rank_state import cannot_write
+from lm_resiliency.rank_state import cannot_write, data_getter, data_setter
 
 log = logging.getLogger("lm_resiliency.protection")
 
@@ -297,7 +297,7 @@ def protect(model: Any, optimizer: Any = None, *, checkpoint_dir: Union[str, os.
             replay: Any = None, integrity: bool = True, hangs: Any = None, health: Any = None,
             checkpoints: Any = None, campaign: Any = None, hooks: Optional[OrchestrationHooks] = None,
             self_healing: bool = True, latest_interval: int = 0,
-            latest_directory: Optional[str] = None) -> ProtectedJob:
+            latest_directory: Optional[str] = None, extra_state: Sequence[Any] = ()) -> ProtectedJob:
     """Turns on the protection for `model` and `optimizer` (collective on every rank, after the
     process group and the model are built, before training) and resumes from the trust
     manifest in `checkpoint_dir`. Returns a :class:`ProtectedJob`.
@@ -314,6 +314,8 @@ def protect(model: Any, optimizer: Any = None, *, checkpoint_dir: Union[str, os.
     - `health`: HealthSources, or False; default NVML for this rank's GPU on CUDA.
     - `campaign`: a fault-injection campaign (the kit's manifest) to run, for evaluation.
     - `hooks`: your OrchestrationHooks; they receive everything the parts report.
+    - `extra_state`: more objects of yours with state_dict()/load_state_dict() (an EMA copy, a
+      sampler), saved with every checkpoint beside `data_state` and restored with it.
     """
     from lm_resiliency.scout import HangDetectionConfig, ReplayHarnessConfig
 
@@ -340,6 +342,11 @@ def protect(model: Any, optimizer: Any = None, *, checkpoint_dir: Union[str, os.
             if checkpoints not in (False,):
                 raise InvalidArgumentError("protect(): certified checkpoints need replay checks: pass "
                                            "checkpoints=False with replay=False")
+        if extra_state:
+            if checkpoints is not None:
+                raise InvalidArgumentError("protect(): extra_state is saved by the checkpoints protect() builds; with "
+                                           "checkpoints=... save those objects in your own callbacks")
+            data_state = with_extra_state(data_state, list(extra_state))
         if checkpoints is None:
             from lm_resiliency.checkpoint import durable_checkpoints
 
@@ -370,6 +377,31 @@ def protect(model: Any, optimizer: Any = None, *, checkpoint_dir: Union[str, os.
         job.close()
         raise
     return job
+
+
+def with_extra_state(data_state: Any, extra: list[Any]) -> tuple[Any, Any]:
+    """`data_state` and the `extra` objects as one (get, set) pair for a checkpoint back end:
+    ``{"data": ..., "extra": [...]}``. A checkpoint saved without the same extra objects is
+    refused on load, naming what differs."""
+    get_data, set_data = data_getter(data_state), data_setter(data_state)
+    for i, e in enumerate(extra):
+        if not (callable(getattr(e, "state_dict", None)) and callable(getattr(e, "load_state_dict", None))):
+            raise InvalidArgumentError(f"extra_state[{i}] of type {type(e).__name__} has no state_dict()/"
+                                       "load_state_dict()")
+
+    def get() -> dict[str, Any]:
+        return {"data": get_data(), "extra": [e.state_dict() for e in extra]}
+
+    def put(state: Any) -> None:
+        if not isinstance(state, dict) or set(state) != {"data", "extra"} or len(state["extra"]) != len(extra):
+            saved = len(state["extra"]) if isinstance(state, dict) and isinstance(state.get("extra"), list) else 0
+            raise InvalidArgumentError(f"the checkpoint's data state holds {saved} extra_state object(s), this job "
+                                       f"has {len(extra)}: it was saved by a job with other extra_state")
+        set_data(state["data"])
+        for e, value in zip(extra, state["extra"]):
+            e.load_state_dict(value)
+
+    return get, put
 
 
 def _health_sources(model: Any, health: Any) -> list[Any]:

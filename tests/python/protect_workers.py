@@ -45,6 +45,22 @@ def _reload_as_a_relaunch(directory, parallel, checkpoint_id):
     return _state_digest(model, opt), pos.consumed, sched.last_epoch
 
 
+class Ema:
+    """A user's own state outside model and optimizer: a running mean of the loss."""
+
+    def __init__(self):
+        self.value = torch.zeros(())
+
+    def update(self, loss):
+        self.value = 0.9 * self.value + 0.1 * loss.detach().float()
+
+    def state_dict(self):
+        return {"value": self.value.clone()}
+
+    def load_state_dict(self, state):
+        self.value = state["value"].clone()
+
+
 def in_process_run(directory, parallel, hangs=True):
     """A permanent SDC on rank 1 at step 11 under protect(): the rollback happens in process.
     Returns the steps the loop yielded, the recoveries, what each check found after the rollback,
@@ -55,16 +71,20 @@ def in_process_run(directory, parallel, hangs=True):
     pos = Position()
     replay = ReplayHarnessConfig(check_interval=2, state_integrity=True, optimizer_slice_size=64)
     yielded, after = [], None
+    ema, ema_at, ema_restored = Ema(), {}, False  # ema_at: its value when each step started, before the rollback
     with lmr.protect(model, opt, checkpoint_dir=directory, scheduler=sched, data_state=pos, replay=replay,
                      latest_interval=3, latest_directory=os.path.join(directory, "latest"),
                      hangs=None if hangs else False,
-                     campaign=SDC_FAULT[parallel](FAULT_STEP)) as job:
+                     campaign=SDC_FAULT[parallel](FAULT_STEP), extra_state=[ema]) as job:
         for step in job.steps(TOTAL):
             if job.recoveries and after is None:  # the first step after the in-process rollback
                 after = (_state_digest(model, opt), pos.consumed, sched.last_epoch)
+                ema_restored = float(ema.value) == ema_at[step]
+            elif not job.recoveries:
+                ema_at[step] = float(ema.value)
             yielded.append(step)
             pos.consumed = step + 1
-            train_step(model, opt, data, device, step)
+            ema.update(train_step(model, opt, data, device, step))
             sched.step()
         recoveries = [(r.decided_at, r.step, r.checkpoint, r.seconds, r.load_seconds) for r in job.recoveries]
         late = [(r.step, r.sdc_ranks) for r in job.harness.results if r.sdc_ranks]
@@ -73,4 +93,5 @@ def in_process_run(directory, parallel, hangs=True):
     fresh = _reload_as_a_relaunch(directory, parallel, recoveries[0][2]) if recoveries else None
     dist.barrier()
     return {"yielded": yielded, "recoveries": recoveries, "late_sdc": late, "after": after, "fresh": fresh,
+            "ema_restored": ema_restored,
             "generation": generation, "status": decision.status if decision else None}

@@ -28,6 +28,7 @@ def test_an_sdc_rolls_back_in_process_to_the_state_a_relaunch_loads(parallel, tm
         digest, consumed, epoch = r["after"]
         assert (digest, consumed, epoch) == tuple(r["fresh"])  # bitwise what a relaunch loads
         assert consumed == step and epoch == step
+        assert r["ema_restored"]  # extra_state: the user's own running mean is back at the checkpoint's value
     assert first["generation"] == 1 and first["status"] == "applied"
 
 
@@ -41,6 +42,8 @@ def test_misuse_is_refused_before_training(tmp_path):
         lmr.protect(model, opt, checkpoint_dir=blocker / "ckpt", replay=replay)
     with pytest.raises(lmr.InvalidArgumentError, match="unknown"):
         lmr.protect(model, opt, checkpoint_dir=tmp_path / "a", replay=replay, policy={"sdc_exclude_afterr": 2})
+    with pytest.raises(lmr.InvalidArgumentError, match=r"extra_state\[0\] of type object"):
+        lmr.protect(model, opt, checkpoint_dir=tmp_path / "x", replay=replay, extra_state=[object()])
     toml = tmp_path / "resiliency.toml"
     toml.write_text("schema_version = 1\n[recovery]\nsdc_exclude_after = 2\nin_procss = true\n")
     with pytest.raises(lmr.InvalidArgumentError, match="in_procss"):
