@@ -10,6 +10,7 @@ import lm_resiliency as lmr
 from certify_workers import SDC_FAULT, STEPS, Position
 from lm_resiliency import _core
 from lm_resiliency.checkpoint import DurableCheckpointConfig
+from lm_resiliency.protection import with_extra_state
 from lm_resiliency.scout import ReplayHarnessConfig
 from lm_resiliency.signature import signatures
 from lm_resiliency.workloads import TrainConfig, build, train_step
@@ -33,8 +34,9 @@ def _reload_as_a_relaunch(directory, parallel, checkpoint_id):
     resume() loads it (its tier's load), and their digest."""
     model, opt, _, _ = build(TrainConfig(parallel=parallel, steps=STEPS, seed=1))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1.0 + 0.05 * s))
-    pos = Position()
-    config = DurableCheckpointConfig.for_dcp(model, opt, directory, scheduler=sched, data_state=pos, latest_interval=3,
+    pos, ema = Position(), Ema()
+    config = DurableCheckpointConfig.for_dcp(model, opt, directory, scheduler=sched,
+                                             data_state=with_extra_state(pos, [ema]), latest_interval=3,
                                              latest_directory=os.path.join(directory, "latest"))
     manifest = _core.CkptManifest.read(directory)
     checkpoint = manifest.find(checkpoint_id)
@@ -42,17 +44,17 @@ def _reload_as_a_relaunch(directory, parallel, checkpoint_id):
         config.latest.load(checkpoint.step)
     else:
         config.load_checkpoint(checkpoint.location)
-    return _state_digest(model, opt), pos.consumed, sched.last_epoch
+    return _state_digest(model, opt), pos.consumed, sched.last_epoch, float(ema.value)
 
 
 class Ema:
-    """A user's own state outside model and optimizer: a running mean of the loss."""
+    """A user's own state outside model and optimizer: a running mean."""
 
     def __init__(self):
         self.value = torch.zeros(())
 
-    def update(self, loss):
-        self.value = 0.9 * self.value + 0.1 * loss.detach().float()
+    def update(self, x):
+        self.value = 0.9 * self.value + 0.1 * x.float()
 
     def state_dict(self):
         return {"value": self.value.clone()}
@@ -78,13 +80,14 @@ def in_process_run(directory, parallel, hangs=True):
                      campaign=SDC_FAULT[parallel](FAULT_STEP), extra_state=[ema]) as job:
         for step in job.steps(TOTAL):
             if job.recoveries and after is None:  # the first step after the in-process rollback
-                after = (_state_digest(model, opt), pos.consumed, sched.last_epoch)
+                after = (_state_digest(model, opt), pos.consumed, sched.last_epoch, float(ema.value))
                 ema_restored = float(ema.value) == ema_at[step]
             elif not job.recoveries:
                 ema_at[step] = float(ema.value)
             yielded.append(step)
             pos.consumed = step + 1
-            ema.update(train_step(model, opt, data, device, step))
+            ema.update(torch.tensor(float(step)))  # before optimizer.step(): the checkpoint captures it there
+            train_step(model, opt, data, device, step)
             sched.step()
         recoveries = [(r.decided_at, r.step, r.checkpoint, r.seconds, r.load_seconds) for r in job.recoveries]
         late = [(r.step, r.sdc_ranks) for r in job.harness.results if r.sdc_ranks]
