@@ -330,41 +330,53 @@ def protect(model: Any, optimizer: Any = None, *, checkpoint_dir: Union[str, os.
         checkpoint_dir = os.fspath(checkpoint_dir)
     why = cannot_write(checkpoint_dir) if checkpoints is None else ""
     why = f"checkpoint_dir {checkpoint_dir} is not writable: {why}" if why else ""
+    if hangs is not None and hangs is not False and not isinstance(hangs, HangDetectionConfig):
+        raise InvalidArgumentError(f"protect(): hangs must be a HangDetectionConfig, False or None, got {hangs!r}")
     if distributed:
         group = dist.new_group(backend="gloo")
-    try:
-        raise_everywhere(why, InvalidArgumentError, "protect()", group)
-        policy = read_policy(policy)
-        if replay is None:
-            replay = ReplayHarnessConfig(state_integrity=integrity)
-        elif replay is False:
-            replay = None
-            if checkpoints not in (False,):
-                raise InvalidArgumentError("protect(): certified checkpoints need replay checks: pass "
-                                           "checkpoints=False with replay=False")
+    def configure() -> tuple[Any, Any, Any, Any, list[Any], Any]:
+        """This rank's parts' settings (no collective: a problem is agreed on below)."""
+        nonlocal data_state
+        rules = read_policy(policy)
+        harness = replay
+        if harness is None:
+            harness = ReplayHarnessConfig(state_integrity=integrity)
+        elif harness is False:
+            harness = None
+            if checkpoints is not False:
+                raise InvalidArgumentError("certified checkpoints need replay checks: pass checkpoints=False with "
+                                           "replay=False")
+        config = checkpoints
         if extra_state:
-            if checkpoints is not None:
-                raise InvalidArgumentError("protect(): extra_state is saved by the checkpoints protect() builds; with "
+            if config is not None:
+                raise InvalidArgumentError("extra_state is saved by the checkpoints protect() builds; with "
                                            "checkpoints=... save those objects in your own callbacks")
             data_state = with_extra_state(data_state, list(extra_state))
-        if checkpoints is None:
+        if config is None:
             from lm_resiliency.checkpoint import durable_checkpoints
 
-            checkpoints = durable_checkpoints(model, optimizer, checkpoint_dir, scheduler=scheduler,
-                                              data_state=data_state, latest_interval=latest_interval,
-                                              latest_directory=latest_directory, self_healing=self_healing,
-                                              recovery_policy=policy)
-        elif checkpoints is False:
-            checkpoints = None
-        if hangs is None:
-            hangs = HangDetectionConfig() if distributed else None
-        elif hangs is False:
-            hangs = None
-        sources = _health_sources(model, health)
+            config = durable_checkpoints(model, optimizer, checkpoint_dir, scheduler=scheduler, data_state=data_state,
+                                         latest_interval=latest_interval, latest_directory=latest_directory,
+                                         self_healing=self_healing, recovery_policy=rules)
+        elif config is False:
+            config = None
+        watch = (HangDetectionConfig() if distributed else None) if hangs is None else (hangs or None)
         run_campaign = None
         if campaign is not None:
-            where = checkpoints.directory if checkpoints is not None else (checkpoint_dir or ".")
-            run_campaign = (campaign, where)
+            run_campaign = (campaign, config.directory if config is not None else (checkpoint_dir or "."))
+        return rules, harness, config, watch, _health_sources(model, health), run_campaign
+
+    try:
+        # A file one node cannot read, or a setting one rank refuses, stops every rank alike.
+        configured: list[Any] = []
+        problem = why or None
+        if problem is None:
+            try:
+                configured.extend(configure())
+            except Exception as e:  # noqa: BLE001 - agreed below, raised on every rank
+                problem = str(e) if isinstance(e, InvalidArgumentError) else f"{type(e).__name__}: {e}"
+        raise_everywhere(problem, InvalidArgumentError, "protect()", group)
+        policy, replay, checkpoints, hangs, sources, run_campaign = configured
         _preflight(policy if checkpoints is None else checkpoints.recovery_policy, campaign, group)
     finally:
         if group is not None:

@@ -98,3 +98,18 @@ def in_process_run(directory, parallel, hangs=True):
     return {"yielded": yielded, "recoveries": recoveries, "late_sdc": late, "after": after, "fresh": fresh,
             "ema_restored": ema_restored,
             "generation": generation, "status": decision.status if decision else None}
+
+
+def unreadable_policy_run(directory):
+    """Rank 1 alone cannot read the policy file (as a node without the shared file system):
+    every rank must refuse, none may wait for it in the preflight."""
+    import lm_resiliency as lmr
+
+    model, opt, _, _ = build(TrainConfig(parallel="ddp", steps=2))
+    policy = os.path.join(directory, "policy.json" if dist.get_rank() != 1 else "missing.json")
+    try:
+        lmr.protect(model, opt, checkpoint_dir=os.path.join(directory, "ckpt"), policy=policy, hangs=False,
+                    replay=ReplayHarnessConfig(check_interval=2))
+    except lmr.InvalidArgumentError as e:
+        return str(e)
+    return "protected"

@@ -67,3 +67,10 @@ def test_misuse_is_refused_before_training(tmp_path):
     assert job.harness is None and job.certifier is None
     with lmr.protect(model, opt, checkpoint_dir=tmp_path / "e", replay=replay) as again:  # closed: allowed again
         assert again.start_step == 0 and again.resumed is None
+
+
+@pytest.mark.distributed
+def test_a_setting_one_rank_cannot_read_stops_every_rank(tmp_path):
+    (tmp_path / "policy.json").write_text('{"sdc_exclude_after": 2}')
+    errors = spawn(protect_workers.unreadable_policy_run, 2, args=(str(tmp_path),), timeout=120)
+    assert all("missing.json" in e for e in errors), errors
