@@ -77,37 +77,6 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def read_policy(policy: Any) -> Any:
-    """A _core.RecoveryPolicy from None, a dict, a RecoveryPolicy, or a path to a JSON or TOML
-    file (``.toml``: its ``[recovery]`` table, or the whole file). Unknown keys are refused with
-    their path."""
-    if policy is None or isinstance(policy, (dict, _core.RecoveryPolicy)):
-        return policy
-    if not isinstance(policy, (str, os.PathLike)):
-        raise InvalidArgumentError(f"policy must be a dict, a RecoveryPolicy or a file path, got {type(policy).__name__}")
-    path = os.fspath(policy)
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as e:
-        raise InvalidArgumentError(f"policy {path}: {e.strerror}") from None
-    if path.endswith(".toml"):
-        import tomllib
-
-        try:
-            table = tomllib.loads(raw.decode("utf-8"))
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-            raise InvalidArgumentError(f"policy {path}: {e}") from None
-        unknown = sorted(set(table) - {"recovery", "schema_version"})
-        if "recovery" in table and unknown:
-            raise InvalidArgumentError(f"policy {path}: {unknown[0]}: unknown table (known: recovery, schema_version)")
-        table = table.get("recovery", table)
-        text = json.dumps({k: v for k, v in table.items() if k != "schema_version"})
-    else:
-        text = raw.decode("utf-8", errors="replace")
-    return _core.RecoveryPolicy.from_json(text, path)
-
-
 class ProtectedJob:
     """What :func:`protect` returns. A context manager: ``close()`` once, in order, even after an
     exception. Attributes: ``start_step`` (where this process starts: 0, or the resumed step),
@@ -292,24 +261,27 @@ class ProtectedJob:
         self.close()
 
 
-def protect(model: Any, optimizer: Any = None, *, checkpoint_dir: Union[str, os.PathLike, None],
+def protect(model: Any, optimizer: Any = None, *, checkpoint_dir: Union[str, os.PathLike, None] = None,
             scheduler: Any = None, data_state: Any = None, policy: Any = None,
-            replay: Any = None, integrity: bool = True, hangs: Any = None, health: Any = None,
+            replay: Any = None, integrity: Optional[bool] = None, hangs: Any = None, health: Any = None,
             checkpoints: Any = None, campaign: Any = None, hooks: Optional[OrchestrationHooks] = None,
-            self_healing: bool = True, latest_interval: int = 0,
+            self_healing: Optional[bool] = None, latest_interval: Optional[int] = None,
             latest_directory: Optional[str] = None, extra_state: Sequence[Any] = ()) -> ProtectedJob:
     """Turns on the protection for `model` and `optimizer` (collective on every rank, after the
     process group and the model are built, before training) and resumes from the trust
     manifest in `checkpoint_dir`. Returns a :class:`ProtectedJob`.
 
-    - `replay`: a ReplayHarnessConfig (default: its defaults, ``state_integrity=integrity``);
-      False: no replay, and then no certification either.
+    - `policy`: a settings file (JSON or TOML, ``schema_version = 1``, tables ``[replay]``,
+      ``[hangs]``, ``[health]``, ``[checkpoints]``, ``[recovery]``: lm_resiliency.policy_file),
+      or the recovery policy alone (a dict, a RecoveryPolicy, or a file without
+      ``schema_version``). A setting given both in the file and as an argument is refused.
+    - `replay`: a ReplayHarnessConfig (default: its defaults, ``state_integrity=integrity``,
+      integrity on); False: no replay, and then no certification either.
     - `checkpoints`: a DurableCheckpointConfig of your own, or False for none (no resume, no
       self-healing); default: the framework's back end under `checkpoint_dir`
-      (``durable_checkpoints``) with `scheduler`, `data_state`, `self_healing`, `policy` and
-      `latest_interval` (fast-tier snapshots every N steps in `latest_directory`, default a
-      per-job folder in /dev/shm under torchrun; 0: none).
-    - `policy`: the recovery policy (a dict, a RecoveryPolicy, or a JSON/TOML file path).
+      (``durable_checkpoints``) with `scheduler`, `data_state`, `self_healing` (default on), the
+      recovery policy and `latest_interval` (fast-tier snapshots every N steps in
+      `latest_directory`, default a per-job folder in /dev/shm under torchrun; 0, the default: none).
     - `hangs`: a HangDetectionConfig, or False; default on in a distributed job.
     - `health`: HealthSources, or False; default NVML for this rank's GPU on CUDA.
     - `campaign`: a fault-injection campaign (the kit's manifest) to run, for evaluation.
@@ -317,71 +289,66 @@ def protect(model: Any, optimizer: Any = None, *, checkpoint_dir: Union[str, os.
     - `extra_state`: more objects of yours with state_dict()/load_state_dict() (an EMA copy, a
       sampler), saved with every checkpoint beside `data_state` and restored with it.
     """
-    from lm_resiliency.scout import HangDetectionConfig, ReplayHarnessConfig
+    from lm_resiliency import policy_file
 
     if _protected_job(model) is not None:
         raise InvalidArgumentError("protect(): this model is already protected (close the first job before "
                                    "protecting it again)")
     distributed = _distributed()
-    group = None
-    if checkpoints is None:
-        if checkpoint_dir is None:
-            raise InvalidArgumentError("protect(): checkpoint_dir is required (or checkpoints=False)")
-        checkpoint_dir = os.fspath(checkpoint_dir)
-    why = cannot_write(checkpoint_dir) if checkpoints is None else ""
-    why = f"checkpoint_dir {checkpoint_dir} is not writable: {why}" if why else ""
-    if hangs is not None and hangs is not False and not isinstance(hangs, HangDetectionConfig):
-        raise InvalidArgumentError(f"protect(): hangs must be a HangDetectionConfig, False or None, got {hangs!r}")
-    if distributed:
-        group = dist.new_group(backend="gloo")
+    group = dist.new_group(backend="gloo") if distributed else None
+
     def configure() -> tuple[Any, Any, Any, Any, list[Any], Any]:
         """This rank's parts' settings (no collective: a problem is agreed on below)."""
         nonlocal data_state
-        rules = read_policy(policy)
-        harness = replay
-        if harness is None:
-            harness = ReplayHarnessConfig(state_integrity=integrity)
-        elif harness is False:
-            harness = None
-            if checkpoints is not False:
-                raise InvalidArgumentError("certified checkpoints need replay checks: pass checkpoints=False with "
-                                           "replay=False")
-        config = checkpoints
+        settings = policy_file.read_settings(policy)
+        harness = policy_file.replay_config(settings, replay, integrity)
+        build, options = policy_file.checkpoint_options(
+            settings, checkpoints, directory=os.fspath(checkpoint_dir) if checkpoint_dir is not None else None,
+            latest_interval=latest_interval, latest_directory=latest_directory, self_healing=self_healing)
+        config = checkpoints if checkpoints is not None else None
+        if harness is None and (build or config not in (None, False)):
+            raise InvalidArgumentError("certified checkpoints need replay checks: pass checkpoints=False with "
+                                       "replay=False")
         if extra_state:
-            if config is not None:
+            if not build:
                 raise InvalidArgumentError("extra_state is saved by the checkpoints protect() builds; with "
                                            "checkpoints=... save those objects in your own callbacks")
             data_state = with_extra_state(data_state, list(extra_state))
-        if config is None:
+        if build:
+            directory = options.pop("directory", None)
+            if directory is None:
+                raise InvalidArgumentError("protect(): checkpoint_dir is required (or checkpoints=False)")
+            why = cannot_write(directory)
+            if why:
+                raise InvalidArgumentError(f"checkpoint_dir {directory} is not writable: {why}")
             from lm_resiliency.checkpoint import durable_checkpoints
 
-            config = durable_checkpoints(model, optimizer, checkpoint_dir, scheduler=scheduler, data_state=data_state,
-                                         latest_interval=latest_interval, latest_directory=latest_directory,
-                                         self_healing=self_healing, recovery_policy=rules)
+            config = durable_checkpoints(model, optimizer, directory, scheduler=scheduler, data_state=data_state,
+                                         recovery_policy=settings.recovery, **options)
         elif config is False:
             config = None
-        watch = (HangDetectionConfig() if distributed else None) if hangs is None else (hangs or None)
+        watch = policy_file.hang_config(settings, hangs, distributed)
+        sources = _health_sources(model, policy_file.health_choice(settings, health))
         run_campaign = None
         if campaign is not None:
-            run_campaign = (campaign, config.directory if config is not None else (checkpoint_dir or "."))
-        return rules, harness, config, watch, _health_sources(model, health), run_campaign
+            run_campaign = (campaign, config.directory if config is not None else (os.fspath(checkpoint_dir or ".")))
+        return settings.recovery, harness, config, watch, sources, run_campaign
 
     try:
         # A file one node cannot read, or a setting one rank refuses, stops every rank alike.
         configured: list[Any] = []
-        problem = why or None
-        if problem is None:
-            try:
-                configured.extend(configure())
-            except Exception as e:  # noqa: BLE001 - agreed below, raised on every rank
-                problem = str(e) if isinstance(e, InvalidArgumentError) else f"{type(e).__name__}: {e}"
+        problem = None
+        try:
+            configured.extend(configure())
+        except Exception as e:  # noqa: BLE001 - agreed below, raised on every rank
+            problem = str(e) if isinstance(e, InvalidArgumentError) else f"{type(e).__name__}: {e}"
         raise_everywhere(problem, InvalidArgumentError, "protect()", group)
-        policy, replay, checkpoints, hangs, sources, run_campaign = configured
-        _preflight(policy if checkpoints is None else checkpoints.recovery_policy, campaign, group)
+        rules, replay_config, config, watch, sources, run_campaign = configured
+        _preflight(rules if config is None else config.recovery_policy, replay_config, watch, config, campaign, group)
     finally:
         if group is not None:
             dist.destroy_process_group(group)
-    job = ProtectedJob(model, optimizer, checkpoints, replay, hangs, sources, run_campaign, hooks)
+    job = ProtectedJob(model, optimizer, config, replay_config, watch, sources, run_campaign, hooks)
     _protected[_model_key(model)] = weakref.ref(job)
     try:
         job._start()
@@ -434,21 +401,36 @@ def _health_sources(model: Any, health: Any) -> list[Any]:
         return []
 
 
-def _preflight(policy: Any, campaign: Any, group: Any) -> None:
-    """Every rank runs the same package version, recovery policy and campaign: a drift across
-    nodes is refused before training, naming the ranks that differ."""
+def _settings_text(replay: Any, hangs: Any, checkpoints: Any) -> str:
+    """The parts' settings every rank must share, as text (callbacks and objects left out; the
+    fast tier's folder is per node)."""
+    from lm_resiliency.policy_file import _REPLAY_OBJECTS
+
+    def fields(config: Any, leave: set[str]) -> Any:
+        if config is None:
+            return None
+        return {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in leave}
+
+    shared = {"replay": fields(replay, _REPLAY_OBJECTS), "hangs": fields(hangs, set()),
+              "checkpoints": None if checkpoints is None else
+              {k: getattr(checkpoints, k) for k in ("latest_interval", "writer_rank", "self_healing", "exit_code")}}
+    return json.dumps(shared, sort_keys=True, default=repr)
+
+
+def _preflight(policy: Any, replay: Any, hangs: Any, checkpoints: Any, campaign: Any, group: Any) -> None:
+    """Every rank runs the same package version, settings, recovery policy and campaign: a drift
+    across nodes is refused before training, naming the ranks that differ."""
     if group is None:
         return
     from lm_resiliency import __version__
 
     text = policy.to_json() if isinstance(policy, _core.RecoveryPolicy) else json.dumps(policy, sort_keys=True)
-    mine = {"version": __version__, "policy": text,
+    mine = {"version": __version__, "policy": text, "settings": _settings_text(replay, hangs, checkpoints),
             "campaign": json.dumps(campaign, sort_keys=True, default=str) if campaign is not None else None}
     everyone = gather(mine, group)
-    for key in ("version", "policy", "campaign"):
+    for key in ("version", "settings", "policy", "campaign"):
         values = [e[key] for e in everyone]
         if len(set(values)) > 1:
             differ = [r for r, v in enumerate(values) if v != values[0]]
             raise InvalidArgumentError(f"protect(): the ranks' {key} differs (rank 0 against ranks {differ}): every "
                                        "rank must run the same package and configuration")
-

@@ -102,14 +102,18 @@ def in_process_run(directory, parallel, hangs=True):
 
 def unreadable_policy_run(directory):
     """Rank 1 alone cannot read the policy file (as a node without the shared file system):
-    every rank must refuse, none may wait for it in the preflight."""
+    every rank must refuse, none may wait for it in the preflight. Then rank 1's settings file
+    checks every 3 steps where the others' checks every 2: refused as a drift, naming rank 1."""
     import lm_resiliency as lmr
 
     model, opt, _, _ = build(TrainConfig(parallel="ddp", steps=2))
+    errors = []
     policy = os.path.join(directory, "policy.json" if dist.get_rank() != 1 else "missing.json")
-    try:
-        lmr.protect(model, opt, checkpoint_dir=os.path.join(directory, "ckpt"), policy=policy, hangs=False,
-                    replay=ReplayHarnessConfig(check_interval=2))
-    except lmr.InvalidArgumentError as e:
-        return str(e)
-    return "protected"
+    drifted = os.path.join(directory, "settings.toml" if dist.get_rank() != 1 else "settings-node-b.toml")
+    for attempt in ({"policy": policy, "replay": ReplayHarnessConfig(check_interval=2)}, {"policy": drifted}):
+        try:
+            lmr.protect(model, opt, checkpoint_dir=os.path.join(directory, "ckpt"), hangs=False, **attempt).close()
+            errors.append("protected")
+        except lmr.InvalidArgumentError as e:
+            errors.append(str(e))
+    return errors

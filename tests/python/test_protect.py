@@ -2,6 +2,8 @@
 decision of which rollbacks stay in process is lmr::ckpt::rollsBackInProcess (C++ tests);
 these check the wiring on 4 CPU ranks and the misuse errors."""
 
+import json
+
 import pytest
 import torch
 
@@ -69,8 +71,66 @@ def test_misuse_is_refused_before_training(tmp_path):
         assert again.start_step == 0 and again.resumed is None
 
 
+def test_every_setting_comes_from_one_strict_versioned_file(tmp_path):
+    model = Decoder(DecoderConfig())
+    opt = torch.optim.AdamW(model.parameters())
+    toml = tmp_path / "resiliency.toml"
+    toml.write_text(f"""schema_version = 1
+[replay]
+check_interval = 3
+integrity_at_rest = false
+[hangs]
+enabled = false
+[health]
+enabled = false
+[checkpoints]
+directory = "{tmp_path / 'ckpt'}"
+latest_interval = 2
+latest_directory = "{tmp_path / 'latest'}"
+self_healing = false
+[recovery]
+sdc_exclude_after = 3
+""")
+    with lmr.protect(model, opt, policy=toml) as job:
+        assert job.harness.config.check_interval == 3 and job.harness.config.state_integrity
+        assert job.harness.config.integrity_at_rest is False and job.hangs is None and job.health is None
+        config = job.checkpoints
+        assert config.directory == str(tmp_path / "ckpt") and config.latest_interval == 2
+        assert not config.self_healing and config.recovery_policy.sdc_exclude_after == 3
+    json_file = tmp_path / "resiliency.json"
+    json_file.write_text(json.dumps({"schema_version": 1, "replay": {"enabled": False},
+                                     "checkpoints": {"enabled": False}}))
+    with lmr.protect(model, opt, policy=json_file) as job:
+        assert job.harness is None and job.certifier is None and job.checkpoints is None
+
+    def refused(text, match, **arguments):
+        bad = tmp_path / "bad.toml"
+        bad.write_text("schema_version = 1\n" + text)
+        with pytest.raises(lmr.InvalidArgumentError, match=match):
+            lmr.protect(model, opt, policy=bad, **arguments)
+
+    refused("[replay]\ncheck_intervall = 3\n", r"replay\.check_intervall: unknown key \(did you mean check_interval")
+    refused("[replay]\ncheck_interval = 'often'\n", r"bad\.toml: replay: ReplayHarnessConfig\.check_interval")
+    refused("[hang]\nthreshold_s = 3\n", r"hang: unknown table \(did you mean hangs")
+    refused("[hangs]\nthreshold_s = -1\n", r"bad\.toml: hangs: .*threshold_s")
+    refused("[checkpoints]\nlatest_interval = -2\n", r"checkpoints\.latest_interval must be a non-negative")
+    refused("[recovery]\nsdc_exclude_afterr = 2\n", r"sdc_exclude_afterr")
+    refused("[replay]\ncheck_interval = 3\n", r"replay is set both in the policy file .*bad\.toml",
+            replay=ReplayHarnessConfig(), checkpoint_dir=tmp_path / "c")
+    refused("[checkpoints]\ndirectory = 'x'\n", r"checkpoints\.directory \(checkpoint_dir=\) is set both",
+            checkpoint_dir=tmp_path / "c")
+    bad = tmp_path / "v2.toml"
+    bad.write_text("schema_version = 2\n")
+    with pytest.raises(lmr.InvalidArgumentError, match="schema_version 2 is not supported"):
+        lmr.protect(model, opt, policy=bad, checkpoint_dir=tmp_path / "c")
+    assert not (tmp_path / "c").exists() or not any((tmp_path / "c").iterdir())  # nothing half-built
+
+
 @pytest.mark.distributed
 def test_a_setting_one_rank_cannot_read_stops_every_rank(tmp_path):
     (tmp_path / "policy.json").write_text('{"sdc_exclude_after": 2}')
-    errors = spawn(protect_workers.unreadable_policy_run, 2, args=(str(tmp_path),), timeout=120)
-    assert all("missing.json" in e for e in errors), errors
+    (tmp_path / "settings.toml").write_text("schema_version = 1\n[replay]\ncheck_interval = 2\n")
+    (tmp_path / "settings-node-b.toml").write_text("schema_version = 1\n[replay]\ncheck_interval = 3\n")
+    per_rank = spawn(protect_workers.unreadable_policy_run, 2, args=(str(tmp_path),), timeout=120)
+    assert all("missing.json" in unreadable for unreadable, _ in per_rank), per_rank
+    assert all("settings differs (rank 0 against ranks [1])" in drift for _, drift in per_rank), per_rank
