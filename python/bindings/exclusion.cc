@@ -27,6 +27,7 @@ void registerExclusion(nb::module_& m) {
       .def_rw("min_nodes", &RecoveryPolicy::min_nodes)
       .def_rw("max_identical", &RecoveryPolicy::max_identical)
       .def_rw("in_process", &RecoveryPolicy::in_process)
+      .def_rw("hang_relaunch", &RecoveryPolicy::hang_relaunch)
       .def_static(
           "from_json", [](const std::string& text, const std::string& source) { return parsePolicy(text, source); },
           nb::arg("text"), nb::arg("source") = "policy")
@@ -79,6 +80,10 @@ void registerExclusion(nb::module_& m) {
       "(failure, leave) a culprit's exclusion decision leads to (lmr::ckpt::respondTo).");
   m.def("rolls_back_in_process", &rollsBackInProcess, nb::arg("decision"), nb::arg("policy"),
         "Whether the decision is carried out in the running processes (lmr::ckpt::rollsBackInProcess).");
+  m.def(
+      "ends_hang", [](const std::string& kind, const RecoveryPolicy& policy) { return endsHang(kind, policy); },
+      nb::arg("kind"), nb::arg("policy"),
+      "Whether an out-of-band report of `kind` ends the job now, for the relaunch (lmr::ckpt::endsHang).");
   m.def(
       "readmit", [](ExclusionLedger& ledger, const std::string& host) { return readmit(ledger, host); },
       nb::arg("ledger"), nb::arg("host"),

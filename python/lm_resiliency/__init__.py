@@ -37,6 +37,7 @@ from lm_resiliency.fault_injection import (
     SafetyClass,
     enable_fault_injection,
 )
+from lm_resiliency.orchestration import OrchestrationHooks
 from lm_resiliency.protection import ProtectedJob, protect
 from lm_resiliency.signature import PendingSignatures, Signature, SignatureSet, signature, signatures
 
@@ -76,6 +77,7 @@ __all__ = [
     "signatures",
     "SignatureSet",
     "PendingSignatures",
+    "OrchestrationHooks",
     "ProtectedJob",
     "protect",
     "timing",

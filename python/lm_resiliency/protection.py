@@ -31,6 +31,7 @@ import dataclasses
 import json
 import logging
 import os
+import sys
 import time
 import weakref
 from typing import Any, Iterator, Optional, Sequence, Union
@@ -46,6 +47,8 @@ from lm_resiliency.rank_state import cannot_write, data_getter, data_setter
 log = logging.getLogger("lm_resiliency.protection")
 
 __all__ = ["InProcessRecovery", "ProtectedJob", "protect"]
+
+_HANG_EXIT_GRACE_S = 2.0  # a non-writer rank's wait before it leaves on a hang (the writer records first)
 
 # The jobs not yet closed, by model (a Megatron job's model is a list of chunks: by its chunks).
 _protected: dict[Any, "weakref.ref[ProtectedJob]"] = {}
@@ -107,6 +110,7 @@ class ProtectedJob:
         self._entered = False
         self._iterating = False
         self._closed = False
+        self._leaving = False  # a hang ends this process
         self._health_sources = health
 
     # --- building ------------------------------------------------------------------------
@@ -144,12 +148,12 @@ class ProtectedJob:
         if self._campaign is not None:
             from lm_resiliency.fault_injection import JsonCampaignStateStore, enable_fault_injection
 
-            campaign, directory = self._campaign
+            campaign, directory, executors = self._campaign
             rank = dist.get_rank() if _distributed() else 0
             os.makedirs(directory, exist_ok=True)
             store = JsonCampaignStateStore(os.path.join(directory, f"journal-rank-{rank}.json"))
             self.session = enable_fault_injection(self.model, self.optimizer, campaign=campaign, state_store=store,
-                                                  completed_iterations=step)
+                                                  executors=list(executors), completed_iterations=step)
             if recovered:
                 self.session.notify_recovery()
 
@@ -171,6 +175,29 @@ class ProtectedJob:
         if certifier is not None:
             certifier.note_fault_report(report)
         self._user_hooks.deliver_fault_report(report)
+        self._end_hang(report)
+
+    def _end_hang(self, report: Any) -> None:
+        """A diagnosed hang that cannot resolve itself (lmr::ckpt::endsHang): this process leaves
+        for the relaunch now, from the hang monitor's thread (the training thread is stuck in
+        the step). The writer recorded the blame first (note_fault_report); the others give it
+        a moment to, since torchrun stops every worker once one has left."""
+        config = self.checkpoints
+        if config is None or not config.self_healing or self._closed or self._leaving:
+            return
+        if not _core.ends_hang(report.kind, config.recovery_policy or _core.RecoveryPolicy()):
+            return
+        self._leaving = True
+        rank = dist.get_rank() if _distributed() else 0
+        log.error("%s (ranks %s) at step %s: the job is stuck; leaving for a relaunch from the trust manifest "
+                  "(exit status %d)", report.kind, list(report.ranks), report.step, config.exit_code)
+        if rank != config.writer_rank:
+            time.sleep(_HANG_EXIT_GRACE_S)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(config.exit_code)
 
     def _on_health_event(self, event: Any) -> None:
         certifier = self.certifier
@@ -266,7 +293,8 @@ def protect(model: Any, optimizer: Any = None, *, checkpoint_dir: Union[str, os.
             replay: Any = None, integrity: Optional[bool] = None, hangs: Any = None, health: Any = None,
             checkpoints: Any = None, campaign: Any = None, hooks: Optional[OrchestrationHooks] = None,
             self_healing: Optional[bool] = None, latest_interval: Optional[int] = None,
-            latest_directory: Optional[str] = None, extra_state: Sequence[Any] = ()) -> ProtectedJob:
+            latest_directory: Optional[str] = None, extra_state: Sequence[Any] = (),
+            executors: Sequence[Any] = ()) -> ProtectedJob:
     """Turns on the protection for `model` and `optimizer` (collective on every rank, after the
     process group and the model are built, before training) and resumes from the trust
     manifest in `checkpoint_dir`. Returns a :class:`ProtectedJob`.
@@ -284,7 +312,9 @@ def protect(model: Any, optimizer: Any = None, *, checkpoint_dir: Union[str, os.
       `latest_directory`, default a per-job folder in /dev/shm under torchrun; 0, the default: none).
     - `hangs`: a HangDetectionConfig, or False; default on in a distributed job.
     - `health`: HealthSources, or False; default NVML for this rank's GPU on CUDA.
-    - `campaign`: a fault-injection campaign (the kit's manifest) to run, for evaluation.
+    - `campaign`: a fault-injection campaign (the kit's manifest) to run, for evaluation, with
+      `executors` (the kit's FaultExecutors, e.g. CallbackFaultExecutor) for its effects that
+      are not built in.
     - `hooks`: your OrchestrationHooks; they receive everything the parts report.
     - `extra_state`: more objects of yours with state_dict()/load_state_dict() (an EMA copy, a
       sampler), saved with every checkpoint beside `data_state` and restored with it.
@@ -331,7 +361,8 @@ def protect(model: Any, optimizer: Any = None, *, checkpoint_dir: Union[str, os.
         sources = _health_sources(model, policy_file.health_choice(settings, health))
         run_campaign = None
         if campaign is not None:
-            run_campaign = (campaign, config.directory if config is not None else (os.fspath(checkpoint_dir or ".")))
+            run_campaign = (campaign, config.directory if config is not None else os.fspath(checkpoint_dir or "."),
+                            list(executors))
         return settings.recovery, harness, config, watch, sources, run_campaign
 
     try:

@@ -1,6 +1,7 @@
 #include "lmr/ckpt/exclusion.h"
 
 #include <algorithm>
+#include <array>
 #include <set>
 
 #include "lmr/common/error.h"
@@ -205,9 +206,10 @@ RecoveryPolicy parsePolicy(std::string_view text, std::string_view source) {
   const Json v = json::parse(text, source).value;
   const std::string root;
   json::requireObject(v, root);
-  json::requireKnownKeys(v, root,
-                         {"sdc_exclude_after", "straggler_exclude", "straggler_exclude_after", "health_fatal_exclude",
-                          "hang_exclude_after", "max_excluded", "min_nodes", "max_identical", "in_process"});
+  json::requireKnownKeys(
+      v, root,
+      {"sdc_exclude_after", "straggler_exclude", "straggler_exclude_after", "health_fatal_exclude",
+       "hang_exclude_after", "max_excluded", "min_nodes", "max_identical", "in_process", "hang_relaunch"});
   RecoveryPolicy p;
   auto integer = [&](std::string_view key, std::int64_t& field) {
     if (const Json* m = json::findMember(v, key)) field = json::asInteger(*m, std::string(key));
@@ -224,6 +226,7 @@ RecoveryPolicy parsePolicy(std::string_view text, std::string_view source) {
   integer("min_nodes", p.min_nodes);
   integer("max_identical", p.max_identical);
   boolean("in_process", p.in_process);
+  boolean("hang_relaunch", p.hang_relaunch);
   requirePolicy(p);
   return p;
 }
@@ -237,7 +240,8 @@ std::string toJson(const RecoveryPolicy& p, int indent) {
               {"max_excluded", p.max_excluded},
               {"min_nodes", p.min_nodes},
               {"max_identical", p.max_identical},
-              {"in_process", p.in_process}}
+              {"in_process", p.in_process},
+              {"hang_relaunch", p.hang_relaunch}}
       .dump(indent);
 }
 
@@ -263,6 +267,12 @@ CulpritResponse respondTo(const ExclusionDecision& e, bool fatal) {
 bool rollsBackInProcess(const RecoveryDecision& d, const RecoveryPolicy& policy) {
   return policy.in_process && d.available && d.restart && d.action == "rollback" &&
          (d.failure == "sdc" || d.failure == "straggler");
+}
+
+bool endsHang(std::string_view kind, const RecoveryPolicy& policy) {
+  static constexpr std::array<std::string_view, 5> kStuck = {"process_stall", "collective_desync", "unresponsive_rank",
+                                                             "group_stall", "inconclusive_stall"};
+  return policy.hang_relaunch && std::find(kStuck.begin(), kStuck.end(), kind) != kStuck.end();
 }
 
 bool readmit(ExclusionLedger& ledger, std::string_view host) {

@@ -4,7 +4,8 @@ workload carries a fault that lives on node-b: a device that reports a fatal hea
 node-b is excluded, its agent leaves, and the job finishes resharded on fewer ranks. (A
 recurring SDC and a standby: test_qualify.py's lmr-qualify --nodes run.) And one node alone
 under torchrun with a fault that comes back after every recovery: nothing can be excluded, so
-the second SDC escalates instead of looping."""
+the second SDC escalates instead of looping. And a rank that stops inside a step: the hang
+daemons diagnose it, every rank leaves, and torchrun's relaunch resumes a verified checkpoint."""
 
 import json
 import os
@@ -70,15 +71,23 @@ def _wait(started, timeout=300):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Both jobs at once (neither has a timing verdict to disturb): node-b's fatal health event
-    across three agents, and one node's recurring SDC under a standalone torchrun."""
+    """The three jobs at once (none has a timing verdict to disturb; the hang threshold is far
+    above a step here even on a busy host): node-b's fatal health event across three agents,
+    one node's recurring SDC under a standalone torchrun, and a hang under HSDP 2x2."""
     health, single = tmp_path_factory.mktemp("health"), tmp_path_factory.mktemp("one-node")
+    hang = tmp_path_factory.mktemp("hang")
     agents = _start_nodes(health, ["node-b", "node-a", "node-c"], "--parallel", "fsdp2", "--fault-kind", "health")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
            "--max-restarts", "2", "-m", "lm_resiliency.workloads.resilient", "--directory", str(single),
            "--steps", "12", "--fault-step", "9", "--recurring"]
     one_node = _start(cmd, os.path.join(single, "torchrun.log"), LMR_NODE_ID="node-a")
-    return {"health": (health, _wait(agents)), "one_node": (single, _wait({"torchrun": one_node})["torchrun"])}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+           "--max-restarts", "2", "-m", "lm_resiliency.workloads.resilient", "--directory", str(hang),
+           "--steps", "13", "--parallel", "hsdp", "--fault-kind", "hang", "--fault-step", "10",
+           "--hang-threshold", "5"]
+    stuck = _start(cmd, os.path.join(hang, "torchrun.log"), LMR_NODE_ID="node-a")
+    return {"health": (health, _wait(agents)), "one_node": (single, _wait({"torchrun": one_node})["torchrun"]),
+            "hang": (hang, _wait({"torchrun": stuck})["torchrun"])}
 
 
 def _generations(directory):
@@ -164,3 +173,25 @@ def test_a_fault_that_follows_the_hardware_escalates_instead_of_looping(runs):
     decision, undiagnosed, stop = _core.plan_resume(released, released.topology)
     assert not stop and not undiagnosed and decision.action == "rollback"
     assert decision.checkpoint_id == manifest.decision.checkpoint_id
+
+
+def test_a_stuck_rank_ends_the_job_and_the_relaunch_resumes_a_verified_checkpoint(runs):
+    # Rank 1 sleeps inside step 10 (an hour: a stuck kernel). A collective can never finish, so
+    # no rollback in process: the hang daemons diagnose a process stall on rank 1, every rank
+    # leaves with the relaunch status, and torchrun's restart resumes the newest checkpoint a
+    # hang may use (no emergency replay ran: the newest RECOVERY_VERIFIED one) and finishes.
+    tmp_path, (returncode, log) = runs["hang"]
+    assert returncode == 0, log[-4000:]
+    # (the writer first; torchrun stops the others once a worker has left, maybe before they log)
+    assert "process_stall (ranks [1]) at step 9: the job is stuck; leaving for a relaunch" in log, log[-4000:]
+    generations = _generations(tmp_path)
+    assert [g["restart_count"] for g in generations] == [0, 1]
+    assert generations[0]["hang"]["kind"] == "process_stall" and generations[0]["hang"]["ranks"] == [1]
+    assert generations[0]["completed"] == 9 and generations[0]["decision"] is None  # stuck inside step 10
+    assert generations[1]["resumed_from"] == "durable-4" and generations[1]["start_step"] == 4
+    assert generations[1]["completed"] == 13 and generations[1]["detections"] == [] and "hang" not in generations[1]
+    ledger = _core.ExclusionLedger.read(os.path.join(tmp_path, "checkpoints"))
+    assert [(d.kind, d.action) for d in ledger.decisions] == [("hang", "rollback")]
+    manifest = _core.CkptManifest.read(os.path.join(tmp_path, "checkpoints"))
+    assert (manifest.decision.action, manifest.decision.status) == ("rollback", "applied")
+    assert manifest.decision.checkpoint_id == "durable-4"

@@ -54,6 +54,7 @@ struct RecoveryPolicy {
   std::int64_t min_nodes = 1;                // the rendezvous minimum (torchrun --nnodes MIN:MAX)
   std::int64_t max_identical = 3;            // the same decision this many times: escalate instead
   bool in_process = true;                    // a rollback on healthy processes loads in place (no relaunch)
+  bool hang_relaunch = true;                 // a diagnosed hang ends the job now, for the relaunch
   bool operator==(const RecoveryPolicy&) const = default;
 };
 // InvalidArgument naming the JSON path of an unknown key or a bad value.
@@ -105,8 +106,8 @@ ExclusionDecision decideExclusion(const RecoveryPolicy& policy, ExclusionLedger&
 // What a culprit found outside an SDC verdict leads to: the failure its recovery decision is for
 // (a fatal health event: inaccessible; a straggler: straggler; a hang: hang), and whether every
 // rank leaves for the relaunch now: on an exclusion, and on a fatal health event's escalation
-// (the device cannot go on); a straggler that cannot be excluded keeps training, and a hang's
-// relaunch is the collective timeout's or the manager's.
+// (the device cannot go on); a straggler that cannot be excluded keeps training. A hang is not
+// acted on here, at a check (the training thread is stuck): see endsHang.
 struct CulpritResponse {
   Failure failure = Failure::kUncertain;
   bool leave = false;
@@ -120,6 +121,14 @@ CulpritResponse respondTo(const ExclusionDecision& exclusion, bool fatal);
 // exclusion, an escalation, a hang (a communicator may be broken), an inaccessible device and an
 // uncertain failure (a crash nobody diagnosed) relaunch.
 bool rollsBackInProcess(const RecoveryDecision& decision, const RecoveryPolicy& policy);
+
+// Whether an out-of-band report of `kind` (lmr::oob's report kinds) ends the job at once, every
+// rank leaving for the relaunch from its watcher thread, instead of waiting for the collective
+// timeout: a stall that cannot resolve itself (a process stall, a collective desync, an
+// unresponsive rank, a whole group stalled, or a stall no majority could attribute), when the
+// policy's hang_relaunch is on. A DataLoader or checkpoint I/O stall (slow, still moving) and a
+// daemon failure (hang detection is off for a rank, training is fine) do not.
+bool endsHang(std::string_view kind, const RecoveryPolicy& policy);
 
 // After an operator repaired `host`: it leaves the excluded list, so it may join the job again
 // and no longer counts against max_excluded. Its earlier blames stay in the history: blamed

@@ -18,7 +18,9 @@ time in seconds (from the decision to the first step after the load, a relaunch 
 On several nodes (torchrun agents on one lmr-c10d rendezvous, docs/recovery.md) the fault can
 live on a node (``--fault-host``) and come back after every recovery (``--recurring``), or be
 a slow GPU (``--fault-kind straggler``) or a device reporting uncorrectable ECC errors
-(``--fault-kind health``): the recovery policy then takes that node out of the job.
+(``--fault-kind health``): the recovery policy then takes that node out of the job. With
+``--fault-kind hang`` a rank stops inside a step: the hang daemons diagnose a process stall,
+every rank leaves for the relaunch, and the job resumes from the newest verified checkpoint.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
+from lm_resiliency import _core
 from lm_resiliency.agree import gather
 from lm_resiliency.checkpoint import DurableCheckpointConfig
 from lm_resiliency.health import HardwareHealthMonitor, HealthConfig, HealthDevice, HealthReading, HealthSource
@@ -39,7 +42,7 @@ from lm_resiliency.orchestration import OrchestrationHooks
 from lm_resiliency.rank_state import node_id
 from lm_resiliency.protection import protect
 from lm_resiliency.recovery import init_process_group
-from lm_resiliency.scout import ReplayHarnessConfig
+from lm_resiliency.scout import HangDetectionConfig, ReplayHarnessConfig
 from lm_resiliency.workloads.data import Position
 from lm_resiliency.workloads.train import TrainConfig, build, train_step
 
@@ -72,6 +75,31 @@ def straggler_fault(step: int, rank: int, host: Optional[str] = None) -> dict[st
         "faults": [{"fault_id": "f", "type": "delay", "target": {**where, "component": "transformer_block",
                                                                   "index": 0, "surface": "compute"},
                     "parameters": {"delay_ms": 60}}]}]}
+
+
+def hang_fault(step: int, rank: int, host: Optional[str] = None) -> dict[str, Any]:
+    """The rank (of `host`'s local rank `rank`) stops at `step`, once: a stuck kernel or a
+    deadlocked thread (the `hang` effect, carried out by hang_executor)."""
+    where: dict[str, Any] = {"host": host, "local_rank": rank} if host else {"rank": rank}
+    return {"name": "resilient-hang", "seed": 7, "incidents": [{
+        "incident_id": "stuck-rank", "trigger": {"at": [step]}, "lifetime": {"iterations": 1}, "retrigger": "once",
+        "faults": [{"fault_id": "f", "type": "hang", "target": {**where, "surface": "process"},
+                    "parameters": {"seconds": HANG_S}}]}]}
+
+
+HANG_S = 3600.0  # long past any collective timeout: only the relaunch ends it
+
+
+def hang_executor() -> Any:
+    """Carries out the `hang` effect: the next step sleeps for the fault's seconds."""
+    from lm_resiliency.fault_injection import CallbackFaultExecutor, FaultExecutionResult
+
+    def activate(request: Any) -> Any:
+        seconds = float(request.parameters["seconds"])
+        request.on_next_step(lambda: time.sleep(seconds))
+        return FaultExecutionResult(verified=True, active=False, evidence={"sleep_s": seconds})
+
+    return CallbackFaultExecutor("sleep", ["hang"], "isolated_destructive", activate, one_shot=True)
 
 
 class ScriptedEcc(HealthSource):
@@ -136,11 +164,15 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--fault-step", type=int, default=11, help="optimizer step of the permanent fault (0: none)")
     p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--recurring", action="store_true", help="the fault comes back after every recovery (broken hardware)")
-    p.add_argument("--fault-kind", choices=("sdc", "straggler", "health"), default="sdc",
+    p.add_argument("--fault-kind", choices=("sdc", "straggler", "health", "hang"), default="sdc",
                    help="sdc: a weight fault (default); straggler: block 0 of the faulty rank 60 ms slow from "
                         "--fault-step on (the policy then excludes a confirmed straggler's node); health: the "
                         "faulty rank's device reports uncorrectable ECC errors at --fault-step (a scripted source "
-                        "standing in for NVML: a fatal event, its node is excluded at once)")
+                        "standing in for NVML: a fatal event, its node is excluded at once); hang: the faulty rank "
+                        "stops inside step --fault-step (the hang daemons, on for this kind, end the job for a "
+                        "relaunch)")
+    p.add_argument("--hang-threshold", type=float, default=3.0,
+                   help="seconds without progress before the hang daemons diagnose a stall (--fault-kind hang)")
     p.add_argument("--fault-host", default=None,
                    help="the node (LMR_NODE_ID) the fault lives on; --fault-rank is then its local rank there")
     p.add_argument("--sdc-exclude-after", type=int, default=2,
@@ -169,15 +201,31 @@ def main(argv: Optional[list[str]] = None) -> None:
                                              self_healing=True, recovery_policy=_policy(args))
     decisions: list[Any] = []
     results: list[Any] = []
-    hooks = OrchestrationHooks(on_recovery_decision=decisions.append, on_replay_result=results.append)
-    campaign = None
-    if args.fault_step and args.fault_kind != "health":
+    now: dict[str, Any] = {}  # this generation's run-log entry, timeline and completed steps
+
+    def on_report(report: Any) -> None:
+        """A hang that ends the job: the generation's entry is written now (the training thread is
+        stuck, and this process leaves right after)."""
+        if now and _core.ends_hang(report.kind, config.recovery_policy or _core.RecoveryPolicy()):
+            now["entry"]["hang"] = {"kind": report.kind, "ranks": list(report.ranks), "step": report.step,
+                                    "reported": round(time.time(), 3)}
+            now["timeline"]["ended"] = time.time()
+            closing(now["entry"], now["completed"], now["timeline"])
+
+    hooks = OrchestrationHooks(on_recovery_decision=decisions.append, on_replay_result=results.append,
+                               on_fault_report=on_report)
+    campaign, executors, hangs = None, [], False
+    if args.fault_step and args.fault_kind == "hang":
+        campaign, executors = hang_fault(args.fault_step, args.fault_rank, args.fault_host), [hang_executor()]
+        hangs = HangDetectionConfig(threshold_s=args.hang_threshold, warmup_threshold_s=60.0, poll_s=0.1,
+                                    hang_state_dir=os.path.join(args.directory, "hang"))
+    elif args.fault_step and args.fault_kind != "health":
         campaign = straggler_fault(args.fault_step, args.fault_rank, args.fault_host) \
             if args.fault_kind == "straggler" else \
             permanent_fault(args.fault_step, args.fault_rank, args.parallel, args.recurring, args.fault_host)
     replay = ReplayHarnessConfig(check_interval=args.check_interval, optimizer_slice_size=64, state_integrity=True)
-    job = protect(model, opt, checkpoint_dir=None, checkpoints=config, replay=replay, hangs=False, health=False,
-                  campaign=campaign, hooks=hooks)
+    job = protect(model, opt, checkpoint_dir=None, checkpoints=config, replay=replay, hangs=hangs, health=False,
+                  campaign=campaign, executors=executors, hooks=hooks)
     timeline["loaded"] = time.time()
     health = _scripted_health(args, lambda event: job.certifier.note_health_event(event))
     resumed = job.resumed
@@ -207,32 +255,32 @@ def main(argv: Optional[list[str]] = None) -> None:
         if rank == 0:
             _log(args.directory, entry)
 
-    entry = opening(job.start_step)
-    completed, seen = job.start_step, 0
+    now.update(entry=opening(job.start_step), completed=job.start_step, timeline=timeline)
+    seen = 0
     try:
         with job:
             for step in job.steps(args.steps):
                 if len(job.recoveries) > seen:  # rolled back in process after the step before
                     seen, recovery = len(job.recoveries), job.recoveries[-1]
-                    timeline["ended"] = recovery.decided_time
-                    closing(entry, recovery.decided_at, timeline)
-                    timeline = {"decided": recovery.decided_time}
-                    entry = opening(step, recovery)
+                    now["timeline"]["ended"] = recovery.decided_time
+                    closing(now["entry"], recovery.decided_at, now["timeline"])
+                    now.update(timeline={"decided": recovery.decided_time}, entry=opening(step, recovery))
+                timeline, entry = now["timeline"], now["entry"]
                 pos.consumed = step + 1
                 if health is not None and step + 1 == args.fault_step:
                     health[1].errors = 3
                     health[0].poll_once()  # the fatal event: certification acts at the next check
                 train_step(model, opt, data, device, step)
                 sched.step()
-                completed = step + 1
+                now["completed"] = step + 1
                 if "first_step" not in timeline:
                     timeline["first_step"] = time.time()
                 if resumed is not None and not entry["in_process"] and "recovery_seconds" not in entry:
                     entry["recovery_seconds"] = round(time.time() - resumed.decision.decided_time, 3)
                     entry["load_seconds"] = round(resumed.load_seconds, 3)
     finally:
-        timeline["ended"] = time.time()
-        closing(entry, completed, timeline)
+        now["timeline"]["ended"] = time.time()
+        closing(now["entry"], now["completed"], now["timeline"])
         if health is not None:
             health[0].stop()
     if rank == 0:
@@ -279,6 +327,7 @@ def _summarize(args: argparse.Namespace) -> None:
                        attributions_after_resume=sum(len(g["detections"]) for g in restarts))
     summary.update(worlds=[g["world"] for g in generations], nodes=[g["nodes"] for g in generations],
                    actions=[g["decision"]["action"] for g in generations if g["decision"]],
+                   hangs=[g["hang"] for g in generations if g.get("hang")],
                    recoveries=[_phases(before, after) for before, after in zip(generations, generations[1:])])
     with open(os.path.join(args.directory, "summary.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2)

@@ -330,5 +330,20 @@ TEST(Exclusion, OnlyAPlainSdcRollbackStaysInProcess) {
   EXPECT_FALSE(rollsBackInProcess(escalated, policy));
 }
 
+TEST(EndsHang, StallsThatCannotResolveEndTheJobUnlessThePolicySaysWait) {
+  const RecoveryPolicy policy;
+  EXPECT_TRUE(policy.hang_relaunch);
+  for (const char* kind :
+       {"process_stall", "collective_desync", "unresponsive_rank", "group_stall", "inconclusive_stall"})
+    EXPECT_TRUE(endsHang(kind, policy)) << kind;
+  for (const char* kind : {"dataloader_stall", "checkpoint_io_stall", "oob_daemon_failure", "", "process"})
+    EXPECT_FALSE(endsHang(kind, policy)) << kind;
+  const RecoveryPolicy wait = parsePolicy(R"({"hang_relaunch": false})");
+  EXPECT_FALSE(wait.hang_relaunch);
+  EXPECT_FALSE(endsHang("process_stall", wait));
+  EXPECT_EQ(parsePolicy(toJson(wait)), wait);
+  EXPECT_NE(failureOf([] { parsePolicy(R"({"hang_relaunch": "no"})"); }).find("hang_relaunch"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace lmr::ckpt
