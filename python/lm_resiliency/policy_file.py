@@ -173,7 +173,8 @@ def _conflict(settings: Settings, name: str) -> InvalidArgumentError:
 
 def replay_config(settings: Settings, replay: Any, integrity: Optional[bool]) -> Any:
     """The ReplayHarnessConfig protect() builds (None: replay off) from the `replay` and
-    `integrity` arguments and the file's [replay] table (state integrity on by default)."""
+    `integrity` arguments and the file's [replay] table (state integrity on by default, also in
+    a `replay` of yours whose state_integrity is None)."""
     from lm_resiliency.scout import ReplayHarnessConfig
 
     in_file = bool(settings.replay) or settings.replay_enabled is not None
@@ -181,7 +182,9 @@ def replay_config(settings: Settings, replay: Any, integrity: Optional[bool]) ->
         raise _conflict(settings, "replay")
     if replay is False or settings.replay_enabled is False:
         return None
-    if replay is not None:
+    if replay is not None:  # yours; protect()'s integrity default where it leaves the choice open
+        if replay.state_integrity is None:
+            replay = dataclasses.replace(replay, state_integrity=True if integrity is None else integrity)
         return replay
     fields = dict(settings.replay or {})
     if integrity is not None and "state_integrity" in fields:

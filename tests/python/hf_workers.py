@@ -121,3 +121,32 @@ def integrity_train(kind, parallel, steps):
     harness.close()
     return {"records": [r.to_dict() for r in session.records()], "results": [r.to_dict() for r in harness.results],
             "boundary_times": harness.boundary_times}
+
+
+def protected_run(directory, steps=12, fault_step=9):
+    """GPT-2 under FSDP2, everything on through lm_resiliency.protect(), a weight of block 0 on
+    rank 0 scaled from `fault_step` until a recovery: state integrity localizes it, certification
+    rolls back in process, and the rest of the run attributes nothing."""
+    model, blocks = hf_model("gpt2")
+    model = wrap(model, blocks, "fsdp2")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    fault = campaign(incident("weight", [fault_step], "tensor_corruption",
+                              {"rank": 0, "component": "transformer_block", "index": 0, "surface": "weight"},
+                              {"operation": "scale", "factor": 4.0, "scope": "1%", "parameter": WEIGHT["gpt2"]},
+                              {"until": "recovery"}))
+    yielded, results = [], []
+    hooks = lmr.OrchestrationHooks(on_replay_result=results.append)
+    # One optimizer slice: a catalog cycle is two checks, so durable-4 is verified by step 8.
+    replay = ReplayHarnessConfig(check_interval=2, optimizer_slice_size=32)
+    with lmr.protect(model, opt, checkpoint_dir=directory, replay=replay, latest_interval=2,
+                     latest_directory=f"{directory}/latest", hangs=False, campaign=fault, hooks=hooks) as job:
+        for step in job.steps(steps):
+            yielded.append(step)
+            g = torch.Generator().manual_seed(1000 * step + dist.get_rank())
+            ids = torch.randint(0, VOCAB, (4, 16), generator=g)
+            model(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        recoveries = [(r.decided_at, r.step) for r in job.recoveries]
+    detections = [(r.step, r.sdc_ranks, sorted(r.sdc_sources)) for r in results if r.sdc_ranks]
+    return {"yielded": yielded, "recoveries": recoveries, "detections": detections}

@@ -53,3 +53,18 @@ def test_state_faults_in_a_transformers_model_are_localized_by_state_integrity(k
     assert all(r.status == "Agree" for r in results if r.step < 4)
     unexplained = [a.describe() for a in explain_attributions(c, records, results) if a.explanation == "unexplained"]
     assert not unexplained, unexplained
+
+
+def test_gpt2_under_fsdp2_through_protect_recovers_in_process(tmp_path):
+    # The acceptance run of protect(): a model we did not write, sharded, one call. The weight
+    # fault on rank 0's shard is localized by state integrity, certification rolls back in the
+    # running processes, and nothing is attributed after the rollback.
+    per_rank = spawn(hf_workers.protected_run, 4, preload=hf_workers.PRELOAD, args=(str(tmp_path),), timeout=600)
+    first = per_rank[0]
+    ((decided_at, step),) = first["recoveries"]
+    assert all(r["recoveries"] == first["recoveries"] for r in per_rank)
+    assert 9 <= decided_at <= 11 and step < 9  # the check after the fault; a checkpoint before it
+    assert first["yielded"] == list(range(decided_at)) + list(range(step, 12))
+    # Localized on rank 0 by its at-rest check, then nothing more: every check after the rollback Agrees.
+    assert [(s, ranks) for s, ranks, _ in first["detections"]] == [(decided_at, [0])], first["detections"]
+    assert any(source.startswith("integrity") for source in first["detections"][0][2])
