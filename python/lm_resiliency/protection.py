@@ -171,11 +171,13 @@ class ProtectedJob:
     # --- callbacks -------------------------------------------------------------------------
 
     def _on_fault_report(self, report: Any) -> None:
-        certifier = self.certifier
-        if certifier is not None:
-            certifier.note_fault_report(report)
-        self._user_hooks.deliver_fault_report(report)
-        self._end_hang(report)
+        try:
+            certifier = self.certifier
+            if certifier is not None:
+                certifier.note_fault_report(report)
+            self._user_hooks.deliver_fault_report(report)
+        finally:  # a stuck job leaves even when recording the blame failed
+            self._end_hang(report)
 
     def _end_hang(self, report: Any) -> None:
         """A diagnosed hang that cannot resolve itself (lmr::ckpt::endsHang): this process leaves
