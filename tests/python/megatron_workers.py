@@ -440,3 +440,35 @@ def weight_fault_retired(distributed_optimizer):
     session.close()
     return {"records": [r.to_dict()["status"] for r in session.records()], "compared": compared,
             "mismatched": mismatched}
+
+
+def rollback_run(directory, steps, fault_step):
+    """A permanent weight fault on rank 1 from `fault_step` (DistributedOptimizer, 4
+    data-parallel ranks), under lm_resiliency.protect(): the rollback happens in process. What
+    the loop yielded, the recoveries, each rank's state right after the rollback against what
+    it held when that checkpoint was captured, and any SDC blamed after the rollback."""
+    import lm_resiliency as lmr
+    from lm_resiliency.checkpoint import durable_checkpoints
+    from lm_resiliency.scout import ReplayHarnessConfig
+
+    chunks, optimizer = build(1, 1, True)
+    trainer = Trainer(chunks, optimizer)
+    config = durable_checkpoints(chunks, optimizer, directory, self_healing=True)
+    saved = remember_saves(config, lambda: _signatures(chunks, optimizer))
+    fault = campaign(incident("weight", [fault_step], "tensor_corruption",
+                              {"rank": 1, "component": "transformer_block", "index": 0, "surface": "weight"},
+                              {"operation": "scale", "factor": 4.0, "scope": "1%", "parameter": "mlp.linear_fc1.weight"},
+                              {"until": "recovery"}))
+    yielded, after = [], None
+    with lmr.protect(chunks, optimizer, checkpoint_dir=None, checkpoints=config, hangs=False, campaign=fault,
+                     replay=ReplayHarnessConfig(check_interval=1, state_integrity=True)) as job:
+        for step in job.steps(steps):
+            if job.recoveries and after is None:
+                after = _signatures(chunks, optimizer)
+            yielded.append(step)
+            trainer.batch = step * trainer.micro  # the data position follows the loop's step
+            trainer.step()
+        recoveries = [(r.decided_at, r.step, r.checkpoint) for r in job.recoveries]
+        late = [(r.step, r.sdc_ranks) for r in job.harness.results if r.sdc_ranks]
+    return {"yielded": yielded, "recoveries": recoveries, "after": after,
+            "saved": saved.get(recoveries[0][1]) if recoveries else None, "late_sdc": late}

@@ -118,6 +118,23 @@ def test_certified_deepspeed_checkpoints_resume(stage, tmp_path):
         assert after["state"] == before["saved"][newest["step"]], rank
 
 
+@pytest.mark.parametrize("stage", [2, 3])
+def test_an_sdc_rolls_back_in_process_under_deepspeed(stage, tmp_path):
+    """protect() on a DeepSpeed engine: a permanent weight fault is localized and rolled back
+    in the running processes; each rank's parameters, fp32 master and optimizer fragments and
+    step counters right after the rollback are what it held when the checkpoint was captured,
+    and nothing is blamed afterwards."""
+    out = spawn(deepspeed_workers.rollback_run, 4, preload=deepspeed_workers.PRELOAD, args=(stage, str(tmp_path), 15, 11),
+                timeout=600)
+    ((decided_at, step, _),) = out[0]["recoveries"]
+    assert decided_at >= 11 > step
+    assert out[0]["yielded"] == list(range(decided_at)) + list(range(step, 15))
+    for rank in out:
+        assert rank["recoveries"] == out[0]["recoveries"]
+        assert rank["after"] == rank["saved"]
+        assert rank["late_sdc"] == []
+
+
 def test_an_incomplete_checkpoint_is_refused_on_every_rank(tmp_path):
     out = spawn(deepspeed_workers.certify_run, 2, preload=deepspeed_workers.PRELOAD, args=(2, str(tmp_path), 4), timeout=600)
     assert out[0]["saved"]

@@ -224,6 +224,21 @@ def test_certified_checkpoints_resume_bit_for_bit(distributed_optimizer, trainin
         assert after["iteration"] == (newest["step"] if training else None)
 
 
+def test_an_sdc_rolls_back_in_process_under_megatron(tmp_path):
+    """protect() on Megatron Core chunks with the DistributedOptimizer (4 data-parallel ranks):
+    a permanent weight fault is localized and rolled back in the running processes; every
+    parameter and optimizer fragment right after the rollback is what the rank held when the
+    checkpoint was captured, and nothing is blamed afterwards."""
+    out = spawn(w.rollback_run, 4, preload=megatron_cpu.PRELOAD, args=(str(tmp_path), 15, 11), timeout=600)
+    ((decided_at, step, _),) = out[0]["recoveries"]
+    assert decided_at >= 11 > step
+    assert out[0]["yielded"] == list(range(decided_at)) + list(range(step, 15))
+    for rank in out:
+        assert rank["recoveries"] == out[0]["recoveries"]
+        assert rank["after"] == rank["saved"]
+        assert rank["late_sdc"] == []
+
+
 def test_megatron_training_checkpoints_need_its_arguments(tmp_path):
     errors = spawn(w.training_without_arguments, 2, preload=megatron_cpu.PRELOAD, args=(str(tmp_path / "c"),), timeout=600)
     assert all("megatron.training's arguments are not set" in e for e in errors), errors
