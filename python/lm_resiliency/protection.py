@@ -247,6 +247,11 @@ class ProtectedJob:
         from lm_resiliency.recovery import leave_for_restart, resume
 
         decision, self._pending = self._pending, None
+        if self.session is not None:  # the recovery ends `until: recovery` faults, as a relaunch's does
+            try:
+                self.session.notify_recovery()
+            except Exception as e:  # noqa: BLE001 - the rollback goes on; the campaign's record says so
+                log.warning("the campaign could not be told of the recovery: %s", describe(e))
         self._teardown()
         resumed, problem = None, None
         try:

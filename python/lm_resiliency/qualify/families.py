@@ -4,7 +4,7 @@ Each family is one incident of the campaign: what it injects, on which rank, for
 and what the run's configuration needs for it to be localized (a family the configuration
 cannot localize is left out of the default campaign, with the reason printed). The
 schedule puts the permanent faults first, once a verified checkpoint exists, so the
-self-healing restarts happen early and every other family runs in the resumed generation,
+recoveries happen early and every other family runs in the resumed generation,
 each in its own window with fault-free iterations between them. On several nodes the
 broken node's fault comes first: it recurs after the rollback, the node is excluded, and
 the later families run on the world without it.
@@ -133,7 +133,7 @@ def _broken_node(rank: int, c: Config) -> list:
 FAMILIES: tuple[Family, ...] = (
     Family("broken_node", "broken node (recurring SDC): rollback, then exclusion", 0, _broken_node, _nodes,
            until="recovery", retrigger="every_attempt"),
-    Family("recovery", "permanent weight SDC, self-healing restart", 0,
+    Family("recovery", "permanent weight SDC, rollback", 0,
            lambda r, c: [_fault("tensor_corruption", _block(r, "weight"),
                                 {"operation": "scale", "factor": 4.0, "scope": "1%", "parameter": "attention.wq.weight"})],
            _held_state, until="recovery"),
@@ -216,7 +216,7 @@ def default_campaign(config: Config, families: tuple[str, ...] = NAMES, seed: in
         if family.name == "broken_node":
             world = config.after_exclusion  # every later family runs on the world without it
         incidents.append(family.incident(at, rank, config))
-        # The permanent fault ends at the restart: the resumed run starts below it.
+        # The permanent fault ends at the rollback: the resumed run starts below it.
         at += (1 if family.until else family.window) + GAP
     campaign = {"schema_version": 1, "name": f"qualify-{config.parallel}-{config.world}", "seed": seed,
                 "incidents": incidents}

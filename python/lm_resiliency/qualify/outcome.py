@@ -1,6 +1,7 @@
 """Reading a finished qualification run from its folder and scoring it.
 
-A run folder holds one ``gen-<G>`` folder per generation (torchrun attempt): each rank's
+A run folder holds one ``gen-<G>`` folder per generation (a torchrun attempt, or the steps
+after an in-process rollback): each rank's
 injection artifact and progress lines, and rank 0's events (every ReplayResult,
 out-of-band report and recovery decision, as they happened). Every generation is scored
 with its own records: replay checks through ``localization_results``, out-of-band reports
@@ -110,24 +111,26 @@ def read_generations(run_dir: str) -> list[Generation]:
 
 @dataclasses.dataclass
 class Recovery:
-    """One self-healing restart: the decision of one generation, applied by the next."""
+    """One recovery: the decision of one generation, applied by the next (in process, or by a relaunch)."""
 
     decided_at: int
     resumed_step: int
     checkpoint: str
     rollback_steps: int
-    recovery_seconds: Optional[float]  # decision -> first step after the load (relaunch included)
+    recovery_seconds: Optional[float]  # decision -> first step after the load (the relaunch, if any, included)
     load_seconds: Optional[float]
     generation: int  # the generation that resumed
     action: str = "rollback"  # or exclude_and_rollback (the blamed hosts left the job)
     blamed_hosts: tuple[str, ...] = ()
     world: tuple[int, int] = (0, 0)  # ranks before and after
     joined: tuple[str, ...] = ()  # nodes in the resumed generation that were not in the one before
+    in_process: bool = False  # loaded in the running processes (protect()), not by a relaunch
 
     def describe(self) -> str:
-        """"rollback", or "exclude node-b (world 6 -> 4)", "exclude node-b, spare-1 in its place (world 6 -> 6)"."""
+        """"rollback in process", "rollback" (a relaunch), or "exclude node-b (world 6 -> 4)", "exclude node-b,
+        spare-1 in its place (world 6 -> 6)"."""
         if self.action != "exclude_and_rollback":
-            return self.action
+            return f"{self.action} in process" if self.in_process else self.action
         spare = f", {', '.join(self.joined)} in its place" if self.joined else ""
         return f"exclude {', '.join(self.blamed_hosts)}{spare} (world {self.world[0]} -> {self.world[1]})"
 
@@ -201,7 +204,8 @@ def _recoveries(generations: list[Generation]) -> list[Recovery]:
         out.append(Recovery(decision["decided_at"], decision["step"], decision["checkpoint_id"],
                             decision["decided_at"] - decision["step"], seconds, after.load_seconds, after.index,
                             decision.get("action", "rollback"), tuple(decision.get("blamed_hosts", ())),
-                            (before.world, after.world), tuple(sorted(set(after.nodes) - set(before.nodes)))))
+                            (before.world, after.world), tuple(sorted(set(after.nodes) - set(before.nodes))),
+                            before.ended.startswith("rolled back in process")))
     return out
 
 

@@ -6,8 +6,8 @@ certification with self-healing, GPU health on CUDA), under a campaign file or t
 built-in campaign, which injects every family this configuration can localize: SDC on a
 block's output, a gradient, a weight, optimizer state, the embedding and the head; a
 compute straggler; a slow link (HSDP); a collective desync; a process stall; a DataLoader
-stall; a checkpoint I/O stall; and a permanent fault that needs a self-healing restart from
-the verified checkpoint. With ``--nodes N`` it runs N torchrun agents as nodes on one lmr-c10d
+stall; a checkpoint I/O stall; and a permanent fault that needs a rollback to the verified
+checkpoint (in the running processes, protect()'s in-process rollback). With ``--nodes N`` it runs N torchrun agents as nodes on one lmr-c10d
 rendezvous and adds a broken node (a fault that recurs after the rollback), which must be
 excluded while the job goes on without it (``--standby K``: spares take its place). Progress is shown live; at the end a table per occurrence, the
 artifacts (manifest, injection records, localization results, the ``lmr campaign compare``
@@ -69,7 +69,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--clean", type=int, default=0, help="K fault-free runs; every attribution in them counts")
     p.add_argument("--seed", type=int, default=20261202)
     p.add_argument("--max-recoveries", type=int, default=None,
-                   help="self-healing restarts a run acts on (default: what the campaign needs, at least 1); "
+                   help="recoveries a run acts on, in process or relaunched (default: what the campaign needs, at "
+                        "least 1); "
                         "later decisions are recorded only")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds one run may take (default 900)")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port while running")
