@@ -187,6 +187,16 @@ def test_certified_checkpoints_resume_bit_for_bit(env, tmp_path):
         assert after["first"] == saved
 
 
+def test_the_protect_example_resumes_from_the_trusted_checkpoint(env, tmp_path):
+    """examples/protect/protect_torchtitan.py as a user calls it: a run, then a restart on the
+    same folders that resumes from the newest verified checkpoint; every check agrees."""
+    first, second = spawn(w.example_run, 2, preload=torchtitan_cpu.PRELOAD, args=(str(tmp_path), (6, 9)), env=env,
+                          timeout=600)[0]
+    assert first["resumed"] is None and first["step"] == 6 and first["verified"], first
+    assert second["resumed"] == first["verified"] and second["step"] == 9, second
+    assert first["statuses"] == second["statuses"] == ["Agree"]
+
+
 def test_lmr_torchtitan_is_installed_and_lists_its_options():
     exe = shutil.which("lmr-torchtitan", path=sysconfig.get_path("scripts"))
     assert exe, "pip install . must install lmr-torchtitan"

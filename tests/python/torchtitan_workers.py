@@ -4,6 +4,7 @@ shims and assets of torchtitan_cpu), with LM Resiliency turned on by lmr-torchti
 
 import json
 import os
+import sys
 import tempfile
 
 import torch.distributed as dist
@@ -188,3 +189,27 @@ def refusals():
             out[name] = str(e)
     trainer.close()
     return out
+
+
+def example_run(dump, steps):
+    """examples/protect/protect_torchtitan.py's train as a user calls it, launched for each
+    total in `steps` on one dump folder (a restart resumes from the newest trusted checkpoint)."""
+    import json
+
+    from lm_resiliency import _core
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "protect"))
+    import protect_torchtitan
+
+    runs = []
+    for total in steps:
+        trainer = torchtitan_cpu.build_trainer(["--training.steps", str(total), "--dump_folder", dump,
+                                                "--checkpoint.enable"])
+        job = protect_torchtitan.train(trainer, os.path.join(dump, "certified"), check_interval=1)
+        manifest = json.loads(_core.CkptManifest.read(os.path.join(dump, "certified")).to_json())
+        runs.append({"resumed": job.resumed.step if job.resumed else None, "step": trainer.step,
+                     "statuses": sorted({r.status for r in job.harness.results}),
+                     "verified": max((c["step"] for c in manifest["checkpoints"]
+                                      if c["state"] == "RECOVERY_VERIFIED"), default=None)})
+        trainer.close()
+    return runs
