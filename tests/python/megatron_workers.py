@@ -469,6 +469,7 @@ def rollback_run(directory, steps, fault_step):
             trainer.batch = step * trainer.micro  # the data position follows the loop's step
             trainer.step()
         recoveries = [(r.decided_at, r.step, r.checkpoint) for r in job.recoveries]
+        times = [(r.seconds, r.load_seconds) for r in job.recoveries]  # each rank's own
         late = [(r.step, r.sdc_ranks) for r in job.harness.results if r.sdc_ranks]
     return {"yielded": yielded, "recoveries": recoveries, "after": after,
-            "saved": saved.get(recoveries[0][1]) if recoveries else None, "late_sdc": late}
+            "saved": saved.get(recoveries[0][1]) if recoveries else None, "late_sdc": late, "times": times}
