@@ -23,6 +23,7 @@ void registerFiles(nanobind::module_& m);
 void registerOobReport(nanobind::module_& m);
 void registerCkpt(nanobind::module_& m);
 void registerExclusion(nanobind::module_& m);
+void registerMemoryTier(nanobind::module_& m);
 void registerIntegrity(nanobind::module_& m);
 void registerMesh(nanobind::module_& m);
 void registerMoe(nanobind::module_& m);

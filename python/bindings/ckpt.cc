@@ -183,6 +183,9 @@ void bindCertifier(nb::module_& m) {
       },
       nb::arg("manifest"), nb::arg("failure"), nb::arg("at_step"), nb::arg("emergency") = "not_run",
       nb::arg("now") = 0.0, nb::arg("durable_only") = false);
+  m.def("fall_back_to_durable", &fallBackToDurable, nb::arg("manifest"), nb::arg("decision"), nb::arg("why"),
+        nb::arg("now") = 0.0,
+        "The decision answered from the durable tier when its fast-tier checkpoint could not be restored.");
   m.def(
       "emergency_verdict",
       [](const std::string& worst, const std::vector<bool>& accepted) {

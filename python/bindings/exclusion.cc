@@ -91,12 +91,13 @@ void registerExclusion(nb::module_& m) {
   m.def(
       "apply_exclusion",
       [](RecoveryDecision decision, const ExclusionDecision& exclusion, std::vector<std::int64_t> ranks,
-         const Manifest& manifest) {
+         const Manifest& manifest, bool fast_tier_survives) {
         applyExclusion(decision, exclusion, Blame{exclusion.kind, std::move(ranks), exclusion.hosts, {}, 0, 0},
-                       manifest);
+                       manifest, fast_tier_survives);
         return decision;
       },
       nb::arg("decision"), nb::arg("exclusion"), nb::arg("ranks"), nb::arg("manifest"),
+      nb::arg("fast_tier_survives") = false,
       "The RecoveryDecision that carries `exclusion` out (lmr::ckpt::applyExclusion); a new object.");
 
   m.def(

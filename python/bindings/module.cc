@@ -21,5 +21,6 @@ NB_MODULE(_core, m) {
   lmr::python::registerFiles(m);
   lmr::python::registerCkpt(m);
   lmr::python::registerExclusion(m);
+  lmr::python::registerMemoryTier(m);
   lmr::python::registerMoe(m);
 }

@@ -7,7 +7,8 @@
     threshold_s = 120
     [health]            # enabled: default on for a CUDA model
     enabled = true
-    [checkpoints]       # directory, latest_interval, latest_directory, keep_latest, self_healing, exit_code
+    [checkpoints]       # directory, latest_interval, latest_directory, keep_latest, latest_tier, self_healing,
+                        # exit_code
     directory = "/shared/run/checkpoints"
     [recovery]          # the recovery policy (docs/recovery.md)
     sdc_exclude_after = 2
@@ -36,7 +37,7 @@ SCHEMA_VERSION = 1
 # objects are arguments only), and these checkpoint settings.
 _REPLAY_OBJECTS = {"on_result", "alltoall_policy", "fabric_source", "hang_detection"}
 _CHECKPOINT_KEYS = {"directory": str, "latest_interval": int, "latest_directory": str, "keep_latest": int,
-                    "self_healing": bool, "exit_code": int}
+                    "latest_tier": str, "self_healing": bool, "exit_code": int}
 _TABLES = ("replay", "hangs", "health", "checkpoints", "recovery")
 
 

@@ -193,6 +193,9 @@ class ProtectedJob:
         rank = dist.get_rank() if _distributed() else 0
         log.error("%s (ranks %s) at step %s: the job is stuck; leaving for a relaunch from the trust manifest "
                   "(exit status %d)", report.kind, list(report.ranks), report.step, config.exit_code)
+        from lm_resiliency.checkpoint.memory import flush_before_leaving
+
+        flush_before_leaving()  # the in-memory tier's slots, for the relaunch on this node
         if rank != config.writer_rank:
             time.sleep(_HANG_EXIT_GRACE_S)
         for handler in logging.getLogger().handlers:
@@ -285,6 +288,12 @@ class ProtectedJob:
         if self.health is not None:
             self.health.stop()
             self.health = None
+        latest = self.checkpoints.latest if self.checkpoints is not None else None
+        if latest is not None:
+            try:
+                latest.close()
+            except Exception as e:  # noqa: BLE001 - closing goes on
+                log.warning("closing the fast tier failed: %s", describe(e))
         if _protected_job(self.model) is None:
             _protected.pop(_model_key(self.model), None)
 
@@ -300,7 +309,7 @@ def protect(model: Any, optimizer: Any = None, *, checkpoint_dir: Union[str, os.
             replay: Any = None, integrity: Optional[bool] = None, hangs: Any = None, health: Any = None,
             checkpoints: Any = None, campaign: Any = None, hooks: Optional[OrchestrationHooks] = None,
             self_healing: Optional[bool] = None, latest_interval: Optional[int] = None,
-            latest_directory: Optional[str] = None, extra_state: Sequence[Any] = (),
+            latest_directory: Optional[str] = None, latest_tier: Optional[str] = None, extra_state: Sequence[Any] = (),
             executors: Sequence[Any] = ()) -> ProtectedJob:
     """Turns on the protection for `model` and `optimizer` (collective on every rank, after the
     process group and the model are built, before training) and resumes from the trust
@@ -316,7 +325,9 @@ def protect(model: Any, optimizer: Any = None, *, checkpoint_dir: Union[str, os.
       self-healing); default: the framework's back end under `checkpoint_dir`
       (``durable_checkpoints``) with `scheduler`, `data_state`, `self_healing` (default on), the
       recovery policy and `latest_interval` (fast-tier snapshots every N steps in
-      `latest_directory`, default a per-job folder in /dev/shm under torchrun; 0, the default: none).
+      `latest_directory`, default a per-job folder in /dev/shm under torchrun; 0, the default: none);
+      `latest_tier` "memory" keeps them in host memory, replicated to a rank of another node
+      (MemoryTier, docs/checkpoints.md), "files" (the default) as a file per rank.
     - `hangs`: a HangDetectionConfig, or False; default on in a distributed job.
     - `health`: HealthSources, or False; default NVML for this rank's GPU on CUDA.
     - `campaign`: a fault-injection campaign (the kit's manifest) to run, for evaluation, with
@@ -341,7 +352,8 @@ def protect(model: Any, optimizer: Any = None, *, checkpoint_dir: Union[str, os.
         harness = policy_file.replay_config(settings, replay, integrity)
         build, options = policy_file.checkpoint_options(
             settings, checkpoints, directory=os.fspath(checkpoint_dir) if checkpoint_dir is not None else None,
-            latest_interval=latest_interval, latest_directory=latest_directory, self_healing=self_healing)
+            latest_interval=latest_interval, latest_directory=latest_directory, latest_tier=latest_tier,
+            self_healing=self_healing)
         config = checkpoints if checkpoints is not None else None
         if harness is None and (build or config not in (None, False)):
             raise InvalidArgumentError("certified checkpoints need replay checks: pass checkpoints=False with "

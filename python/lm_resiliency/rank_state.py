@@ -140,11 +140,13 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Restores what :func:`rng_state` returned (the CUDA state onto the current device)."""
-    torch.set_rng_state(state["cpu"])
+    """Restores what :func:`rng_state` returned (the CUDA state onto the current device). The
+    states are copied first: torch reads a generator state from the start of its storage, so a
+    view into a larger buffer (the in-memory tier's slot) must not reach it as it is."""
+    torch.set_rng_state(state["cpu"].clone())
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"], torch.cuda.current_device())
+        torch.cuda.set_rng_state(state["cuda"].clone(), torch.cuda.current_device())
 
 
 def _check_data_state(data_state: Optional[DataState]) -> None:

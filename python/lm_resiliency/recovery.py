@@ -85,6 +85,9 @@ def leave_for_restart(decision: Any, exit_code: int) -> None:
                   decision.reason)
         return
     log.warning("leaving for a self-healing restart from %s (exit status %d)", decision.checkpoint_id, exit_code)
+    from lm_resiliency.checkpoint.memory import flush_before_leaving
+
+    flush_before_leaving()  # the in-memory tier's slots, for the relaunch on this node
     raise SystemExit(exit_code)
 
 
@@ -153,6 +156,35 @@ def resume(config: DurableCheckpointConfig, model: Any, optimizer: Any) -> Optio
             dist.destroy_process_group(group)
 
 
+def _load_checked(config: DurableCheckpointConfig, checkpoint: Any, topology: str, world: int, group: Any) -> float:
+    """`checkpoint` loaded on every rank once this job may load it (its topology; a fast-tier
+    snapshot needs the fast tier): InvalidArgumentError or LmrIOError on every rank otherwise."""
+    if _core.require_topology(checkpoint, topology, config.reshards):
+        log.warning("%s was saved on another layout (world size or mesh): it loads resharded on %d ranks",
+                    checkpoint.id, world)
+    if checkpoint.tier == _core.TIER_LATEST and config.latest is None:
+        raise InvalidArgumentError(f"{checkpoint.id} is a fast-tier snapshot but the config has no latest tier")
+    return _load(config, checkpoint, group)
+
+
+def _load(config: DurableCheckpointConfig, checkpoint: Any, group: Any) -> float:
+    """Loads `checkpoint` on every rank; LmrIOError on every rank (naming the ranks) when any
+    rank failed. Returns the seconds the load took."""
+    start, error = time.perf_counter(), ""
+    try:
+        with checkpoint_io():
+            if checkpoint.tier == _core.TIER_LATEST:
+                config.latest.load(checkpoint.step)
+            else:
+                config.load_checkpoint(checkpoint.location)
+    except Exception as e:  # noqa: BLE001 - raised on every rank below, none waits alone
+        error = f"{type(e).__name__}: {e}"
+    seconds = time.perf_counter() - start
+    raise_everywhere(error, LmrIOError, f"loading {checkpoint.id} ({checkpoint.location or 'fast tier'}) failed",
+                     group, name_ranks=True)
+    return seconds
+
+
 def _resume(config: DurableCheckpointConfig, model: Any, optimizer: Any, distributed: bool,
             group: Any) -> Optional[Resumed]:
     manifest = read_manifest(config, group)
@@ -171,24 +203,21 @@ def _resume(config: DurableCheckpointConfig, model: Any, optimizer: Any, distrib
     if not decision.available:
         return None
     checkpoint = manifest.find(decision.checkpoint_id)
-    resharded = _core.require_topology(checkpoint, topology, config.reshards)
-    if resharded:
-        log.warning("%s was saved on another layout (world size or mesh): it loads resharded on %d ranks",
-                    checkpoint.id, world)
-    if checkpoint.tier == _core.TIER_LATEST and config.latest is None:
-        raise InvalidArgumentError(f"{checkpoint.id} is a fast-tier snapshot but the config has no latest tier")
-    start, error = time.perf_counter(), ""
     try:
-        with checkpoint_io():
-            if checkpoint.tier == _core.TIER_LATEST:
-                config.latest.load(checkpoint.step)
-            else:
-                config.load_checkpoint(checkpoint.location)
-    except Exception as e:  # noqa: BLE001 - raised on every rank below, none waits alone
-        error = f"{type(e).__name__}: {e}"
-    seconds = time.perf_counter() - start
-    raise_everywhere(error, LmrIOError, f"loading {checkpoint.id} ({checkpoint.location or 'fast tier'}) failed",
-                     group if distributed else None, name_ranks=True)
+        seconds = _load_checked(config, checkpoint, topology, world, group if distributed else None)
+    except (LmrIOError, InvalidArgumentError) as e:
+        if checkpoint.tier != _core.TIER_LATEST or config.latest is None:
+            raise
+        # The fast tier cannot give it back (no copy of an excluded node's in-memory snapshot is
+        # left, or the world changed under it): lmr::ckpt answers the same failure from the
+        # durable tier, and the decision says why.
+        decision = _core.fall_back_to_durable(manifest, decision, str(e), time.time())
+        log.warning("%s", decision.reason)
+        if not decision.available:
+            raise
+        checkpoint = manifest.find(decision.checkpoint_id)
+        manifest.set_decision(decision)
+        seconds = _load_checked(config, checkpoint, topology, world, group if distributed else None)
     if manifest.decision is None or manifest.decision.checkpoint_id != decision.checkpoint_id:
         manifest.set_decision(decision)
     abandoned = _core.apply_recovery(manifest, checkpoint.id)

@@ -393,11 +393,12 @@ ExclusionDecision decideExclusion(const RecoveryPolicy& policy, ExclusionLedger&
 }
 
 void applyExclusion(RecoveryDecision& decision, const ExclusionDecision& exclusion, const Blame& blame,
-                    const Manifest& manifest) {
+                    const Manifest& manifest, bool fast_tier_survives) {
   if (exclusion.action == Action::kWarn) return;
   Action action = exclusion.action;
   std::string reason = exclusion.reason;
-  if (action == Action::kExcludeAndRollback && decision.available && decision.tier == name(Tier::kLatest)) {
+  if (action == Action::kExcludeAndRollback && decision.available && decision.tier == name(Tier::kLatest) &&
+      !fast_tier_survives) {
     RecoveryDecision durable = selectRecovery(manifest, parseFailure(decision.failure), decision.decided_at,
                                               EmergencyReplay::kNotRun, decision.decided_time, true);
     if (durable.available) {

@@ -123,6 +123,19 @@ RecoveryDecision selectRecovery(const Manifest& m, Failure failure, std::int64_t
   return d;
 }
 
+RecoveryDecision fallBackToDurable(const Manifest& manifest, const RecoveryDecision& decision, std::string_view why,
+                                   double now) {
+  const Failure failure = decision.failure.empty() ? Failure::kUncertain : parseFailure(decision.failure);
+  RecoveryDecision d = selectRecovery(manifest, failure, decision.decided_at, EmergencyReplay::kNotRun, now, true);
+  d.reason = decision.reason + "; " + decision.checkpoint_id + " could not be restored (" + std::string(why) + "): " +
+             (d.available ? "the durable tier's " + d.checkpoint_id + " instead" : "no durable checkpoint either");
+  d.restart = decision.restart;
+  d.action = decision.action;
+  d.blamed_ranks = decision.blamed_ranks;
+  d.blamed_hosts = decision.blamed_hosts;
+  return d;
+}
+
 std::optional<ResumePlan> planResume(Manifest& m, const std::string& job_topology, double now) {
   const RecoveryDecision* pending = m.decision ? &*m.decision : nullptr;
   if (pending && pending->status == "pending" && pending->action == "escalate")

@@ -121,7 +121,7 @@ def _check_exclusion(directory, agents, world_after, nodes_after, latency, rollb
 
 
 @pytest.mark.long_by_design("its setup runs the module's three torchrun jobs at once (10 processes), "
-                             "about 50 s alone and up to 80 s in the suite; to split when qualify is on protect()")
+                             "about 50 s alone and up to 80 s in the suite")
 def test_a_fatal_health_event_takes_its_node_out_and_the_job_resumes_resharded(runs):
     # node-b's device reports uncorrectable ECC errors at step 9 (a scripted source standing in
     # for NVML): a fatal event, excluded at once, no rollback first. FSDP2 over 3 ranks, then

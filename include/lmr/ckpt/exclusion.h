@@ -139,9 +139,11 @@ bool readmit(ExclusionLedger& ledger, std::string_view host);
 // extended; an escalation does not send the ranks to a relaunch (restart false: the job stops),
 // an exclusion always does (a straggler's or a health event's too: the node leaves with its ranks).
 // An exclusion resumes on other nodes, so a fast-tier checkpoint (node-local files) gives way to
-// the newest durable one `manifest` holds for the same failure; with none, it escalates.
+// the newest durable one `manifest` holds for the same failure; with none, it escalates; unless
+// `fast_tier_survives`: the fast tier keeps a replica of every excluded rank's snapshot on a node
+// that stays (the in-memory tier, memory_tier.h), so the decision keeps it.
 // A warning changes nothing.
 void applyExclusion(RecoveryDecision& decision, const ExclusionDecision& exclusion, const Blame& blame,
-                    const Manifest& manifest);
+                    const Manifest& manifest, bool fast_tier_survives = false);
 
 }  // namespace lmr::ckpt

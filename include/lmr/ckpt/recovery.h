@@ -42,6 +42,12 @@ RecoveryDecision selectRecovery(const Manifest& manifest, Failure failure, std::
                                 EmergencyReplay emergency = EmergencyReplay::kNotRun, double now = 0.0,
                                 bool durable_only = false);
 
+// The decision's fast-tier checkpoint could not be restored (`why`: say, no copy of some rank's
+// in-memory snapshot is left): the same failure answered from the durable tier alone, keeping the
+// decision's action, blame and restart; its reason says what happened to the first choice.
+RecoveryDecision fallBackToDurable(const Manifest& manifest, const RecoveryDecision& decision, std::string_view why,
+                                   double now = 0.0);
+
 // What a job starting up resumes from: the manifest's pending decision while its checkpoint is
 // still listed; otherwise, when the manifest lists checkpoints, the decision for an uncertain
 // failure (a crash or a stop nobody diagnosed) at the newest one's step, taken under

@@ -19,7 +19,7 @@ _CONFIG_FIELDS = {f.name for f in dataclasses.fields(DurableCheckpointConfig)} -
 
 def durable_checkpoints(model: Any, optimizer: Any, directory: str, *, scheduler: Any = None, data_state: Any = None,
                         latest_interval: int = 0, latest_directory: Optional[str] = None, keep_latest: int = 2,
-                        **options: Any) -> DurableCheckpointConfig:
+                        latest_tier: str = "files", **options: Any) -> DurableCheckpointConfig:
     """A DurableCheckpointConfig whose checkpoints (and trust manifest) live under `directory`,
     written by the back end of the framework that `model` and `optimizer` belong to (as
     ``select_adapter`` finds it): DCP directories for plain PyTorch, DDP, FSDP2 and HSDP
@@ -46,4 +46,4 @@ def durable_checkpoints(model: Any, optimizer: Any, directory: str, *, scheduler
     return DurableCheckpointConfig.with_backend(backend, directory, model, optimizer, scheduler=scheduler,
                                                 data_state=data_state, latest_interval=latest_interval,
                                                 latest_directory=latest_directory, keep_latest=keep_latest,
-                                                **config_options)
+                                                latest_tier=latest_tier, **config_options)

@@ -240,6 +240,7 @@ class CheckpointCertifier:
                 durable_ok = False
                 errors.append(f"save_candidate: {describe(e)}")
         if latest_due:
+            self._pin_certified()
             try:
                 with checkpoint_io():
                     self.config.latest.save(step, at_boundary=True)
@@ -255,12 +256,27 @@ class CheckpointCertifier:
         elif capture.durable and durable_ok:
             self._record_durable(step, capture.state, capture.reason)
         if latest_due and latest_ok:
-            self._core.captured(_core.CkptCheckpoint(f"latest-{step}", step, _core.TIER_LATEST, _core.TRUST_LATEST,
+            # Certified like the durable capture of the same boundary: at a completed cycle a
+            # CANDIDATE that the next cycle promotes; otherwise LATEST (usable, not verified).
+            state = capture.state if capture.durable else _core.TRUST_LATEST
+            self._core.captured(_core.CkptCheckpoint(f"latest-{step}", step, _core.TIER_LATEST, state,
                                                      "", self.topology, capture.reason))
             self._forget_removed_snapshots()
         if (capture.durable and not durable_ok) or (latest_due and not latest_ok):
             log.warning("checkpoint capture at step %d failed on some rank; nothing was recorded for it%s", step,
                         (": " + "; ".join(errors)) if errors else "")
+
+    def _pin_certified(self) -> None:
+        """A fast tier that can (``pin``) keeps, beyond its newest snapshots, the newest
+        RECOVERY_VERIFIED and CANDIDATE ones: what an SDC rollback goes back to."""
+        pin = getattr(self.config.latest, "pin", None)
+        if pin is None:
+            return
+        keep = set()
+        for state in (_core.TRUST_RECOVERY_VERIFIED, _core.TRUST_CANDIDATE):
+            steps = [c.step for c in self._core.manifest.checkpoints if c.tier == _core.TIER_LATEST and c.state == state]
+            keep.update(steps[-1:])
+        pin(sorted(keep))
 
     def _finish_pending_save(self) -> None:
         """Waits for an asynchronous save_candidate (normally long done) and records it when

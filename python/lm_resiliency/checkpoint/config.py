@@ -106,7 +106,7 @@ class DurableCheckpointConfig:
     @classmethod
     def for_dcp(cls, model: Any, optimizer: Any, directory: str, *, scheduler: Any = None, data_state: Any = None,
                 latest_interval: int = 0, latest_directory: Optional[str] = None, keep_latest: int = 2,
-                async_save: bool = True, **options: Any) -> "DurableCheckpointConfig":
+                latest_tier: str = "files", async_save: bool = True, **options: Any) -> "DurableCheckpointConfig":
         """Plain PyTorch's back end (plain, DDP, FSDP2, HSDP): durable checkpoints through
         torch.distributed.checkpoint under `directory` (`async_save`: DCP's async save, so
         the boundary waits only for the state to be staged), and (latest_interval > 0)
@@ -118,20 +118,30 @@ class DurableCheckpointConfig:
         backend = DCPCheckpointer(model, optimizer, scheduler=scheduler, data_state=data_state, async_save=async_save)
         return cls.with_backend(backend, directory, model, optimizer, scheduler=scheduler, data_state=data_state,
                                 latest_interval=latest_interval, latest_directory=latest_directory,
-                                keep_latest=keep_latest, **options)
+                                keep_latest=keep_latest, latest_tier=latest_tier, **options)
 
     @classmethod
     def with_backend(cls, backend: Any, directory: str, model: Any, optimizer: Any, *, scheduler: Any = None,
                      data_state: Any = None, latest_interval: int = 0, latest_directory: Optional[str] = None,
-                     keep_latest: int = 2, **options: Any) -> "DurableCheckpointConfig":
+                     keep_latest: int = 2, latest_tier: str = "files", **options: Any) -> "DurableCheckpointConfig":
         """A config over `backend` (an object whose ``callbacks()`` gives the callbacks, as
-        each framework adapter's ``checkpointer()`` returns), with a node-local fast tier of
-        `model` and `optimizer` when latest_interval > 0 (unless `options` gives ``latest``).
+        each framework adapter's ``checkpointer()`` returns), with a fast tier of `model` and
+        `optimizer` when latest_interval > 0 (unless `options` gives ``latest``): `latest_tier`
+        "files" (LocalSnapshotTier: a file per rank in `latest_directory`, tmpfs by default) or
+        "memory" (MemoryTier: host memory replicated to a rank of another node, flushed to
+        `latest_directory` before the process leaves), `keep_latest` snapshots each.
         `options`: the other fields; a callback given there replaces the back end's."""
         from lm_resiliency.checkpoint.latest import LocalSnapshotTier
 
         latest = options.pop("latest", None)
-        if latest is None and latest_interval:
+        if latest_tier not in ("files", "memory"):
+            raise InvalidArgumentError(f"latest_tier must be \"files\" or \"memory\", got {latest_tier!r}")
+        if latest is None and latest_interval and latest_tier == "memory":
+            from lm_resiliency.checkpoint.memory import MemoryTier
+
+            latest = MemoryTier(model, optimizer, scheduler=scheduler, data_state=data_state, slots=keep_latest,
+                                flush_directory=latest_directory)
+        elif latest is None and latest_interval:
             latest = LocalSnapshotTier(model, optimizer, scheduler=scheduler, data_state=data_state,
                                        directory=latest_directory, keep=keep_latest)
         options.setdefault("reshards", bool(getattr(backend, "reshards", False)))

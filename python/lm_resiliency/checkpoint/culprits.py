@@ -81,8 +81,11 @@ class Culprits:
         if judged is None:
             return decision
         exclusion, ranks = judged
+        leaving = [r for r, host in enumerate(self.nodes) if host in set(exclusion.exclude)]
+        survives = getattr(self.config.latest, "survives", None)
         try:
-            return _core.apply_exclusion(decision, exclusion, ranks, manifest)
+            return _core.apply_exclusion(decision, exclusion, ranks, manifest,
+                                         bool(survives is not None and leaving and survives(leaving)))
         except Exception as e:  # noqa: BLE001 - the recovery goes on without the exclusion decision
             log.warning("the exclusion decision at step %d could not be applied: %s", step, describe(e))
             return decision

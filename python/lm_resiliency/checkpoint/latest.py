@@ -33,7 +33,7 @@ from lm_resiliency.frameworks.pytorch import PyTorchAdapter
 from lm_resiliency.rank_state import (DataState, Stateful, advance_scheduler, atomic_save, data_getter, data_setter,
                                       fsync_directory, load_file, rank_and_world, rng_state, set_rng_state)
 
-__all__ = ["LatestTier", "LocalSnapshotTier", "atomic_save", "data_getter", "data_setter", "default_directory",
+__all__ = ["LatestTier", "LocalSnapshotTier", "RankState", "atomic_save", "data_getter", "data_setter", "default_directory",
            "fsync_directory", "rng_state", "set_rng_state"]
 
 FORMAT = 1
@@ -62,6 +62,12 @@ class LatestTier(abc.ABC):
     @abc.abstractmethod
     def remove(self, step: int) -> None:
         """Drops snapshot `step` (after any rank removed its part it is no longer complete)."""
+
+    # Whether load() is a collective (every rank calls it at once, as resume() does).
+    collective_load = False
+
+    def close(self) -> None:
+        """Releases what the tier runs in the background (nothing, unless it says so)."""
 
 
 def default_directory(job: Optional[str] = None) -> str:
@@ -96,27 +102,102 @@ def _node_ranks(rank: int, world: int) -> list[int]:
 
 # --- the built-in tier -----------------------------------------------------------------------
 
-class LocalSnapshotTier(LatestTier):
-    """Each rank ``torch.save``s what it holds (its shard, for sharded models) to
-    ``<directory>/step-00000012/rank-<r>.pt``: model and optimizer (get_state_dict with
+class RankState:
+    """What a fast-tier snapshot holds of one rank: model and optimizer (get_state_dict with
     ``full_state_dict=False``, each tensor as this rank's local part), the scheduler, the data
-    position, the RNG and the step. ``keep`` newest complete snapshots are kept: after a save
-    a rank removes its own files of older steps. `ranks`: the ranks whose files make a
-    snapshot complete in this directory (default: this node's)."""
+    position, the RNG and the step. ``capture()`` takes it, ``restore()`` puts it back in place
+    (sharded tensors keep their layout). Plain PyTorch, DDP, FSDP2, HSDP."""
+
+    def __init__(self, tier: str, model: nn.Module, optimizer: Stateful, scheduler: Optional[Stateful] = None,
+                 data_state: Optional[DataState] = None) -> None:
+        if not PyTorchAdapter.matches(model, optimizer):
+            raise InvalidArgumentError(
+                f"{tier} snapshots a torch module with a torch.optim optimizer (plain, DDP, FSDP2, HSDP), "
+                f"got {type(model).__name__} with {type(optimizer).__name__}: a framework engine or trainer keeps "
+                "its own checkpoints (DurableCheckpointConfig.for_job)")
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self._get_data, self._set_data = data_getter(data_state), data_setter(data_state)
+        self._adapter = PyTorchAdapter(model, optimizer)
+
+    def _local(self, obj: Any) -> Any:
+        """`obj` with every tensor replaced by this rank's part of it."""
+        if isinstance(obj, torch.Tensor):
+            return self._adapter.local(obj).detach()
+        if isinstance(obj, dict):
+            return {k: self._local(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(self._local(v) for v in obj)
+        return obj
+
+    def _put(self, current: Any, saved: Any, where: str) -> Any:
+        """Copies the saved local parts into the tensors of `current` (in place, so sharded
+        tensors keep their layout); other values are taken from `saved`."""
+        if isinstance(current, torch.Tensor):
+            if not isinstance(saved, torch.Tensor):
+                raise InvalidArgumentError(f"{where}: the snapshot holds {type(saved).__name__}, not a tensor")
+            local = self._adapter.local(current)
+            if local.shape != saved.shape or local.dtype != saved.dtype:
+                raise InvalidArgumentError(f"{where}: the snapshot holds {tuple(saved.shape)} {saved.dtype}, this rank "
+                                           f"{tuple(local.shape)} {local.dtype} (saved under another layout?)")
+            with torch.no_grad():
+                local.copy_(saved)
+            return current
+        if isinstance(current, dict) and isinstance(saved, dict):
+            return {k: self._put(current.get(k), v, f"{where}.{k}") for k, v in saved.items()}
+        if isinstance(current, (list, tuple)) and isinstance(saved, (list, tuple)) and len(current) == len(saved):
+            return type(saved)(self._put(c, s, f"{where}[{i}]") for i, (c, s) in enumerate(zip(current, saved)))
+        return saved
+
+    def capture(self, step: int, at_boundary: bool = False) -> dict[str, Any]:
+        """This rank's state after `step` optimizer steps (its tensors are the live ones or
+        views of them: copy them before the next update)."""
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer,
+                                            options=StateDictOptions(full_state_dict=False))
+        rank, world = rank_and_world()
+        return {"format": FORMAT, "step": int(step), "rank": rank, "world_size": world,
+                "model": self._local(model_sd), "optimizer": self._local(optim_sd),
+                "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+                "data": self._get_data(), "rng": rng_state(), "at_boundary": bool(at_boundary)}
+
+    def restore(self, snap: Any, step: int, where: str) -> None:
+        """Puts snapshot `snap` of `step` back; InvalidArgumentError naming `where` when it is
+        not a snapshot of this rank at this step, or not of this layout."""
+        rank, world = rank_and_world()
+        if not isinstance(snap, dict) or snap.get("format") != FORMAT:
+            raise InvalidArgumentError(f"{where} is not a fast-tier snapshot (format {FORMAT})")
+        if (snap["rank"], snap["world_size"], snap["step"]) != (rank, world, int(step)):
+            raise InvalidArgumentError(f"{where} holds rank {snap['rank']} of {snap['world_size']} at step "
+                                       f"{snap['step']}, not rank {rank} of {world} at step {step}")
+        if (snap["scheduler"] is None) != (self.scheduler is None):
+            raise InvalidArgumentError(f"{where}: saved {'without' if snap['scheduler'] is None else 'with'} a "
+                                       "scheduler, loaded " + ("with one" if self.scheduler is not None else "without"))
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer,
+                                            options=StateDictOptions(full_state_dict=False))
+        model_sd = self._put(model_sd, snap["model"], f"{where}: model")
+        optim_sd = self._put(optim_sd, snap["optimizer"], f"{where}: optimizer")
+        set_state_dict(self.model, self.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd,
+                       options=StateDictOptions(full_state_dict=False))
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(snap["scheduler"])
+            if snap.get("at_boundary"):
+                advance_scheduler(self.scheduler)
+        self._set_data(snap["data"])
+        set_rng_state(snap["rng"])  # last: nothing above may draw from it
+
+
+class LocalSnapshotTier(LatestTier):
+    """Each rank ``torch.save``s what it holds (:class:`RankState`: its shard, for sharded
+    models) to ``<directory>/step-00000012/rank-<r>.pt``. ``keep`` newest complete snapshots
+    are kept: after a save a rank removes its own files of older steps. `ranks`: the ranks
+    whose files make a snapshot complete in this directory (default: this node's)."""
 
     def __init__(self, model: nn.Module, optimizer: Stateful, scheduler: Optional[Stateful] = None,
                  data_state: Optional[DataState] = None, directory: Optional[str] = None, keep: int = 2,
                  job: Optional[str] = None, ranks: Optional[Sequence[int]] = None) -> None:
         if keep < 1:
             raise InvalidArgumentError(f"keep must be >= 1, got {keep}")
+        self.state = RankState("LocalSnapshotTier", model, optimizer, scheduler, data_state)
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
-        self._get_data, self._set_data = data_getter(data_state), data_setter(data_state)
-        if not PyTorchAdapter.matches(model, optimizer):
-            raise InvalidArgumentError(
-                f"LocalSnapshotTier snapshots a torch module with a torch.optim optimizer (plain, DDP, FSDP2, HSDP), "
-                f"got {type(model).__name__} with {type(optimizer).__name__}: a framework engine or trainer keeps "
-                "its own checkpoints (DurableCheckpointConfig.for_job)")
-        self._adapter = PyTorchAdapter(model, optimizer)
         self.directory = os.path.abspath(directory if directory is not None else default_directory(job))
         self.keep = keep
         self._ranks = sorted(set(ranks)) if ranks is not None else None
@@ -141,42 +222,8 @@ class LocalSnapshotTier(LatestTier):
             folder = legacy
         return os.path.join(folder, f"rank-{self.rank if rank is None else rank}.pt")
 
-    def _local(self, obj: Any) -> Any:
-        """`obj` with every tensor replaced by this rank's part of it."""
-        if isinstance(obj, torch.Tensor):
-            return self._adapter.local(obj).detach()
-        if isinstance(obj, dict):
-            return {k: self._local(v) for k, v in obj.items()}
-        if isinstance(obj, (list, tuple)):
-            return type(obj)(self._local(v) for v in obj)
-        return obj
-
-    def _restore(self, current: Any, saved: Any, where: str) -> Any:
-        """Copies the saved local parts into the tensors of `current` (in place, so sharded
-        tensors keep their layout); other values are taken from `saved`."""
-        if isinstance(current, torch.Tensor):
-            if not isinstance(saved, torch.Tensor):
-                raise InvalidArgumentError(f"{where}: the snapshot holds {type(saved).__name__}, not a tensor")
-            local = self._adapter.local(current)
-            if local.shape != saved.shape or local.dtype != saved.dtype:
-                raise InvalidArgumentError(f"{where}: the snapshot holds {tuple(saved.shape)} {saved.dtype}, this rank "
-                                           f"{tuple(local.shape)} {local.dtype} (saved under another layout?)")
-            with torch.no_grad():
-                local.copy_(saved)
-            return current
-        if isinstance(current, dict) and isinstance(saved, dict):
-            return {k: self._restore(current.get(k), v, f"{where}.{k}") for k, v in saved.items()}
-        if isinstance(current, (list, tuple)) and isinstance(saved, (list, tuple)) and len(current) == len(saved):
-            return type(saved)(self._restore(c, s, f"{where}[{i}]") for i, (c, s) in enumerate(zip(current, saved)))
-        return saved
-
     def save(self, step: int, at_boundary: bool = False) -> None:
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer,
-                                            options=StateDictOptions(full_state_dict=False))
-        snapshot = {"format": FORMAT, "step": int(step), "rank": self.rank, "world_size": self.world_size,
-                    "model": self._local(model_sd), "optimizer": self._local(optim_sd),
-                    "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
-                    "data": self._get_data(), "rng": rng_state(), "at_boundary": bool(at_boundary)}
+        snapshot = self.state.capture(step, at_boundary)
         path = self.path(step)
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -189,27 +236,7 @@ class LocalSnapshotTier(LatestTier):
         path = self.path(step)
         if not os.path.isfile(path):
             raise InvalidArgumentError(f"no snapshot of step {step} for rank {self.rank}: {path} does not exist")
-        snap = load_file(path)
-        if not isinstance(snap, dict) or snap.get("format") != FORMAT:
-            raise InvalidArgumentError(f"{path} is not a LocalSnapshotTier snapshot (format {FORMAT})")
-        if (snap["rank"], snap["world_size"], snap["step"]) != (self.rank, self.world_size, int(step)):
-            raise InvalidArgumentError(f"{path} holds rank {snap['rank']} of {snap['world_size']} at step "
-                                       f"{snap['step']}, not rank {self.rank} of {self.world_size} at step {step}")
-        if (snap["scheduler"] is None) != (self.scheduler is None):
-            raise InvalidArgumentError(f"{path}: saved {'without' if snap['scheduler'] is None else 'with'} a "
-                                       "scheduler, loaded " + ("with one" if self.scheduler is not None else "without"))
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer,
-                                            options=StateDictOptions(full_state_dict=False))
-        model_sd = self._restore(model_sd, snap["model"], f"{path}: model")
-        optim_sd = self._restore(optim_sd, snap["optimizer"], f"{path}: optimizer")
-        set_state_dict(self.model, self.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd,
-                       options=StateDictOptions(full_state_dict=False))
-        if self.scheduler is not None:
-            self.scheduler.load_state_dict(snap["scheduler"])
-            if snap.get("at_boundary"):
-                advance_scheduler(self.scheduler)
-        self._set_data(snap["data"])
-        set_rng_state(snap["rng"])  # last: nothing above may draw from it
+        self.state.restore(load_file(path), step, path)
 
     def _saved_steps(self) -> dict[int, str]:
         try:

@@ -252,6 +252,12 @@ TEST(Exclusion, AnExclusionResumesFromTheDurableTier) {
   EXPECT_TRUE(d.restart);
   EXPECT_EQ(d.decided_time, 5.0);
   EXPECT_EQ(d.blamed_hosts, std::vector<std::string>{"node-b"});
+  // The in-memory tier keeps the excluded node's snapshots on other nodes: the fast tier stays.
+  RecoveryDecision replicated = selectRecovery(m, Failure::kSdc, 12, EmergencyReplay::kNotRun, 5.0);
+  applyExclusion(replicated, e, b, m, true);
+  EXPECT_EQ(replicated.action, "exclude_and_rollback");
+  EXPECT_EQ(replicated.checkpoint_id, "latest-9");
+  EXPECT_TRUE(replicated.restart);
   m.checkpoints.erase(m.checkpoints.begin());
   RecoveryDecision only_latest = selectRecovery(m, Failure::kSdc, 12);
   applyExclusion(only_latest, e, b, m);

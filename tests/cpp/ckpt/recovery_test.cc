@@ -38,6 +38,31 @@ TEST(Recovery, SelectionFollowsTheFailure) {
   }
 }
 
+TEST(Recovery, AFastTierCheckpointThatCannotBeRestoredFallsBackToTheDurableTier) {
+  Manifest m = manifest();
+  m.checkpoints[2].state = TrustState::kRecoveryVerified;  // latest-9: what a straggler rollback picks
+  RecoveryDecision first = selectRecovery(m, Failure::kStraggler, 12, EmergencyReplay::kNotRun, 5.0);
+  first.action = "exclude_and_rollback";
+  first.blamed_hosts = {"node-b"};
+  first.restart = true;
+  ASSERT_EQ(first.checkpoint_id, "latest-9");
+  const RecoveryDecision d = fallBackToDurable(m, first, "no rank holds the snapshot of rank(s) 3", 6.0);
+  EXPECT_EQ(d.checkpoint_id, "durable-8");  // the newest usable durable one for a straggler
+  EXPECT_EQ(d.tier, "durable");
+  EXPECT_EQ(d.action, "exclude_and_rollback");
+  EXPECT_EQ(d.blamed_hosts, first.blamed_hosts);
+  EXPECT_TRUE(d.restart);
+  EXPECT_EQ(d.decided_at, 12);
+  EXPECT_NE(d.reason.find("latest-9 could not be restored (no rank holds the snapshot of rank(s) 3): the durable "
+                          "tier's durable-8 instead"),
+            std::string::npos)
+      << d.reason;
+  m.checkpoints.resize(2);
+  m.checkpoints[0].state = TrustState::kRejected;
+  m.checkpoints[1].state = TrustState::kRejected;
+  EXPECT_FALSE(fallBackToDurable(m, first, "gone").available);
+}
+
 TEST(Recovery, TaintedStateNeverResumesFromUnverified) {
   Manifest m = manifest();
   m.tainted_since = 9;
