@@ -130,7 +130,7 @@ def body(args, root):
     local = {k: v for k, v in zip(("model", "optimizer"), get_state_dict(model, opt))}
 
     def plain_local_save():
-        torch.save(tier._local(local), os.path.join(args.fast_root, f"plain-{rank}-{next(n)}.pt"))
+        torch.save(tier.state._local(local), os.path.join(args.fast_root, f"plain-{rank}-{next(n)}.pt"))
 
     rows["plain torch.save, local state"] = _timed(plain_local_save, args.repeats, barrier=False,
                                                    cleanup=lambda: [os.remove(os.path.join(args.fast_root, f))

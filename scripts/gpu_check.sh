@@ -10,7 +10,8 @@
 # LMR_GPU_BENCH=0 skips the benchmarks. LMR_GPU_SUITE=health builds, then runs only the
 # hardware-health checks (probe, a one-minute monitor, the poll benchmark); LMR_GPU_SUITE=moe
 # builds, then runs only the MoE tests (CUDA ranks sharing the GPU, and the CPU worlds on the
-# machine's cores) and the MoE replay benchmark.
+# machine's cores) and the MoE replay benchmark; LMR_GPU_SUITE=memory builds, then runs only the
+# in-memory checkpoint tier's tests and benchmark.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-$PWD/gpu-results}
@@ -70,6 +71,18 @@ if [ "${LMR_GPU_SUITE:-all}" = moe ]; then
       --experts 8 --expert-hidden 1536 --vocab 8192 --seq 256 --batch 8 --rounds 3 --steps 10 --cadences 10,1
     run moe_bench_1rank.txt python3 bench/moe_overhead.py --device cuda --ranks 1 --ep 1 --dim 1024 --layers 8 \
       --experts 8 --expert-hidden 2816 --vocab 32000 --seq 1024 --batch 8 --rounds 3 --steps 10 --cadences 10,1
+  fi
+  exit $status
+fi
+if [ "${LMR_GPU_SUITE:-all}" = memory ]; then  # the in-memory checkpoint tier (GEMINI)
+  run pytest_memory.log python3 -m pytest -q -p no:cacheprovider tests/python/test_memory_tier.py
+  if [ "${LMR_GPU_BENCH:-1}" != 0 ]; then
+    # The reference size on one rank (the capture alone: nobody to replicate to), then two ranks
+    # sharing the GPU as two nodes (a replica each way over gloo).
+    run memory_bench_1rank.txt python3 bench/memory_tier.py --device cuda --world 1 --per-node 1 --dim 2048 \
+      --layers 16 --seq 1024 --batch 8 --vocab 32000 --bf16 --rounds 4 --steps 20
+    run memory_bench_2ranks.txt python3 bench/memory_tier.py --device cuda --world 2 --per-node 1 --dim 1024 \
+      --layers 8 --seq 1024 --batch 8 --vocab 32000 --bf16 --rounds 4 --steps 20
   fi
   exit $status
 fi

@@ -47,15 +47,16 @@ def _corrupt(slot, at=100):
     slot.data[at] = slot.data[at] ^ 0xFF
 
 
-def ring_run(directory, parallel):
+def ring_run(directory, parallel, device="cpu"):
     """Captures every 2 steps; then each way back: own memory, a replica when the own copy is
     damaged, nothing left of one rank (refused on every rank, naming it), and after a flush a
     restarted process whose node lost its folder restoring from the other node's replicas."""
     rank = dist.get_rank()
-    model, opt, data, device = build(TrainConfig(parallel=parallel, steps=12, seed=0))
+    model, opt, data, device = build(TrainConfig(parallel=parallel, steps=12, seed=0, device=device))
     job = (model, opt, data, device, Position())
     tier = _tier(model, opt, job[4], directory)
-    captured, out = {}, {"rank": rank, "holder": tier.holder, "owner": tier.owner}
+    out_device = str(next(model.parameters()).device)
+    captured, out = {}, {"rank": rank, "holder": tier.holder, "owner": tier.owner, "device": out_device}
     for step in range(6):
         _train(job, step)
         if (step + 1) % 2 == 0:

@@ -95,9 +95,11 @@ def test_slots_over_the_memory_share_are_refused_with_the_sizes(tmp_path):
 
 
 @pytest.mark.distributed
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp2", "hsdp"])
-def test_every_way_back_restores_what_was_captured(parallel, tmp_path):
-    out = spawn(memory_workers.ring_run, 4, args=(str(tmp_path), parallel))
+def test_every_way_back_restores_what_was_captured(parallel, device, tmp_path):
+    out = spawn(memory_workers.ring_run, 4, args=(str(tmp_path), parallel, device))
+    assert all(o["device"].startswith(device) for o in out)
     assert [(o["holder"], o["owner"]) for o in out] == [(2, 2), (3, 3), (0, 0), (1, 1)]
     for o in out:
         assert o["own"] == [4, 6] and o["held"] == [4, 6]  # two slots each, and the owner's two replicas

@@ -114,6 +114,7 @@ class MemoryTier(LatestTier):
             flush_directory = f"{default_directory(job)}-memory-{node_id()}"
         self.flush_directory = os.path.abspath(flush_directory)
         self._pinned: set[int] = set()  # steps kept beyond the newest `slots` (certified ones)
+        self._pool: list[torch.Tensor] = []  # host buffers of evicted own slots, for the next captures
         self._own: dict[int, Slot] = {}  # step -> this rank's slot
         self._held: dict[int, Slot] = {}  # step -> the owner's replica this rank holds
         self._lock = threading.Lock()
@@ -161,7 +162,8 @@ class MemoryTier(LatestTier):
         slot, error = None, None
         if not self._budget:
             try:
-                slot = capture_slot(self.state.capture(step, at_boundary), step, rank, world, self._stream)
+                slot = capture_slot(self.state.capture(step, at_boundary), step, rank, world, self._stream,
+                                    self._buffer)
             except Exception as e:  # noqa: BLE001 - raised below, after the exchange is queued
                 error = e
         if self._budget is None:
@@ -173,6 +175,7 @@ class MemoryTier(LatestTier):
             raise InvalidArgumentError(self._budget)
         if error is not None:
             raise error
+        slot.sent = slot.sent or not self.replicated
         if slot.ready is not None:
             self._wait_at_next_update(slot.ready)
         with self._lock:
@@ -213,6 +216,15 @@ class MemoryTier(LatestTier):
 
         self._wait_hook = optimizer.register_step_pre_hook(wait)
 
+    def _buffer(self, nbytes: int, pinned: bool) -> torch.Tensor:
+        """A host buffer of `nbytes`: a pooled one of that size (the state's size does not change
+        between captures), else a new one."""
+        with self._lock:
+            for i, buffer in enumerate(self._pool):
+                if buffer.numel() == nbytes and buffer.is_pinned() == pinned:
+                    return self._pool.pop(i)
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
+
     def pin(self, steps: list[int]) -> None:
         """Keeps these steps beyond the newest `slots` (checkpoint certification pins the newest
         RECOVERY_VERIFIED and CANDIDATE snapshots, the same on every rank)."""
@@ -222,9 +234,13 @@ class MemoryTier(LatestTier):
             self._retain(self._held)
 
     def _retain(self, slots: dict[int, Slot]) -> None:
+        """Keeps the newest `slots` and the pinned steps (hold _lock). An evicted own slot's
+        buffer goes back to the pool once its replica was sent."""
         for step in sorted(slots)[:-self.slots]:
             if step not in self._pinned:
-                del slots[step]
+                slot = slots.pop(step)
+                if slots is self._own and slot.sent and len(self._pool) < 2:
+                    self._pool.append(slot.data)
 
     # --- replication --------------------------------------------------------------------
 
@@ -248,6 +264,9 @@ class MemoryTier(LatestTier):
                     self.replication_failed = f"replicating step {step}: {describe(e)}"
                     log.warning("in-memory tier: %s; no further replicas in this process", self.replication_failed)
                     continue
+                finally:
+                    if slot is not None:
+                        slot.sent = True
                 if received is not None:
                     problem = received.verify()
                     if problem:

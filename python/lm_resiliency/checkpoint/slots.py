@@ -19,7 +19,7 @@ import os
 import pickle
 import struct
 import tempfile
-from typing import Any
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -93,6 +93,7 @@ class Slot:
     data: torch.Tensor  # uint8 on the host
     digest: str  # 32 hex digits: the signature of meta
     ready: Any = None  # a CUDA event the copy into `data` completes at, or None
+    sent: bool = False  # its replica went out (or never will): its buffer may be reused once evicted
 
     @property
     def nbytes(self) -> int:
@@ -168,10 +169,12 @@ class Slot:
         fsync_directory(folder)
 
 
-def capture_slot(snapshot: Any, step: int, owner: int, world: int, stream: Any = None) -> Slot:
-    """`snapshot`'s tensors copied into one host buffer. On CUDA (`stream`: a side stream) the
-    copies are queued on `stream` after the work queued so far and the slot's ``ready`` event
-    marks their end; the caller makes the next update wait for it."""
+def capture_slot(snapshot: Any, step: int, owner: int, world: int, stream: Any = None,
+                 allocate: Optional[Callable[[int, bool], torch.Tensor]] = None) -> Slot:
+    """`snapshot`'s tensors copied into one host buffer (`allocate(nbytes, pinned)` gives it, e.g.
+    from a pool: pinning host memory is slow). On CUDA (`stream`: a side stream) the copies are
+    queued on `stream` after the work queued so far and the slot's ``ready`` event marks their
+    end; the caller makes the next update wait for it."""
     tensors: list[torch.Tensor] = []
     structure = _pack(snapshot, tensors)
     flat = [_as_bytes(t) for t in tensors]
@@ -180,7 +183,8 @@ def capture_slot(snapshot: Any, step: int, owner: int, world: int, stream: Any =
         specs.append((str(t.dtype), tuple(t.shape), offset, b.numel()))
         offset += -(-b.numel() // ALIGN) * ALIGN
     on_cuda = stream is not None and any(b.is_cuda for b in flat)
-    data = torch.empty(offset, dtype=torch.uint8, pin_memory=on_cuda)
+    data = allocate(offset, on_cuda) if allocate is not None else torch.empty(offset, dtype=torch.uint8,
+                                                                             pin_memory=on_cuda)
     digests = [s.digest.hex() for s in signatures(flat)] if flat else []  # signed where they are
     ready = None
     if on_cuda:
