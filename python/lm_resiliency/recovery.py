@@ -235,5 +235,7 @@ def _resume(config: DurableCheckpointConfig, model: Any, optimizer: Any, distrib
     if not written:
         raise LmrIOError(f"resumed from {checkpoint.id}, but the trust manifest in {config.directory} could not be "
                          f"updated{': ' + error if error else ''}")
-    log.warning("resumed from %s (step %d) in %.2f s", checkpoint.id, checkpoint.step, seconds)
+    source = getattr(config.latest, "last_source", "") if checkpoint.tier == _core.TIER_LATEST else ""
+    log.warning("resumed from %s (step %d) in %.2f s%s", checkpoint.id, checkpoint.step, seconds,
+                f", this rank's state from {source}" if source else "")
     return Resumed(checkpoint.step, decision, seconds)

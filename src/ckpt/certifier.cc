@@ -166,7 +166,9 @@ Changes Certifier::observe(const CheckOutcome& o) {
   }
   cap.durable = true;
   cap.latest = true;
-  cap.snapshot = latest_interval_ > 0 && o.step % latest_interval_ == 0;
+  // A completed cycle's capture is the one that can become RECOVERY_VERIFIED: with a fast tier
+  // it is taken there too, whatever the interval, so an SDC rollback can read it from there.
+  cap.snapshot = latest_interval_ > 0;
   cap.state = dense ? TrustState::kRecoveryVerified : TrustState::kCandidate;
   cap.reason = dense ? "dense check accepted" + at : "catalog cycle complete and accepted" + at;
   return ch;

@@ -326,6 +326,11 @@ def test_a_broken_node_is_excluded_and_a_standby_takes_its_place(tmp_path):
     (campaign,) = summary["runs"]
     assert summary["passed"] and campaign["missing_exclusions"] == []
     assert [r["action"] for r in campaign["recoveries"]] == ["rollback", "exclude_and_rollback"]
+    # Both from the in-memory tier: in process from the ranks' own memory, then, after the
+    # exclusion, spare-1 reads the state of the rank it replaces from that rank's replica.
+    assert [r["checkpoint"].split("-")[0] for r in campaign["recoveries"]] == ["latest", "latest"]
+    spare = (out / "runs" / "campaign" / "torchrun-spare-1.log").read_text()
+    assert "this rank's state from a replica from rank" in spare, spare[-3000:]
     assert campaign["recoveries"][1]["blamed_hosts"] == ["node-b"] and campaign["recoveries"][1]["joined"] == ["spare-1"]
     assert [e["host"] for e in campaign["exclusions"]] == ["node-b"] and campaign["exclusions"][0]["expected"]
     assert [g["world"] for g in campaign["generations"]] == [3, 3, 3]

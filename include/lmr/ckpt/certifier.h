@@ -95,7 +95,8 @@ struct CaptureDecision {
   bool durable = false;  // capture it now through save_candidate, with state `state`
   TrustState state = TrustState::kLatest;
   bool latest = false;    // it may be captured to the fast tier (LATEST)
-  bool snapshot = false;  // ... and a fast-tier snapshot is due at this step: take it
+  bool snapshot = false;  // ... and a fast-tier snapshot is due at this step (its interval, or a
+                          // completed cycle's capture, certified like the durable one): take it
   bool performance_fault = false;  // a straggler was confirmed: capture, and report it
   std::string reason;
 };
@@ -104,7 +105,7 @@ struct Changes {
   CaptureDecision capture;
   std::vector<std::string> promoted;  // ids now RECOVERY_VERIFIED: commit_candidate them
   std::vector<std::string> rejected;  // ids now REJECTED: quarantine them
-  bool recover = false;               // this check tainted the state: decide a recovery (failure sdc) now
+  bool recover = false;  // this check tainted the state: decide a recovery (failure sdc) now
 };
 
 class Certifier {

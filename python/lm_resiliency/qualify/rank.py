@@ -173,7 +173,8 @@ def run(plan: dict) -> None:
                   replay=ReplayHarnessConfig(check_interval=1, optimizer_slice_size=64, state_integrity=True,
                                              integrity_at_rest=True, comm_sample_every=plan["comm_sample_every"]),
                   hangs=hang, hooks=hooks, campaign=plan["campaign"], executors=executors.executors(),
-                  latest_interval=LATEST_INTERVAL, latest_directory=os.path.join(root, "latest", f"rank-{rank}"),
+                  latest_interval=LATEST_INTERVAL, latest_tier="memory",
+                  latest_directory=os.path.join(root, "latest", node_id()),
                   self_healing=first < plan["max_recoveries"])
     latest = job.checkpoints.latest
     latest.save = executors.checkpoint.wrap(latest.save)

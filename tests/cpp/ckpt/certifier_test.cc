@@ -249,6 +249,11 @@ TEST(Certifier, TheBoundaryDecisionSaysWhatTheCallerDoes) {
   EXPECT_EQ(none.atBoundary({4, false, false}), BoundaryAction::kSkip);
   EXPECT_FALSE(none.boundary(4).snapshot);
   EXPECT_THROW(Certifier(kCatalog, Manifest{}, 0, false, -1), InvalidArgument);
+  // A completed cycle's capture goes to the fast tier too, off its interval (CANDIDATE there).
+  Certifier cycle(kCatalog, Manifest{}, 0, false, 4);
+  const auto done = cycle.observe(ok(7, kCatalog));
+  EXPECT_TRUE(done.capture.durable);
+  EXPECT_TRUE(done.capture.snapshot);
 }
 
 TEST(Certifier, ADenseCaptureIsCommittedAtOnceAndAPendingDecisionPinsItsSnapshot) {
