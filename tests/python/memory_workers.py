@@ -133,14 +133,16 @@ def protected_run(directory):
             captured[step] = (_state_digest(model, opt), pos.consumed)
 
         tier.save = remember
+        kept = None
         for step in job.steps(16):
             if job.recoveries and after is None:
                 after = (_state_digest(model, opt), pos.consumed)
+                kept = (tier.steps(), sorted(tier._held))  # what this rank keeps right after the rollback
             pos.consumed = step + 1
             train_step(model, opt, data, device, step)
         recoveries = [(r.decided_at, r.step, r.checkpoint) for r in job.recoveries]
         late = [(r.step, r.sdc_ranks) for r in job.harness.results if r.sdc_ranks]
         source = tier.last_source
     return {"recoveries": recoveries, "after": after, "captured": captured.get(recoveries[0][1]) if recoveries else None,
-            "late": late, "source": source, "type": type(tier).__name__}
+            "late": late, "source": source, "type": type(tier).__name__, "kept": kept}
 
