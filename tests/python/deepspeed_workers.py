@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import lm_resiliency as lmr
 from adapter_conformance import check_adapter
-from injection_util import campaign, incident, remember_saves
+from injection_util import campaign, incident, remember_saves, rollback_loop, weight_until_recovery
 from lm_resiliency.frameworks import select_adapter
 from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
 from lm_resiliency.workloads import Decoder, DecoderConfig, SyntheticTokens
@@ -315,30 +315,19 @@ def master_fault(rank, steps=8):
 
 def rollback_run(stage, directory, steps, fault_step):
     """A permanent weight fault on rank 1 from `fault_step`, under lm_resiliency.protect(): the
-    rollback happens in process. What the loop yielded, the recoveries, each rank's state right
-    after the rollback against what it held when that checkpoint was captured, and any SDC
-    blamed after the rollback."""
+    rollback happens in process (injection_util.rollback_loop says what each rank saw)."""
     from lm_resiliency.checkpoint import durable_checkpoints
 
     engine = build(stage)
     trainer = Trainer(engine)
     config = durable_checkpoints(engine, None, directory, self_healing=True)
     saved = remember_saves(config, lambda: _state(engine))
-    fault = campaign(incident("weight", [fault_step], "tensor_corruption",
-                              {"rank": 1, "component": "transformer_block", "index": 0, "surface": "weight"},
-                              {"operation": "scale", "factor": 4.0, "scope": "1%", "parameter": "attention.wq.weight"},
-                              {"until": "recovery"}))
-    yielded, after = [], None
-    with lmr.protect(engine, None, checkpoint_dir=None, checkpoints=config, hangs=False, campaign=fault,
+
+    def train_step(step):
+        trainer.batch = step  # the data position follows the loop's step
+        trainer.step()
+
+    with lmr.protect(engine, None, checkpoint_dir=None, checkpoints=config, hangs=False,
+                     campaign=weight_until_recovery(fault_step, "attention.wq.weight"),
                      replay=ReplayHarnessConfig(check_interval=2, state_integrity=True)) as job:
-        for step in job.steps(steps):
-            if job.recoveries and after is None:
-                after = _state(engine)
-            yielded.append(step)
-            trainer.batch = step  # the data position follows the loop's step
-            trainer.step()
-        recoveries = [(r.decided_at, r.step, r.checkpoint) for r in job.recoveries]
-        times = [(r.seconds, r.load_seconds) for r in job.recoveries]  # each rank's own
-        late = [(r.step, r.sdc_ranks) for r in job.harness.results if r.sdc_ranks]
-    return {"yielded": yielded, "recoveries": recoveries, "after": after,
-            "saved": saved.get(recoveries[0][1]) if recoveries else None, "late_sdc": late, "times": times}
+        return rollback_loop(job, steps, lambda: _state(engine), train_step, saved)

@@ -125,3 +125,40 @@ def sdc_campaign(ranks, blocks, gradient_parameter, weight_parameter, at=(3, 8, 
                  {"rank": c, "component": "transformer_block", "index": blocks[2], "surface": "weight"},
                  {"operation": "scale", "factor": 4.0, "scope": "1%", "parameter": weight_parameter}, window),
     )
+
+
+def weight_until_recovery(fault_step, parameter):
+    """A weight fault on rank 1's block 0 from `fault_step` that only a recovery ends."""
+    return campaign(incident("weight", [fault_step], "tensor_corruption",
+                             {"rank": 1, "component": "transformer_block", "index": 0, "surface": "weight"},
+                             {"operation": "scale", "factor": 4.0, "scope": "1%", "parameter": parameter},
+                             {"until": "recovery"}))
+
+
+def rollback_loop(job, steps, state, train_step, saved):
+    """A framework's loop under protect() `job` until `steps`: what it yielded, the in-process
+    recoveries (and each rank's own times), `state()` right after the rollback against `saved`
+    at the checkpoint's step, and any SDC blamed after the rollback."""
+    yielded, after = [], None
+    for step in job.steps(steps):
+        if job.recoveries and after is None:
+            after = state()
+        yielded.append(step)
+        train_step(step)
+    recoveries = [(r.decided_at, r.step, r.checkpoint) for r in job.recoveries]
+    return {"yielded": yielded, "recoveries": recoveries, "after": after,
+            "saved": saved.get(recoveries[0][1]) if recoveries else None,
+            "late_sdc": [(r.step, r.sdc_ranks) for r in job.harness.results if r.sdc_ranks],
+            "times": [(r.seconds, r.load_seconds) for r in job.recoveries]}
+
+
+def check_rollback(out, fault_step, steps):
+    """Every rank rolled back once, in process, at the same decision, to the state it held at
+    the capture, and nothing was blamed afterwards."""
+    ((decided_at, step, _),) = out[0]["recoveries"]
+    assert decided_at >= fault_step > step
+    assert out[0]["yielded"] == list(range(decided_at)) + list(range(step, steps))
+    for rank in out:
+        assert rank["recoveries"] == out[0]["recoveries"]
+        assert rank["after"] == rank["saved"]
+        assert rank["late_sdc"] == []

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 import megatron_cpu
-from injection_util import campaign, incident, remember_saves, sdc_campaign
+from injection_util import campaign, incident, remember_saves, rollback_loop, sdc_campaign, weight_until_recovery
 
 VOCAB, SEQ, MICRO = 128, 16, 2
 
@@ -444,9 +444,8 @@ def weight_fault_retired(distributed_optimizer):
 
 def rollback_run(directory, steps, fault_step):
     """A permanent weight fault on rank 1 from `fault_step` (DistributedOptimizer, 4
-    data-parallel ranks), under lm_resiliency.protect(): the rollback happens in process. What
-    the loop yielded, the recoveries, each rank's state right after the rollback against what
-    it held when that checkpoint was captured, and any SDC blamed after the rollback."""
+    data-parallel ranks), under lm_resiliency.protect(): the rollback happens in process
+    (injection_util.rollback_loop says what each rank saw)."""
     import lm_resiliency as lmr
     from lm_resiliency.checkpoint import durable_checkpoints
     from lm_resiliency.scout import ReplayHarnessConfig
@@ -455,21 +454,12 @@ def rollback_run(directory, steps, fault_step):
     trainer = Trainer(chunks, optimizer)
     config = durable_checkpoints(chunks, optimizer, directory, self_healing=True)
     saved = remember_saves(config, lambda: _signatures(chunks, optimizer))
-    fault = campaign(incident("weight", [fault_step], "tensor_corruption",
-                              {"rank": 1, "component": "transformer_block", "index": 0, "surface": "weight"},
-                              {"operation": "scale", "factor": 4.0, "scope": "1%", "parameter": "mlp.linear_fc1.weight"},
-                              {"until": "recovery"}))
-    yielded, after = [], None
-    with lmr.protect(chunks, optimizer, checkpoint_dir=None, checkpoints=config, hangs=False, campaign=fault,
+
+    def train_step(step):
+        trainer.batch = step * trainer.micro  # the data position follows the loop's step
+        trainer.step()
+
+    with lmr.protect(chunks, optimizer, checkpoint_dir=None, checkpoints=config, hangs=False,
+                     campaign=weight_until_recovery(fault_step, "mlp.linear_fc1.weight"),
                      replay=ReplayHarnessConfig(check_interval=1, state_integrity=True)) as job:
-        for step in job.steps(steps):
-            if job.recoveries and after is None:
-                after = _signatures(chunks, optimizer)
-            yielded.append(step)
-            trainer.batch = step * trainer.micro  # the data position follows the loop's step
-            trainer.step()
-        recoveries = [(r.decided_at, r.step, r.checkpoint) for r in job.recoveries]
-        times = [(r.seconds, r.load_seconds) for r in job.recoveries]  # each rank's own
-        late = [(r.step, r.sdc_ranks) for r in job.harness.results if r.sdc_ranks]
-    return {"yielded": yielded, "recoveries": recoveries, "after": after,
-            "saved": saved.get(recoveries[0][1]) if recoveries else None, "late_sdc": late, "times": times}
+        return rollback_loop(job, steps, lambda: _signatures(chunks, optimizer), train_step, saved)

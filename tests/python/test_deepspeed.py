@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("deepspeed")
 
 import deepspeed_workers  # noqa: E402
+from injection_util import check_rollback  # noqa: E402
 from lm_resiliency.fault_injection import FaultCampaign, FaultInjectionRecord, evaluate  # noqa: E402
 from lm_resiliency.fault_injection.ground_truth import write_localization_artifact  # noqa: E402
 from lm_resiliency.scout import explain_attributions, localization_results  # noqa: E402
@@ -126,13 +127,7 @@ def test_an_sdc_rolls_back_in_process_under_deepspeed(stage, tmp_path):
     and nothing is blamed afterwards."""
     out = spawn(deepspeed_workers.rollback_run, 4, preload=deepspeed_workers.PRELOAD, args=(stage, str(tmp_path), 15, 11),
                 timeout=600)
-    ((decided_at, step, _),) = out[0]["recoveries"]
-    assert decided_at >= 11 > step
-    assert out[0]["yielded"] == list(range(decided_at)) + list(range(step, 15))
-    for rank in out:
-        assert rank["recoveries"] == out[0]["recoveries"]
-        assert rank["after"] == rank["saved"]
-        assert rank["late_sdc"] == []
+    check_rollback(out, 11, 15)
 
 
 def test_an_incomplete_checkpoint_is_refused_on_every_rank(tmp_path):

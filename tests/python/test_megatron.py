@@ -17,6 +17,7 @@ if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("meg
 
 import megatron_cpu  # noqa: E402
 import megatron_workers as w  # noqa: E402
+from injection_util import check_rollback  # noqa: E402
 from lm_resiliency import _core  # noqa: E402
 from lm_resiliency.fault_injection import FaultCampaign, FaultInjectionRecord, evaluate  # noqa: E402
 from lm_resiliency.scout import explain_attributions, localization_results  # noqa: E402
@@ -230,13 +231,7 @@ def test_an_sdc_rolls_back_in_process_under_megatron(tmp_path):
     parameter and optimizer fragment right after the rollback is what the rank held when the
     checkpoint was captured, and nothing is blamed afterwards."""
     out = spawn(w.rollback_run, 4, preload=megatron_cpu.PRELOAD, args=(str(tmp_path), 15, 11), timeout=600)
-    ((decided_at, step, _),) = out[0]["recoveries"]
-    assert decided_at >= 11 > step
-    assert out[0]["yielded"] == list(range(decided_at)) + list(range(step, 15))
-    for rank in out:
-        assert rank["recoveries"] == out[0]["recoveries"]
-        assert rank["after"] == rank["saved"]
-        assert rank["late_sdc"] == []
+    check_rollback(out, 11, 15)
 
 
 def test_megatron_training_checkpoints_need_its_arguments(tmp_path):

@@ -9,22 +9,12 @@ import pytest
 import torch
 
 import memory_workers
+from certify_workers import Position
 from lm_resiliency.checkpoint.memory import MemoryTier
 from lm_resiliency.checkpoint.slots import read_slot_header
 from lm_resiliency.errors import InvalidArgumentError, LmrIOError
 from lm_resiliency.workloads import spawn
 from lm_resiliency.workloads.model import Decoder, DecoderConfig
-
-
-class Position:
-    def __init__(self):
-        self.consumed = 0
-
-    def state_dict(self):
-        return {"consumed": self.consumed}
-
-    def load_state_dict(self, state):
-        self.consumed = state["consumed"]
 
 
 def _one_rank(tmp_path, **options):
