@@ -183,6 +183,8 @@ void bindCertifier(nb::module_& m) {
       },
       nb::arg("manifest"), nb::arg("failure"), nb::arg("at_step"), nb::arg("emergency") = "not_run",
       nb::arg("now") = 0.0, nb::arg("durable_only") = false);
+  m.def("with_restore_sources", &withRestoreSources, nb::arg("decision"), nb::arg("sources"),
+        "The decision with where each rank's fast-tier snapshot came from appended to its reason.");
   m.def("fall_back_to_durable", &fallBackToDurable, nb::arg("manifest"), nb::arg("decision"), nb::arg("why"),
         nb::arg("now") = 0.0,
         "The decision answered from the durable tier when its fast-tier checkpoint could not be restored.");

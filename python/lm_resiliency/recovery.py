@@ -218,6 +218,10 @@ def _resume(config: DurableCheckpointConfig, model: Any, optimizer: Any, distrib
         checkpoint = manifest.find(decision.checkpoint_id)
         manifest.set_decision(decision)
         seconds = _load_checked(config, checkpoint, topology, world, group if distributed else None)
+    source = getattr(config.latest, "last_source", "") if checkpoint.tier == _core.TIER_LATEST else ""
+    if source:  # the in-memory tier: the decision records where each rank's state came from
+        decision = _core.with_restore_sources(decision, gather(source, group if distributed else None))
+        manifest.set_decision(decision)
     if manifest.decision is None or manifest.decision.checkpoint_id != decision.checkpoint_id:
         manifest.set_decision(decision)
     abandoned = _core.apply_recovery(manifest, checkpoint.id)
@@ -235,7 +239,6 @@ def _resume(config: DurableCheckpointConfig, model: Any, optimizer: Any, distrib
     if not written:
         raise LmrIOError(f"resumed from {checkpoint.id}, but the trust manifest in {config.directory} could not be "
                          f"updated{': ' + error if error else ''}")
-    source = getattr(config.latest, "last_source", "") if checkpoint.tier == _core.TIER_LATEST else ""
     log.warning("resumed from %s (step %d) in %.2f s%s", checkpoint.id, checkpoint.step, seconds,
                 f", this rank's state from {source}" if source else "")
     return Resumed(checkpoint.step, decision, seconds)

@@ -1,5 +1,7 @@
 #include "lmr/ckpt/recovery.h"
 
+#include <algorithm>
+
 #include "lmr/common/error.h"
 #include "names.h"
 
@@ -121,6 +123,22 @@ RecoveryDecision selectRecovery(const Manifest& m, Failure failure, std::int64_t
   d.reason =
       why + "; selected " + c->id + " (step " + std::to_string(c->step) + ", " + std::string(name(c->state)) + ")";
   return d;
+}
+
+RecoveryDecision withRestoreSources(RecoveryDecision decision, const std::vector<std::string>& sources) {
+  std::vector<std::pair<std::string, std::vector<std::size_t>>> groups;
+  for (std::size_t r = 0; r < sources.size(); ++r) {
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == sources[r]; });
+    if (it == groups.end()) it = groups.insert(groups.end(), {sources[r], {}});
+    it->second.push_back(r);
+  }
+  std::string text;
+  for (const auto& [source, ranks] : groups) {
+    text += (text.empty() ? "" : "; ") + source + " on rank" + (ranks.size() > 1 ? "s " : " ");
+    for (std::size_t i = 0; i < ranks.size(); ++i) text += (i ? ", " : "") + std::to_string(ranks[i]);
+  }
+  if (!text.empty()) decision.reason += "; restored: " + text;
+  return decision;
 }
 
 RecoveryDecision fallBackToDurable(const Manifest& manifest, const RecoveryDecision& decision, std::string_view why,

@@ -143,6 +143,8 @@ def protected_run(directory):
         recoveries = [(r.decided_at, r.step, r.checkpoint) for r in job.recoveries]
         late = [(r.step, r.sdc_ranks) for r in job.harness.results if r.sdc_ranks]
         source = tier.last_source
+        reason = job.certifier.manifest.decision.reason
     return {"recoveries": recoveries, "after": after, "captured": captured.get(recoveries[0][1]) if recoveries else None,
-            "late": late, "source": source, "type": type(tier).__name__, "kept": kept}
+            "late": late, "source": source, "type": type(tier).__name__, "kept": kept,
+            "reason": reason}
 

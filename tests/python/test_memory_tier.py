@@ -123,6 +123,7 @@ def test_protect_rolls_back_in_process_from_memory(tmp_path):
         assert decided_at >= 11 > step and checkpoint == f"latest-{step}", o["recoveries"]
         assert o["after"] == o["captured"] and o["late"] == []
         assert o["source"] == "own memory"
+        assert o["reason"].endswith("; restored: own memory on ranks 0, 1, 2, 3"), o["reason"]
         # The snapshots the SDC may have reached are gone from every rank, its replicas too.
         own, held = o["kept"]
         assert max(own) == step and max(held) == step, o["kept"]

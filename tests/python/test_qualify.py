@@ -331,6 +331,8 @@ def test_a_broken_node_is_excluded_and_a_standby_takes_its_place(tmp_path):
     assert [r["checkpoint"].split("-")[0] for r in campaign["recoveries"]] == ["latest", "latest"]
     spare = (out / "runs" / "campaign" / "torchrun-spare-1.log").read_text()
     assert "this rank's state from a replica from rank" in spare, spare[-3000:]
+    manifest = json.loads((out / "runs" / "campaign" / "checkpoints" / "lmr-trust-manifest.json").read_text())
+    assert "; restored: " in manifest["decision"]["reason"] and "a replica from rank" in manifest["decision"]["reason"]
     assert campaign["recoveries"][1]["blamed_hosts"] == ["node-b"] and campaign["recoveries"][1]["joined"] == ["spare-1"]
     assert [e["host"] for e in campaign["exclusions"]] == ["node-b"] and campaign["exclusions"][0]["expected"]
     assert [g["world"] for g in campaign["generations"]] == [3, 3, 3]

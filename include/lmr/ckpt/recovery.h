@@ -48,6 +48,11 @@ RecoveryDecision selectRecovery(const Manifest& manifest, Failure failure, std::
 RecoveryDecision fallBackToDurable(const Manifest& manifest, const RecoveryDecision& decision, std::string_view why,
                                    double now = 0.0);
 
+// The decision as the fast tier carried it out: where each rank's snapshot came from
+// (`sources[r]`, e.g. "own memory", "a replica from rank 3"), grouped by source and appended to
+// the reason ("; restored: own memory on ranks 0, 1, 3; a replica from rank 0 on rank 2").
+RecoveryDecision withRestoreSources(RecoveryDecision decision, const std::vector<std::string>& sources);
+
 // What a job starting up resumes from: the manifest's pending decision while its checkpoint is
 // still listed; otherwise, when the manifest lists checkpoints, the decision for an uncertain
 // failure (a crash or a stop nobody diagnosed) at the newest one's step, taken under

@@ -63,6 +63,14 @@ TEST(Recovery, AFastTierCheckpointThatCannotBeRestoredFallsBackToTheDurableTier)
   EXPECT_FALSE(fallBackToDurable(m, first, "gone").available);
 }
 
+TEST(Recovery, TheDecisionSaysWhereEachRankRestoredFrom) {
+  RecoveryDecision d;
+  d.reason = "detected SDC";
+  d = withRestoreSources(d, {"own memory", "own memory", "a replica from rank 0", "own memory"});
+  EXPECT_EQ(d.reason, "detected SDC; restored: own memory on ranks 0, 1, 3; a replica from rank 0 on rank 2");
+  EXPECT_EQ(withRestoreSources(d, {}).reason, d.reason);
+}
+
 TEST(Recovery, TaintedStateNeverResumesFromUnverified) {
   Manifest m = manifest();
   m.tainted_since = 9;
