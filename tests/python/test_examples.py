@@ -49,5 +49,5 @@ def test_the_megatron_example(tmp_path):
         pytest.skip("megatron-core is not installed")  # not imported here: it needs the shims (spawned ranks only)
     import megatron_cpu
 
-    _resumed(spawn(example_workers.megatron, 4, preload=megatron_cpu.PRELOAD, args=(str(tmp_path), (10, 14)),
+    _resumed(spawn(example_workers.megatron, 2, preload=megatron_cpu.PRELOAD, args=(str(tmp_path), (10, 14)),
                    timeout=600)[0])
