@@ -19,6 +19,7 @@ import os
 import pickle
 import struct
 import tempfile
+import threading
 from typing import Any, Callable, Optional
 
 import torch
@@ -26,11 +27,12 @@ import torch
 from lm_resiliency import _core
 from lm_resiliency.errors import InvalidArgumentError, LmrIOError
 from lm_resiliency.rank_state import fsync_directory
-from lm_resiliency.signature import signature, signatures
+from lm_resiliency.signature import SignatureSet, signature, signatures
 
 __all__ = ["Slot", "capture_slot", "read_slot", "read_slot_header"]
 
 ALIGN = 64
+_finishing = threading.Lock()  # a slot is completed once, by whichever thread needs it first
 
 
 class _Ref:
@@ -94,15 +96,29 @@ class Slot:
     digest: str  # 32 hex digits: the signature of meta
     ready: Any = None  # a CUDA event the copy into `data` completes at, or None
     sent: bool = False  # its replica went out (or never will): its buffer may be reused once evicted
+    # (structure, specs, PendingSignatures) while the signing queued at capture is not read yet:
+    # meta and digest are made from it by wait().
+    pending: Any = None
 
     @property
     def nbytes(self) -> int:
+        self.wait()
         return len(self.meta) + self.data.numel()
 
     def wait(self) -> None:
-        if self.ready is not None:
-            self.ready.synchronize()
-            self.ready = None
+        """Waits for the copy and the signing queued at capture, then completes meta and digest."""
+        with _finishing:
+            if self.ready is not None:
+                self.ready.synchronize()
+                self.ready = None
+            if self.pending is not None:
+                structure, specs, signed = self.pending
+                raw = signed.digests() if signed is not None else b""
+                digests = [raw[16 * i:16 * (i + 1)].hex() for i in range(len(specs))]
+                self.meta = pickle.dumps({"structure": structure, "specs": specs, "digests": digests},
+                                         protocol=pickle.HIGHEST_PROTOCOL)
+                self.digest = _digest(self.meta)
+                self.pending = None
 
     def _layout(self) -> dict[str, Any]:
         try:
@@ -171,10 +187,12 @@ class Slot:
 
 def capture_slot(snapshot: Any, step: int, owner: int, world: int, stream: Any = None,
                  allocate: Optional[Callable[[int, bool], torch.Tensor]] = None) -> Slot:
-    """`snapshot`'s tensors copied into one host buffer (`allocate(nbytes, pinned)` gives it, e.g.
-    from a pool: pinning host memory is slow). On CUDA (`stream`: a side stream) the copies are
-    queued on `stream` after the work queued so far and the slot's ``ready`` event marks their
-    end; the caller makes the next update wait for it."""
+    """`snapshot`'s tensors signed where they are and copied into one host buffer
+    (`allocate(nbytes, pinned)` gives it, e.g. from a pool: pinning host memory is slow). On
+    CUDA (`stream`: a side stream) the signing and the copies are queued on `stream` after the
+    work queued so far, nothing waits for them here, and the slot's ``ready`` event marks their
+    end: the caller makes the next update wait for it on the GPU, and ``Slot.wait()`` (the
+    replication thread's, or the first use's) completes meta and digest."""
     tensors: list[torch.Tensor] = []
     structure = _pack(snapshot, tensors)
     flat = [_as_bytes(t) for t in tensors]
@@ -185,11 +203,12 @@ def capture_slot(snapshot: Any, step: int, owner: int, world: int, stream: Any =
     on_cuda = stream is not None and any(b.is_cuda for b in flat)
     data = allocate(offset, on_cuda) if allocate is not None else torch.empty(offset, dtype=torch.uint8,
                                                                              pin_memory=on_cuda)
-    digests = [s.digest.hex() for s in signatures(flat)] if flat else []  # signed where they are
-    ready = None
+    signing = SignatureSet(flat) if flat else None  # signed where they are, before the copy
+    ready, signed = None, None
     if on_cuda:
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
+            signed = signing.launch() if signing is not None else None
             for b, (_, _, at, n) in zip(flat, specs):
                 data[at:at + n].copy_(b, non_blocking=True)
                 if b.is_cuda:
@@ -197,10 +216,13 @@ def capture_slot(snapshot: Any, step: int, owner: int, world: int, stream: Any =
             ready = torch.cuda.Event()
             ready.record(stream)
     else:
+        signed = signing.launch() if signing is not None else None
         for b, (_, _, at, n) in zip(flat, specs):
             data[at:at + n].copy_(b)
-    meta = pickle.dumps({"structure": structure, "specs": specs, "digests": digests}, protocol=pickle.HIGHEST_PROTOCOL)
-    return Slot(int(step), int(owner), int(world), meta, data, _digest(meta), ready)
+    slot = Slot(int(step), int(owner), int(world), b"", data, "", ready, pending=(structure, specs, signed))
+    if not on_cuda:
+        slot.wait()  # nothing runs asynchronously on the host: complete now
+    return slot
 
 
 def read_slot_header(path: str) -> tuple[int, int, int, str, int, int, str, int]:
