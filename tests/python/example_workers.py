@@ -37,11 +37,11 @@ def _run(train, directory, *args, **kwargs):
     return {"start": job.start_step, "statuses": sorted(seen.statuses), "verified": max(verified, default=None)}
 
 
-def pytorch(directory, steps):
-    """protect_pytorch.train under DDP, FSDP2 and HSDP, each launched, then relaunched."""
+def pytorch(directory, steps, layouts):
+    """protect_pytorch.train under each of `layouts`, launched, then relaunched."""
     out = {}
     data = SyntheticTokens(DecoderConfig().vocab_size, 32, 8)
-    for layout in ("ddp", "fsdp2", "hsdp"):
+    for layout in layouts:
         runs = []
         for total in steps:
             torch.manual_seed(0)

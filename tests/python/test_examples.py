@@ -31,9 +31,10 @@ def test_each_example_is_ten_lines():
 
 
 def test_the_pytorch_example_under_ddp_fsdp2_and_hsdp(tmp_path):
-    out = spawn(example_workers.pytorch, 4, args=(str(tmp_path), (8, 12)))
+    out = spawn(example_workers.pytorch, 2, args=(str(tmp_path), (8, 12), ("ddp", "fsdp2")))[0]
+    out.update(spawn(example_workers.pytorch, 4, args=(str(tmp_path), (8, 12), ("hsdp",)))[0])  # 2 x 2
     for layout in ("ddp", "fsdp2", "hsdp"):
-        _resumed(out[0][layout])
+        _resumed(out[layout])
 
 
 def test_the_deepspeed_example(tmp_path):
