@@ -443,8 +443,8 @@ def weight_fault_retired(distributed_optimizer):
 
 
 def rollback_run(directory, steps, fault_step):
-    """A permanent weight fault on rank 1 from `fault_step` (DistributedOptimizer, 4
-    data-parallel ranks), under lm_resiliency.protect(): the rollback happens in process
+    """A permanent weight fault on rank 1 from `fault_step` (DistributedOptimizer, every rank
+    data-parallel), under lm_resiliency.protect(): the rollback happens in process
     (injection_util.rollback_loop says what each rank saw)."""
     import lm_resiliency as lmr
     from lm_resiliency.checkpoint import durable_checkpoints

@@ -226,11 +226,11 @@ def test_certified_checkpoints_resume_bit_for_bit(distributed_optimizer, trainin
 
 
 def test_an_sdc_rolls_back_in_process_under_megatron(tmp_path):
-    """protect() on Megatron Core chunks with the DistributedOptimizer (4 data-parallel ranks):
+    """protect() on Megatron Core chunks with the DistributedOptimizer (3 data-parallel ranks):
     a permanent weight fault is localized and rolled back in the running processes; every
     parameter and optimizer fragment right after the rollback is what the rank held when the
     checkpoint was captured, and nothing is blamed afterwards."""
-    out = spawn(w.rollback_run, 4, preload=megatron_cpu.PRELOAD, args=(str(tmp_path), 15, 11), timeout=600)
+    out = spawn(w.rollback_run, 3, preload=megatron_cpu.PRELOAD, args=(str(tmp_path), 15, 11), timeout=600)
     check_rollback(out, 11, 15)
 
 
