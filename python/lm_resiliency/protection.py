@@ -195,7 +195,7 @@ class ProtectedJob:
                   "(exit status %d)", report.kind, list(report.ranks), report.step, config.exit_code)
         from lm_resiliency.checkpoint.memory import flush_before_leaving
 
-        flush_before_leaving()  # the in-memory tier's slots, for the relaunch on this node
+        flush_before_leaving(15.0)  # the in-memory tier's slots, for the relaunch on this node (bounded)
         if rank != config.writer_rank:
             time.sleep(_HANG_EXIT_GRACE_S)
         for handler in logging.getLogger().handlers:

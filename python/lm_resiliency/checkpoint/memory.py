@@ -63,16 +63,30 @@ def before_leaving(fn: Callable[[], None]) -> None:
     _leaving.append(weakref.WeakMethod(fn) if hasattr(fn, "__self__") else weakref.ref(fn))
 
 
-def flush_before_leaving() -> None:
-    """Runs what before_leaving registered (errors are logged: the process leaves anyway)."""
-    for ref in list(_leaving):
-        fn = ref()
-        if fn is None:
-            continue
-        try:
-            fn()
-        except Exception as e:  # noqa: BLE001 - leaving goes on
-            log.warning("before leaving: %s", describe(e))
+def flush_before_leaving(timeout_s: float = 60.0) -> None:
+    """Runs what before_leaving registered, for at most `timeout_s` (a hung GPU must not keep a
+    stuck process from leaving); errors are logged: the process leaves anyway."""
+
+    def run() -> None:
+        for ref in list(_leaving):
+            fn = ref()
+            if fn is None:
+                continue
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001 - leaving goes on
+                log.warning("before leaving: %s", describe(e))
+
+    _bounded(run, timeout_s, "before leaving")
+
+
+def _bounded(fn: Callable[[], None], timeout_s: float, what: str) -> None:
+    """`fn` in a thread of its own, waited for at most `timeout_s`."""
+    worker = threading.Thread(target=fn, name="lmr-memory-flush", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        log.warning("in-memory tier: %s did not finish within %.0f s; leaving without it", what, timeout_s)
 
 
 def _host_memory() -> int:
@@ -474,10 +488,14 @@ class MemoryTier(LatestTier):
             def handler(number: int, frame: Any, previous: Any = previous) -> None:
                 tier = me()
                 if tier is not None:
-                    try:
-                        tier.flush()
-                    except Exception as e:  # noqa: BLE001 - the signal's own action follows
-                        log.warning("in-memory tier: flush on signal %d failed: %s", number, describe(e))
+
+                    def flush() -> None:
+                        try:
+                            tier.flush()
+                        except Exception as e:  # noqa: BLE001 - the signal's own action follows
+                            log.warning("in-memory tier: flush on signal %d failed: %s", number, describe(e))
+
+                    _bounded(flush, tier.flush_timeout_s + 5.0, f"the flush on signal {number}")
                 if callable(previous):
                     previous(number, frame)
                     return
