@@ -240,8 +240,8 @@ class CheckpointCertifier:
                 durable_ok = False
                 errors.append(f"save_candidate: {describe(e)}")
         if latest_due:
-            self._pin_certified()
             try:
+                self._pin_certified()  # inside: nothing here may raise out of the user's step
                 with checkpoint_io():
                     self.config.latest.save(step, at_boundary=True)
             except Exception as e:  # noqa: BLE001
