@@ -51,6 +51,20 @@ def gradient_campaign(point=None):
                              parameters, {"iterations": 3}))
 
 
+def history_campaign():
+    """stale_state and duplicate faults, which replay values an earlier call saw, on a
+    block's output and a gradient: one after the other, 2 iterations each from iteration 3,
+    on ranks 1, 2, 0, 1 and alternating blocks."""
+    faults = [("stale_state", "output"), ("duplicate", "output"), ("stale_state", "gradient"),
+              ("duplicate", "gradient")]
+    return campaign(*[incident(f"{kind}-{surface}", [3 + 2 * i], kind,
+                               {"rank": (1, 2, 0, 1)[i], "component": "transformer_block", "index": i % 2,
+                                "surface": surface},
+                               {"scope": "10%", **({"parameter": "feed_forward.w2.weight"} if surface == "gradient" else {})},
+                               {"iterations": 2})
+                      for i, (kind, surface) in enumerate(faults)])
+
+
 def run(parallel, kind, steps, check_interval=1, pipelined=None, ffn_hidden=None, state_integrity=None):
     cfg = TrainConfig(parallel=parallel, steps=steps)
     if ffn_hidden is not None:  # e.g. a size FSDP cannot split evenly
@@ -59,7 +73,8 @@ def run(parallel, kind, steps, check_interval=1, pipelined=None, ffn_hidden=None
     harness = ReplayHarness(model, opt, ReplayHarnessConfig(check_interval=check_interval, pipelined=pipelined,
                                                             state_integrity=state_integrity))
     c = {"compute": compute_campaign, "weight": weight_campaign, "adam": adam_campaign,
-         "gradient_local": gradient_campaign, "gradient_reduced": lambda: gradient_campaign("reduced")}.get(kind)
+         "gradient_local": gradient_campaign, "gradient_reduced": lambda: gradient_campaign("reduced"),
+         "history": history_campaign}.get(kind)
     session = lmr.enable_fault_injection(model, opt, campaign=c()) if c else None
     for step in range(steps):
         train_step(model, opt, data, device, step)

@@ -48,6 +48,17 @@ def test_compute_sdc_is_localized_on_every_surface(parallel):
         assert all(r.status == "Agree" for r in after)
 
 
+def test_faults_that_repeat_earlier_values_are_seen_by_the_replay():
+    """stale_state and duplicate on a block's output and a gradient: the replay of the
+    faulty step sees the value the live call received (not the history's next entry, which
+    would put back the correct value), so each is localized to its rank."""
+    per_rank = spawn(scout_workers.run, 3, args=("ddp", "history", 11))
+    occurrences, report, _ = score("history", per_rank)
+    assert report.totals["unmatched_results"] == 0, report.to_json()
+    missed = {o: occ["reasons"] for o, occ in occurrences.items() if not occ["localized"]}
+    assert len(occurrences) == 4 and not missed, missed
+
+
 # weight: rank 1's weights corrupted at step 3, seen in its parameters. Pipelined, the
 # evidence must be each peer's own copy, not the source's values that the replay broadcast
 # writes into the same buffers before the check finishes.

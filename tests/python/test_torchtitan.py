@@ -51,6 +51,7 @@ CELLS = {
 }
 CONFORMANCE = ("fsdp", "hsdp", "tp_fsdp", "pp")  # the layouts whose adapter is checked
 FIRST_FAULT = 3  # tt_campaign's first faulty iteration: the steps before it are fault-free
+GRADIENT_STEPS = 3 + 2 * len(w.GRADIENT_OPERATIONS)  # the gradient operations' campaign, to its last window
 
 
 @pytest.fixture(scope="module")
@@ -69,10 +70,15 @@ def worlds(env, tmp_path_factory):
             campaign_run = (STEPS, ["--lmr-check-interval", "1", "--lmr-state-integrity", "on",
                                     "--lmr-artifacts", str(artifacts)], [], w.tt_campaign(ranks, blocks))
             env_layers = {**env, "LMR_TT_LAYERS": str(layers)}
+            second = None
+            if layout == "hsdp":  # TorchTitan's selective activation checkpointing on, and every gradient operation
+                env_layers["LMR_TT_AC"] = "1"
+                second = (GRADIENT_STEPS, ["--lmr-check-interval", "1", "--lmr-artifacts", str(artifacts / "gradients")],
+                          [], w.gradient_operations_campaign())
             try:
                 if layout in CONFORMANCE:
-                    out = spawn(w.conformance, world, preload=torchtitan_cpu.PRELOAD, args=(layout, campaign_run),
-                                env=env_layers, timeout=900)
+                    out = spawn(w.conformance, world, preload=torchtitan_cpu.PRELOAD,
+                                args=(layout, campaign_run, second), env=env_layers, timeout=900)
                 else:
                     out = [{"run": o} for o in spawn(w.run, world, preload=torchtitan_cpu.PRELOAD, timeout=900,
                                                      env=env_layers, args=(layout, *campaign_run))]
@@ -131,6 +137,29 @@ def test_campaign_in_each_layout(worlds, layout):
         assert hidden.status == "Inconclusive" and "no_majority" in hidden.inconclusive_reasons["hidden.1.output"]
     if layout == "tp_fsdp":
         assert "tensor parallel" in per_rank[0]["disabled"]["modules"]
+
+
+def test_every_gradient_operation_is_localized_under_activation_checkpointing(worlds, tmp_path):
+    """HSDP 2x2 with TorchTitan's selective activation checkpointing (the debug model's
+    default): each operation the kit has on a gradient, on the rank's unsharded gradient
+    before the reduce-scatter, is localized to its rank through param_grad. (Recomputation
+    runs a block's forward twice: a replay that hooked the gradient once per forward flipped
+    the same bits twice, which undoes a bit flip.)"""
+    out, artifacts = worlds("hsdp")
+    per_rank = [o["second"] for o in out]
+    assert all(o["clock"] == (GRADIENT_STEPS, GRADIENT_STEPS) for o in per_rank)
+    lmr_cli = shutil.which("lmr", path=sysconfig.get_path("scripts"))
+    folder = artifacts / "gradients"
+    compare = subprocess.run([lmr_cli, "campaign", "compare", "--injections",
+                              *sorted(str(p) for p in folder.glob("injections-rank-*.json")),
+                              "--localization", str(folder / "localization.json"), "--format", "json"],
+                             capture_output=True, text=True)
+    report = json.loads(compare.stdout)
+    missed = [(o["occurrence_id"], o.get("reasons")) for o in report["occurrences"] if not o["localized"]]
+    assert report["totals"]["injected"] == len(w.GRADIENT_OPERATIONS) and not missed, (report["totals"], missed)
+    results = [r for o in per_rank for r in replay_results(o["results"])]
+    assert {s for r in results for s in r.sdc_sources} == {"hidden.0.param_grad", "hidden.1.param_grad"}
+    assert compare.returncode == 0, compare.stderr
 
 
 def fault_free_steps_agree(layout, per_rank):

@@ -215,7 +215,7 @@ def _quarter_width(layers):
 
 def llama3_cpu_tiny():
     """The llama3 debug model at a quarter of its width with 2 layers (4 under PP), sequence
-    32, 2 sequences a rank, no activation checkpointing."""
+    32, 2 sequences a rank, no activation checkpointing unless LMR_TT_AC is set."""
     c = llama3_debugmodel()
     c.model_spec.model = _quarter_width(int(os.environ.get("LMR_TT_LAYERS", "2")))
     c.loss.loss_fn.global_vocab_size = c.model_spec.model.vocab_size
@@ -226,7 +226,8 @@ def llama3_cpu_tiny():
     c.training.local_batch_size = 2
     c.training.steps = 3
     c.training.disable_cuda_graphs = True
-    c.activation_checkpoint = None  # nothing to save on a model this size: backward without recomputing
+    if not os.environ.get("LMR_TT_AC"):  # nothing to save at this size: backward without recomputing
+        c.activation_checkpoint = None  # (LMR_TT_AC=1 keeps the debug model's selective recomputation)
     c.parallelism.spmd_backend = "partial_dtensor"
     c.metrics.log_freq = 1000
     c.validator.enable = False

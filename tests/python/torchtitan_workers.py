@@ -79,10 +79,11 @@ def _signatures(trainer):
     return out
 
 
-def conformance(layout, campaign_run=None):
+def conformance(layout, campaign_run=None, second_run=None):
     """The adapter conformance checks on a Trainer of `layout`; then, with `campaign_run`
     (run's arguments after the layout), a fresh job of the same world runs a campaign (its
-    outcome under "run"): one world start for both."""
+    outcome under "run"), and with `second_run` another (under "second"): one world start
+    for all."""
     from adapter_conformance import check_adapter
     from lm_resiliency.frameworks import select_adapter
     from lm_resiliency.frameworks.torchtitan_checkpoint import TorchTitanCheckpointer
@@ -113,7 +114,30 @@ def conformance(layout, campaign_run=None):
     trainer.close()
     if campaign_run is not None:
         out["run"] = run(layout, *campaign_run)
+    if second_run is not None:
+        out["second"] = run(layout, *second_run)
     return out
+
+
+# Every operation the kit has on a gradient (docs/campaigns.md), one after the other from
+# iteration 3 for 2 iterations each: rank i % 4, block i % 2, a different parameter each time.
+GRADIENT_OPERATIONS = [
+    ("tensor_corruption", {"operation": "single_bitflip", "magnitude": "medium"}),
+    ("tensor_corruption", {"operation": "multi_bitflip", "magnitude": "medium", "scope": "row"}),
+    ("tensor_corruption", {"operation": "set_value", "value": 0.5, "scope": "1%"}),
+    ("tensor_corruption", {"operation": "scale", "factor": 4.0, "scope": "1%"}),
+    ("tensor_corruption", {"operation": "noise", "std": 1.0, "scope": "1%"}),
+    ("tensor_corruption", {"operation": "sign_flip", "scope": "row"}),
+    ("stale_state", {"scope": "10%"}), ("duplicate", {"scope": "10%"}), ("drop", {"scope": "row"}), ("reorder", {})]
+GRADIENT_PARAMETERS = ("feed_forward.w2.weight", "feed_forward.w3.weight", "attention.wo.weight",
+                       "feed_forward.w1.weight")
+
+
+def gradient_operations_campaign():
+    return campaign(*[incident(f"{parameters.get('operation', kind)}", [3 + 2 * i], kind,
+                               {"rank": i % 4, "component": "transformer_block", "index": i % 2, "surface": "gradient"},
+                               {**parameters, "parameter": GRADIENT_PARAMETERS[i % 4]}, {"iterations": 2})
+                      for i, (kind, parameters) in enumerate(GRADIENT_OPERATIONS)])
 
 
 RESUME_CAMPAIGN = campaign(

@@ -74,11 +74,15 @@ class _TensorTransform:
         self.action, self.history, self.clock, self.adapter = action, history, clock, adapter
         self.changed = 0
         self.selected = 0
+        self.last_values: Optional[torch.Tensor] = None  # what the last live call's history put in
 
-    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+    def __call__(self, t: torch.Tensor, replay: bool = False) -> torch.Tensor:
+        """`replay`: a SCOUT replay of the computation the last live call belonged to, on the
+        same hardware. It sees the same fault: a stale or duplicate value is the one that live
+        call received, and the replay is no call of the history's."""
         if self.adapter is not None and self.adapter.is_sharded(t):
             # A distributed activation (tensor parallel): this rank's part, in the same layout.
-            return self.adapter.with_local(t, self(self.adapter.local(t)))
+            return self.adapter.with_local(t, self(self.adapter.local(t), replay))
         a = self.action
         check_tensor(t, needs_float=a.kind != "reorder")
         if a.kind == "reorder" and rows(t) < 2:
@@ -90,8 +94,14 @@ class _TensorTransform:
             return host.to(t.device).view(t.shape)
         if a.kind in ("stale_state", "duplicate"):
             idx = a.indices(host)
-            values = self.history.previous(a.kind, self.clock(), host.numel())
-            self.history.record(self.clock(), t, idx)  # this call is the next one's history
+            if replay:
+                if self.last_values is None:
+                    raise Unsupported("a replay before any live call: no stale value to repeat")
+                values = self.last_values
+            else:
+                values = self.history.previous(a.kind, self.clock(), host.numel())
+                self.history.record(self.clock(), t, idx)  # this call is the next one's history
+                self.last_values = values
             applied = _core.overwrite(as_bytes(host), DTYPES[host.dtype], idx, as_bytes(values.to(host.dtype)))
         else:
             applied = a.corrupt_in_place(host)
@@ -133,6 +143,13 @@ class _HookedEffect(ActiveEffect):
         return False, None
 
 
+def _runs_on_replay_copies(module: torch.nn.Module) -> bool:
+    """Whether `module` is being called by a SCOUT replay (its parameters swapped for the
+    replay's copies) rather than by the live step."""
+    first = next(module.parameters(), None)
+    return first is not None and getattr(first, REPLAY_COPY, False)
+
+
 class ActivationEffect(_HookedEffect):
     """Module inputs (first tensor argument) or outputs (first tensor of the result)."""
 
@@ -153,7 +170,7 @@ class ActivationEffect(_HookedEffect):
         return new if ok else value
 
     def _apply_tensor(self, t: torch.Tensor) -> torch.Tensor:
-        new = self.transform(t)
+        new = self.transform(t, _runs_on_replay_copies(self.target.module))
         self.verified = self.verified or self.transform.changed > 0
         self.evidence = {"calls": self.budget.calls, "changed": self.transform.changed,
                          "selected": self.transform.selected, "module": self.target.module_path}
@@ -203,11 +220,11 @@ class GradientEffect(_HookedEffect):
             self.follow_handle = None
         return super().deactivate()
 
-    def _apply(self, grad: torch.Tensor) -> torch.Tensor:
+    def _apply(self, grad: torch.Tensor, replay: bool = False) -> torch.Tensor:
         if not self.budget.take():
             return grad
         ok, new = self._contained(f"gradient of {self.target.module_path}.{self.target.parameter_name}",
-                                  lambda: self.transform(grad))
+                                  lambda: self.transform(grad, replay))
         if not ok:
             return grad
         self.verified = self.verified or self.transform.changed > 0
@@ -222,15 +239,21 @@ class GradientEffect(_HookedEffect):
             self.handle = self.adapter.hook_local_gradient(self.target.parameter, self._apply)
         # A replay that runs the owning module on copied parameters (SCOUT) must see the
         # fault too: when the module is called with a replay copy of the parameter, hook
-        # that copy's gradient for this one call.
+        # that copy's gradient, once. The module may run more than once on the same copy in
+        # one backward (activation checkpointing recomputes it) and a copy may serve several
+        # repetitions: a second hook would apply the fault twice to one gradient, which
+        # undoes a bit flip.
         owner_path, _, leaf = (self.target.parameter_name or "").rpartition(".")
         owner = self.target.module.get_submodule(owner_path) if owner_path else self.target.module
         live = self.target.parameter
+        mark = f"_lmr_fault_hooked_{id(self)}"
 
         def follow(_module, _args):
             current = owner._parameters.get(leaf)
-            if current is not None and current is not live and getattr(current, REPLAY_COPY, False):
-                current.register_hook(self._apply)
+            if (current is not None and current is not live and getattr(current, REPLAY_COPY, False)
+                    and not getattr(current, mark, False)):
+                setattr(current, mark, True)
+                current.register_hook(lambda grad: self._apply(grad, replay=True))
 
         self.follow_handle = owner.register_forward_pre_hook(follow)
 
