@@ -110,7 +110,7 @@ def test_default_campaign_covers_what_the_configuration_can_localize():
 
     hsdp = fam.default_campaign(fam.Config("hsdp", 4, dp_replicate=2, host="node-a"))
     hsdp_ids = [i["incident_id"] for i in hsdp.campaign["incidents"]]
-    assert "comm_straggler" in hsdp_ids and "sdc_gradient" not in hsdp_ids
+    assert "comm_straggler" in hsdp_ids and "sdc_gradient" in hsdp_ids
     link = next(i for i in hsdp.campaign["incidents"] if i["incident_id"] == "comm_straggler")
     assert link["faults"][0]["target"]["resource"] == "node-a"
 
@@ -120,6 +120,21 @@ def test_default_campaign_covers_what_the_configuration_can_localize():
     assert fam.parse_families("sdc_head, recovery") == ("recovery", "sdc_head")
     with pytest.raises(ValueError, match="unknown family 'nope'"):
         fam.parse_families("nope")
+
+
+def test_only_permanent_faults_get_recoveries():
+    """The run acts on as many recovery decisions as its permanent faults need: with none, a
+    transient SDC's rollback would cut its own window short and its record would read
+    cancelled (not injected), failing a run that localized it."""
+    from lm_resiliency.qualify.runner import _recoveries_needed
+
+    def needed(*families, nodes=1):
+        config = fam.Config("hsdp", 6, host="node-a", nodes=nodes)
+        return _recoveries_needed(fam.default_campaign(config, families=families).campaign)
+
+    assert needed("sdc_gradient", "sdc_output") == 0
+    assert needed("recovery", "sdc_gradient") == 1
+    assert needed("broken_node", "recovery", nodes=3) == 3
 
 
 def test_the_broken_node_comes_first_and_the_later_families_run_without_it():

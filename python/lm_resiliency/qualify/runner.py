@@ -115,10 +115,10 @@ class Setup:
 
 def _recoveries_needed(campaign: dict) -> int:
     """Restarts the campaign's permanent faults need: one each, and one more for a fault that
-    recurs after the rollback (the second blame on a node excludes it)."""
-    needed = sum(1 + (i.get("retrigger") == "every_attempt") for i in campaign.get("incidents", [])
-                 if i.get("lifetime", {}).get("until") == "recovery")
-    return max(1, needed)
+    recurs after the rollback (the second blame on a node excludes it). None without one: a
+    rollback would end a transient fault's window early, and its record would say cancelled."""
+    return sum(1 + (i.get("retrigger") == "every_attempt") for i in campaign.get("incidents", [])
+               if i.get("lifetime", {}).get("until") == "recovery")
 
 
 def _is_clean(campaign: dict) -> bool:
