@@ -1,6 +1,6 @@
 """The TorchTitan adapter with TorchTitan's real Trainer on CPU ranks (gloo), built from
 TorchTitan's own command line through ``lmr-torchtitan``'s main: conformance under FSDP,
-HSDP, TP x FSDP and PP; a campaign of hidden-output, gradient and weight SDC scored by
+HSDP, TP x FSDP (module replay by each TP group, compared within a TP coordinate) and PP; a campaign of hidden-output, gradient and weight SDC scored by
 ``lmr campaign compare`` in every layout (localized where the layout gives a strict
 majority, and the cells that cannot, asserted as such); fault-free runs; the campaign clock
 across TorchTitan's own checkpoints; certified checkpoints and recovery."""
@@ -43,9 +43,9 @@ CELLS = {
     # 2 peers: replay sees the hidden and gradient faults but no strict majority names a
     # rank; the weight fault is seen at rest by its shard's owner.
     "fsdp": (2, (1, 0, 1), (1, 0, 1), 2, {"weight"}),
-    # 2 FSDP peers per TP coordinate, and module replay is off under TP: the weight fault
-    # only, at rest.
-    "tp_fsdp": (4, (1, 2, 3), (1, 0, 1), 2, {"weight"}),
+    # TP2 x FSDP3: each block replayed by its TP group in every replica, compared among the
+    # 3 ranks of each TP coordinate: every fault localized to its rank.
+    "tp_fsdp": (6, (1, 2, 3), (1, 0, 1), 2, {"hidden", "gradient", "weight"}),
     # One rank per stage: no peers, nothing to compare.
     "pp": (2, (1, 0, 1), (1, 0, 1), 2, set()),
 }
@@ -98,14 +98,14 @@ def test_conformance(worlds, layout):
     assert all(o["name"] == "torchtitan" and o["checks"] == EXPECTED for o in out)
     assert all(o["replay"] is None for o in out)  # AdamW over copies, bit for bit
     mesh = {"fsdp": [("fsdp", 2, "shard")], "hsdp": [("dp_replicate", 2, "replicate"), ("fsdp", 2, "shard")],
-            "tp_fsdp": [("fsdp", 2, "shard"), ("tp", 2, "model")], "pp": [("pp", 2, "model")]}[layout]
+            "tp_fsdp": [("fsdp", 3, "shard"), ("tp", 2, "model")], "pp": [("pp", 2, "model")]}[layout]
     assert out[0]["mesh"] == mesh
     if layout == "pp":  # global layer keys kept on each stage; the embedding first, the head last
         assert [o["blocks"] for o in out] == [[0], [1]]
         assert [o["holds"] for o in out] == [[True, False], [False, True]]
     else:
         assert all(o["blocks"] == [0, 1] and o["holds"] == [True, True] for o in out)
-    assert (out[0]["modules"] is None) == (layout != "tp_fsdp"), out[0]["modules"]
+    assert out[0]["modules"] is None, out[0]["modules"]  # module replay on in every layout, TP included
 
 
 @pytest.mark.parametrize("layout", list(CELLS))
@@ -135,8 +135,9 @@ def test_campaign_in_each_layout(worlds, layout):
     if layout == "fsdp":  # seen, not attributable: two peers disagree, no majority
         hidden = next(r for r in results if r.step == 4)
         assert hidden.status == "Inconclusive" and "no_majority" in hidden.inconclusive_reasons["hidden.1.output"]
-    if layout == "tp_fsdp":
-        assert "tensor parallel" in per_rank[0]["disabled"]["modules"]
+    if layout == "tp_fsdp":  # compared within each TP coordinate: ranks 1, 3, 5 hold coordinate 1
+        hidden = next(r for r in results if r.sdc_sources == ["hidden.1.output"])
+        assert hidden.peer_ranks == [1, 3, 5] and hidden.sdc_ranks == [1], hidden.to_json()
 
 
 def test_every_gradient_operation_is_localized_under_activation_checkpointing(worlds, tmp_path):
@@ -172,7 +173,7 @@ def fault_free_steps_agree(layout, per_rank):
     recipes = {i for out in per_rank for r in replay_results(out["results"]) for i in r.checked_recipe_ids}
     if layout != "pp":
         assert {"integrity", "optimizer.0"} <= recipes, recipes
-    if layout in ("hsdp", "pp_fsdp"):
+    if layout in ("hsdp", "pp_fsdp", "tp_fsdp"):
         assert {"embedding", "hidden.0", "hidden.1", "output"} <= recipes, recipes
 
 

@@ -26,6 +26,14 @@ COMPONENTS = ("embedding", "transformer_block", "output", "expert")
 
 
 @dataclasses.dataclass
+class ModelParallelPart:
+    """A parameter's tensor-parallel part (see FrameworkAdapter.model_parallel_part)."""
+
+    local: torch.Tensor  # plain, owned by the caller
+    wrap: Callable[[torch.Tensor], torch.Tensor]  # a part like `local` -> the module's parameter
+
+
+@dataclasses.dataclass
 class MoeLayer:
     """One mixture-of-experts layer as an adapter finds it (``moe_layers()``)."""
 
@@ -147,6 +155,14 @@ class FrameworkAdapter:
         parameter's shard group (every rank holding a part calls it for the same
         parameters in the same order). Plain tensors: a clone, no collective."""
         return parameter.detach().clone()
+
+    def model_parallel_part(self, parameter: torch.Tensor) -> Optional[ModelParallelPart]:
+        """Under tensor parallelism, for a parameter the block computes with as a tensor of
+        its tensor-parallel group: this rank's part gathered along the data-parallel
+        dimensions only (what the live block computes with), and how to make the module's
+        parameter from such a part. Collective over the data-parallel shard group, like
+        ``full_copy``. None: the parameter is not split along a model dimension."""
+        return None
 
     def compute_dtype(self, parameter: torch.Tensor) -> Optional[torch.dtype]:
         """The dtype the framework computes with for this parameter when it differs from

@@ -30,7 +30,7 @@ import torch
 import torch.nn as nn
 
 from lm_resiliency.errors import InvalidArgumentError, UnsupportedError
-from lm_resiliency.frameworks.base import FrameworkAdapter, MeshDim
+from lm_resiliency.frameworks.base import FrameworkAdapter, MeshDim, ModelParallelPart
 from lm_resiliency.frameworks.pytorch import (ModuleStructure, PyTorchAdapter, part_holding, replay_torch_update,
                                               watch_load_state_dicts)
 from lm_resiliency.handle import Handle
@@ -124,11 +124,25 @@ class TorchTitanAdapter(PyTorchAdapter):
             raise InvalidArgumentError(f"TorchTitan's parallel dims {dims} cover {size} ranks, the job has {world_size}")
         return dims or [("dp", world_size, "replicate")]
 
+    def model_parallel_part(self, parameter: torch.Tensor) -> Optional[ModelParallelPart]:
+        """Under TP a block computes with DTensor parameters on the tensor-parallel mesh (FSDP
+        gathers them along its own dimensions): the same here, gathered along every other
+        dimension of the parameter's mesh, kept split along "tp"."""
+        from torch.distributed.tensor import DTensor, Replicate
+
+        if not isinstance(parameter, DTensor):
+            return None
+        mesh = parameter.device_mesh
+        names = mesh.mesh_dim_names or ()
+        if "tp" not in names:
+            return None
+        tp = names.index("tp")
+        gathered = [p if i == tp else Replicate() for i, p in enumerate(parameter.placements)]
+        local = parameter.detach().redistribute(mesh, gathered).to_local().clone()
+        tp_mesh, placement = (mesh["tp"] if mesh.ndim > 1 else mesh), parameter.placements[tp]
+        return ModelParallelPart(local, lambda part: DTensor.from_local(part, tp_mesh, [placement], run_check=False))
+
     def module_replay_support(self) -> Optional[str]:
-        tp = self.trainer.parallel_dims.tp
-        if tp > 1:
-            return (f"tensor parallel ({tp}): each block computes with its tensor-parallel group's collectives on "
-                    "DTensor activations, which replay on isolated copies does not reproduce yet")
         return None
 
     def completed_iterations(self) -> Optional[int]:

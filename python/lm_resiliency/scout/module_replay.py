@@ -67,22 +67,34 @@ class ModuleReplay:
         decisions), named ``<recipe>.<key>``. `verify`: replay at least twice and raise when
         the output (and derived tensors) differ between the first and the last run."""
         source = _core.replay_source_rank(self._peers.ranks, step)
+        # A DTensor activation (tensor parallel) is this rank's part: peers of one
+        # tensor-parallel coordinate hold the same part of the source's input.
+        inputs = [self._adapter.local(x) for x in prep.inputs]
         t = Timer(self._pipelined)
         with t(self._device):
             if self._peers.data is not None:
-                broadcast_flat(prep.inputs, source, self._peers.data)
+                broadcast_flat(inputs, source, self._peers.data)
         result.add_collective("broadcast_inputs", recipe, t)
         seed = _core.replay_seed(recipe, step)
         with guard(recipe):
-            surfaces[f"{recipe}.invocation"] = fingerprint(prep.inputs, self._pipelined, seed.to_bytes(8, "little"))
+            surfaces[f"{recipe}.invocation"] = fingerprint(inputs, self._pipelined, seed.to_bytes(8, "little"))
 
         # Parameters: the evidence each peer holds, and full tensors to run with.
         gather = Timer(self._pipelined)
         gathered = False
         full: dict[str, torch.Tensor] = {}
         evidence: list[torch.Tensor] = []
+        wraps: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}  # tensor-parallel parts
         for name, p in prep.parameters:
+            part = None
             if self._adapter.is_sharded(p):
+                with gather(self._device):
+                    part = self._adapter.model_parallel_part(p)
+            if part is not None:  # what this rank's tensor-parallel coordinate computes with
+                full[name], wraps[name] = part.local, part.wrap
+                gathered = True
+                evidence.append(part.local)
+            elif self._adapter.is_sharded(p):
                 with gather(self._device):
                     full[name] = self._adapter.full_copy(p)
                 gathered = True
@@ -111,6 +123,8 @@ class ModuleReplay:
                 dtype = self._adapter.compute_dtype(p)
                 if dtype is not None:
                     full[name] = full[name].to(dtype)
+                if name in wraps:
+                    full[name] = wraps[name](full[name])
             self._replay(recipe, prep, full, seed, surfaces, result, derived, verify)
 
     def _replay(self, recipe: str, prep: Prepared, full: dict[str, torch.Tensor], seed: int,
@@ -135,11 +149,15 @@ class ModuleReplay:
             inputs = [x for x in leaves((r_args, r_kwargs)) if x.is_floating_point()]  # before the call adds any
             with swapped_parameters(prep.module, leaves_), torch.enable_grad():
                 out = first_tensor(call_with_hooks(prep.module, r_args, r_kwargs, self._adapter.is_framework_hook))
-                grad_out = torch.randn(out.shape, dtype=out.dtype, device=out.device)
+                local_out = self._adapter.local(out)
+                grad_out = self._adapter.with_local(out, torch.randn(local_out.shape, dtype=out.dtype,
+                                                                      device=out.device))
                 if out.requires_grad:
                     torch.autograd.backward(out, grad_out)
             extra = derived(out.detach()) if derived is not None else {}
-            outcome.extend([out, [x.grad for x in inputs], [v.grad for v in leaves_.values()], extra])
+            local = self._adapter.local
+            outcome.extend([local(out.detach()), [None if x.grad is None else local(x.grad) for x in inputs],
+                            [None if v.grad is None else local(v.grad) for v in leaves_.values()], extra])
 
         timers = []
         first: list = []

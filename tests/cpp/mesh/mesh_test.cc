@@ -5,6 +5,7 @@
 
 #include "lmr/common/error.h"
 #include "lmr/mesh/mesh.h"
+#include "lmr/replay/verdict.h"
 
 namespace lmr::mesh {
 namespace {
@@ -56,6 +57,45 @@ TEST(Mesh, ExpertParallelismSplitsStateButNotDenseCompute) {
   EXPECT_FALSE(dp.hasExperts());
   EXPECT_EQ(dp.expertGroups(), dp.computeGroups());
   EXPECT_EQ(dp.expertParallelGroups(), (std::vector<std::vector<std::int64_t>>{{0}, {1}, {2}, {3}}));
+}
+
+// Under tensor parallelism every TP group of the source replica replays a block together:
+// the compute groups of one pipeline stage (one per TP coordinate) must all pick their
+// source in the same data-parallel replica, and each TP group must have exactly one rank in
+// each of them. Layouts as TorchTitan orders them (pp, dp_replicate, fsdp, tp), up to
+// 8 x 128 x 16 (16,384 ranks).
+TEST(Mesh, TensorParallelReplayPicksOneSourceReplicaPerStage) {
+  struct Case {
+    std::int64_t pp, replicate, shard, tp;
+  };
+  for (const Case c : {Case{1, 1, 3, 2}, Case{1, 2, 2, 2}, Case{2, 1, 3, 2}, Case{1, 4, 8, 8}, Case{8, 8, 16, 16}}) {
+    std::vector<Dim> dims;
+    if (c.pp > 1) dims.push_back({"pp", c.pp, Role::kModel});
+    if (c.replicate > 1) dims.push_back({"dp_replicate", c.replicate, Role::kReplicate});
+    dims.push_back({"fsdp", c.shard, Role::kShard});
+    dims.push_back({"tp", c.tp, Role::kModel});
+    const std::int64_t world = c.pp * c.replicate * c.shard * c.tp;
+    const Layout l(dims, world);
+    const auto groups = l.computeGroups();
+    ASSERT_EQ(static_cast<std::int64_t>(groups.size()), c.pp * c.tp) << world;
+    const std::size_t pp_dim = 0, tp_dim = dims.size() - 1;
+    for (std::int64_t step : {0, 1, 7, 12345}) {
+      std::vector<std::int64_t> replica_of_stage(static_cast<std::size_t>(c.pp), -1);
+      for (const auto& g : groups) {
+        ASSERT_EQ(static_cast<std::int64_t>(g.size()), c.replicate * c.shard);
+        const auto source = l.coordinates(replay::sourceRank(replay::PeerLayout{g, {}}, step));
+        const auto first = l.coordinates(g.front());
+        EXPECT_EQ(source[tp_dim], first[tp_dim]);  // the group's own TP coordinate
+        const std::int64_t stage = c.pp > 1 ? source[pp_dim] : 0;
+        // The data-parallel coordinates, as one index: the same in every TP coordinate.
+        std::int64_t replica = 0;
+        for (std::size_t d = c.pp > 1 ? 1 : 0; d < tp_dim; ++d) replica = replica * dims[d].size + source[d];
+        auto& seen = replica_of_stage[static_cast<std::size_t>(stage)];
+        if (seen < 0) seen = replica;
+        EXPECT_EQ(seen, replica) << "step " << step << ", world " << world;
+      }
+    }
+  }
 }
 
 TEST(Mesh, RejectsBadLayouts) {
