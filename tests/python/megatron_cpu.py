@@ -167,3 +167,15 @@ def install():
         _installed.append(mode)
         _fake_cuda_device()
         APPLIED.append("4:cuda-to-cpu-mode")
+
+
+class SequenceParallelLayerNorm(torch.nn.LayerNorm):
+    """What Apex's FusedLayerNorm does under sequence parallelism, in torch (no Apex on this
+    machine; Megatron's torch norm refuses sequence parallelism): a LayerNorm whose weight and
+    bias are marked ``sequence_parallel``, so finalize_model_grads all-reduces their gradients
+    over the tensor-parallel group."""
+
+    def __init__(self, config, hidden_size, eps=1e-5, **_):
+        super().__init__(hidden_size, eps=eps)
+        for p in (self.weight, self.bias):
+            setattr(p, "sequence_parallel", config.sequence_parallel)

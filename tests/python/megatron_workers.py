@@ -19,10 +19,10 @@ def device():
 
 
 def build(tp=1, pp=1, distributed_optimizer=True, precision="fp32", layers=4, seed=0, clip=1.0, loss_scale=None,
-          hidden=32, heads=4, overlap=False, experts=0, ep=1, vpp=None):
+          hidden=32, heads=4, overlap=False, experts=0, ep=1, vpp=None, sp=False):
     """Model chunks and optimizer; `precision` fp32, bf16 or fp16 (Float16Module, and for
     fp16 Megatron's dynamic loss scaler starting at `loss_scale`); `vpp`: virtual pipeline
-    stages per rank (a chunk each)."""
+    stages per rank (a chunk each); `sp`: sequence parallelism (with tp > 1)."""
     megatron_cpu.install()
     if device().type == "cuda":
         torch.cuda.set_device(device())
@@ -48,8 +48,14 @@ def build(tp=1, pp=1, distributed_optimizer=True, precision="fp32", layers=4, se
                             persist_layer_norm=False, apply_rope_fusion=False, hidden_dropout=0.0,
                             attention_dropout=0.0, params_dtype=dtype, pipeline_dtype=dtype, bf16=bf16, fp16=fp16,
                             tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                            expert_model_parallel_size=ep, virtual_pipeline_model_parallel_size=vpp, **moe)
+                            expert_model_parallel_size=ep, virtual_pipeline_model_parallel_size=vpp,
+                            sequence_parallel=sp, **moe)
     spec = get_gpt_layer_local_spec(num_experts=experts or None, moe_grouped_gemm=False)
+    if sp:  # norms that take part in sequence parallelism (Apex's role on a GPU)
+        from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+
+        spec.submodules.input_layernorm = spec.submodules.pre_mlp_layernorm = megatron_cpu.SequenceParallelLayerNorm
+        spec = TransformerBlockSubmodules(layer_specs=[spec] * (layers // pp), layer_norm=megatron_cpu.SequenceParallelLayerNorm)
     chunks = []
     for stage in range(vpp or 1):
         vp = stage if vpp else None
@@ -183,12 +189,13 @@ def state_owner(adapter, block):
 
 
 def train(tp, pp, distributed_optimizer, steps, faults=True, ranks=(1, 2, 3), blocks=(2, 0, 2), precision="fp32",
-          state=None):
-    """`state`: the block of an optimizer-state fault, on the first rank that owns state of it."""
+          state=None, sp=False):
+    """`state`: the block of an optimizer-state fault, on the first rank that owns state of it;
+    `sp`: sequence parallelism."""
     import lm_resiliency as lmr
     from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
 
-    chunks, optimizer = build(tp, pp, distributed_optimizer, precision)
+    chunks, optimizer = build(tp, pp, distributed_optimizer, precision, sp=sp)
     trainer = Trainer(chunks, optimizer)
     harness = ReplayHarness(chunks, optimizer, config=ReplayHarnessConfig(check_interval=1, state_integrity=True))
     target = None if state is None else (state_owner(harness._adapter, state), state)
@@ -202,6 +209,7 @@ def train(tp, pp, distributed_optimizer, steps, faults=True, ranks=(1, 2, 3), bl
     return {"records": [r.to_dict() for r in session.records()] if session else [],
             "results": [r.to_dict() for r in harness.results], "boundary_times": harness.boundary_times,
             "disabled": dict(harness.disabled_recipes), "rank": dist.get_rank(), "campaign": c,
+            "sequence_parallel": bool(chunks[0].config.sequence_parallel),
             "mesh": harness._adapter.mesh_dims(dist.get_world_size()), "device": str(device()),
             "shims": list(megatron_cpu.APPLIED)}
 

@@ -89,17 +89,28 @@ def test_conformance_with_virtual_pipeline_stages():
     assert [o["holds"] for o in out] == [[True, False]] * 2 + [[False, True]] * 2
 
 
-# (tp, pp, distributed optimizer, fault blocks, precision, optimizer-state fault block, localized): 4 ranks each.
+# (tp, pp, distributed optimizer, fault blocks, precision, optimizer-state fault block, localized): 4 ranks each
+# unless LARGER says otherwise.
 CELLS = {
     "dp4-fp32": (1, 1, False, (2, 0, 2), "fp32", None, {"hidden", "gradient", "weight"}),
     "dp4-distopt": (1, 1, True, (2, 0, 2), "fp32", None, {"hidden", "gradient", "weight"}),
     # bf16 (Float16Module): replay in the model's dtype; Adam's state of a fragment's owner.
     "dp4-distopt-bf16": (1, 1, True, (2, 0, 2), "bf16", 1, {"hidden", "gradient", "weight", "adam"}),
-    # Two data-parallel replicas: no strict majority for replay; the DistributedOptimizer's
-    # single-owner state shows the weight fault at rest.
+    # Two data-parallel replicas: each TP group replays its blocks, but 2 peers per TP
+    # coordinate give no strict majority; the DistributedOptimizer's single-owner state shows
+    # the weight fault at rest.
     "tp2-dp2": (2, 1, True, (2, 0, 2), "fp32", None, {"weight"}),
+    # TP2 x DP3 with sequence parallelism: blocks replayed by their TP groups (TP collectives
+    # included, activations sharded along the sequence), compared within each TP coordinate.
+    "tp2-dp3-sp": (2, 1, True, (2, 0, 2), "fp32", None, {"hidden", "gradient", "weight"}),
+    # The same on two pipeline stages (12 ranks), faults on both stages.
+    "pp2-tp2-dp3-sp": (2, 2, True, (2, 0, 3), "fp32", None, {"hidden", "gradient", "weight"}),
     "pp2-dp2": (1, 2, True, (1, 2, 3), "fp32", None, {"weight"}),
 }
+
+
+# cell: (world, sequence parallel, the faulty ranks of the hidden, gradient and weight faults)
+LARGER = {"tp2-dp3-sp": (6, True, (1, 2, 3)), "pp2-tp2-dp3-sp": (12, True, (7, 2, 9))}
 
 
 def localized_by_campaign(per_rank):
@@ -122,12 +133,20 @@ def localized_by_campaign(per_rank):
 def test_campaign(cell):
     tp, pp, distributed_optimizer, blocks, precision, state, localized = CELLS[cell]
     steps = 18 if state is None else 20
-    per_rank = spawn(w.train, 4, preload=megatron_cpu.PRELOAD, args=(tp, pp, distributed_optimizer, steps, True, (1, 2, 3), blocks, precision,
-                                       state), timeout=600)
+    world, sp, ranks = LARGER.get(cell, (4, False, (1, 2, 3)))
+    per_rank = spawn(w.train, world, preload=megatron_cpu.PRELOAD, timeout=600,
+                     args=(tp, pp, distributed_optimizer, steps, True, ranks, blocks, precision, state, sp))
     got, report = localized_by_campaign(per_rank)
     assert got == localized, report.table()
     assert "optimizer" in per_rank[0]["disabled"]  # Megatron's update is not replayed (stated reason)
-    assert ("modules" in per_rank[0]["disabled"]) == (tp > 1)  # TP collectives inside blocks: not replayed
+    assert "modules" not in per_rank[0]["disabled"]  # blocks replayed in every layout, TP included
+    assert per_rank[0]["sequence_parallel"] == sp
+    if cell in LARGER:  # the block-output fault, seen among the ranks of the faulty rank's TP coordinate
+        faulty = ranks[0]
+        hidden = next(r for r in replay_results(per_rank[faulty]["results"]) if "hidden.2.output" in r.sdc_sources)
+        stage, coordinate = divmod(faulty, 6)[0], faulty % 2  # (pp, dp, tp), TP innermost
+        assert hidden.peer_ranks == [6 * stage + coordinate + 2 * d for d in range(3)], hidden.to_json()
+        assert hidden.sdc_ranks == [faulty], hidden.to_json()
 
 
 @pytest.mark.parametrize("distributed_optimizer", [False, True])

@@ -231,12 +231,6 @@ class MegatronAdapter(FrameworkAdapter):
         return sum(len(opt.optimizer.state) for opt in self.inner)
 
     def module_replay_support(self) -> Optional[str]:
-        from megatron.core import parallel_state as ps
-
-        tp = ps.get_tensor_model_parallel_world_size()
-        if tp > 1:
-            return (f"tensor parallel ({tp}): Megatron's column- and row-parallel layers run their tensor-parallel "
-                    "collectives inside each block, which replay on isolated copies does not reproduce yet")
         return None
 
     def optimizer_replay_support(self) -> Optional[str]:
