@@ -1,6 +1,7 @@
 """The TorchTitan adapter with TorchTitan's real Trainer on CPU ranks (gloo), built from
 TorchTitan's own command line through ``lmr-torchtitan``'s main: conformance under FSDP,
-HSDP, TP x FSDP (module replay by each TP group, compared within a TP coordinate) and PP; a campaign of hidden-output, gradient and weight SDC scored by
+HSDP, TP x FSDP and CP x FSDP (module replay by each TP or CP group, compared within a
+coordinate) and PP; a campaign of hidden-output, gradient and weight SDC scored by
 ``lmr campaign compare`` in every layout (localized where the layout gives a strict
 majority, and the cells that cannot, asserted as such); fault-free runs; the campaign clock
 across TorchTitan's own checkpoints; certified checkpoints and recovery."""
@@ -46,6 +47,9 @@ CELLS = {
     # TP2 x FSDP3: each block replayed by its TP group in every replica, compared among the
     # 3 ranks of each TP coordinate: every fault localized to its rank.
     "tp_fsdp": (6, (1, 2, 3), (1, 0, 1), 2, {"hidden", "gradient", "weight"}),
+    # CP2 x FSDP3: each CP group replays a block together (its attention gathers keys and
+    # values over the CP group), compared among the 3 ranks of each CP coordinate.
+    "cp_fsdp": (6, (1, 2, 3), (1, 0, 1), 2, {"hidden", "gradient", "weight"}),
     # One rank per stage: no peers, nothing to compare.
     "pp": (2, (1, 0, 1), (1, 0, 1), 2, set()),
 }
@@ -135,7 +139,7 @@ def test_campaign_in_each_layout(worlds, layout):
     if layout == "fsdp":  # seen, not attributable: two peers disagree, no majority
         hidden = next(r for r in results if r.step == 4)
         assert hidden.status == "Inconclusive" and "no_majority" in hidden.inconclusive_reasons["hidden.1.output"]
-    if layout == "tp_fsdp":  # compared within each TP coordinate: ranks 1, 3, 5 hold coordinate 1
+    if layout in ("tp_fsdp", "cp_fsdp"):  # compared within a TP (CP) coordinate: ranks 1, 3, 5 hold coordinate 1
         hidden = next(r for r in results if r.sdc_sources == ["hidden.1.output"])
         assert hidden.peer_ranks == [1, 3, 5] and hidden.sdc_ranks == [1], hidden.to_json()
 
@@ -173,7 +177,7 @@ def fault_free_steps_agree(layout, per_rank):
     recipes = {i for out in per_rank for r in replay_results(out["results"]) for i in r.checked_recipe_ids}
     if layout != "pp":
         assert {"integrity", "optimizer.0"} <= recipes, recipes
-    if layout in ("hsdp", "pp_fsdp", "tp_fsdp"):
+    if layout in ("hsdp", "pp_fsdp", "tp_fsdp", "cp_fsdp"):
         assert {"embedding", "hidden.0", "hidden.1", "output"} <= recipes, recipes
 
 

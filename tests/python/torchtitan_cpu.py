@@ -194,7 +194,7 @@ from torchtitan.models.llama3.config_registry import llama3_debugmodel
 
 def _quarter_width(layers):
     """The debug model's modules at a quarter of its width (dim 64, 4 heads, the tokenizer's
-    512 tokens, RoPE tables for 64 positions): the same Trainer, model code and parameter
+    512 tokens, RoPE tables for 256 positions: context parallelism needs 128 a CP rank): the same Trainer, model code and parameter
     names, a sixteenth of the arithmetic, which is what CPU ranks sharing two cores spend
     their time on."""
     import torchtitan.models.llama3 as l3
@@ -209,7 +209,7 @@ def _quarter_width(layers):
         layers=l3._build_llama3_layers(
             fuse_qkv=True, n_layers=layers, dim=dim, n_heads=heads,
             hidden_dim=compute_ffn_hidden_dim(dim, multiple_of=64),
-            rope=ComplexRoPE.Config(dim=dim // heads, max_seq_len=64, theta=500000, scaling="llama"),
+            rope=ComplexRoPE.Config(dim=dim // heads, max_seq_len=256, theta=500000, scaling="llama"),
             attn_backend="flex"))
 
 

@@ -21,6 +21,10 @@ LAYOUTS = {  # TorchTitan's parallelism flags of each layout the tests run
     # The GPU test's layout: replicas only (gloo has no reduce-scatter of CUDA tensors).
     "ddp": ["--parallelism.data_parallel_replicate_degree", "4", "--parallelism.data_parallel_shard_degree", "1"],
 }
+# CP2 (the data-parallel degree follows from the world): flex attention's context parallelism
+# needs the sequence to split into blocks of 128 on every CP rank.
+LAYOUTS["cp_fsdp"] = ["--parallelism.context_parallel_degree", "2", "--training.seq_len", "256",
+                      "--training.local_batch_size", "1"]
 LAYOUTS["pp_fsdp"] = LAYOUTS["pp"]  # the data-parallel degree follows from the world (6 ranks: 3 a stage)
 
 

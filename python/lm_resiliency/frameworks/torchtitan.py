@@ -108,14 +108,15 @@ class TorchTitanAdapter(PyTorchAdapter):
         return self.structures[model_part].component(kind, index, metadata)
 
     def mesh_dims(self, world_size: int) -> list[MeshDim]:
-        """ParallelDims' dense mesh, in its order (pp, dp_replicate, fsdp, tp), without
-        dimensions of size 1. Context and expert parallelism are refused."""
+        """ParallelDims' dense mesh, in its order (pp, dp_replicate, fsdp, cp, tp), without
+        dimensions of size 1. Context parallelism is a model dimension: the ranks of one CP
+        group hold different parts of the sequence and replay a block together (its
+        attention gathers keys and values over the CP group). Expert parallelism is refused."""
         pd = self.trainer.parallel_dims
-        if pd.cp > 1 or pd.ep > 1:
-            raise UnsupportedError(f"context parallel ({pd.cp}) and expert parallel ({pd.ep}) TorchTitan layouts are "
-                                   "not supported yet")
+        if pd.ep > 1:
+            raise UnsupportedError(f"expert parallel ({pd.ep}) TorchTitan layouts are not supported yet")
         dims = [("pp", pd.pp, "model"), ("dp_replicate", pd.dp_replicate, "replicate"),
-                ("fsdp", pd.dp_shard, "shard"), ("tp", pd.tp, "model")]
+                ("fsdp", pd.dp_shard, "shard"), ("cp", pd.cp, "model"), ("tp", pd.tp, "model")]
         dims = [(n, int(s), r) for n, s, r in dims if s > 1]
         size = 1
         for _, s, _ in dims:
