@@ -232,6 +232,41 @@ def check_loads_and_communication(adapter, reload=None) -> None:
     assert all(isinstance(c, int) and c >= 32 for c in codes.values()) and len(set(codes.values())) == len(codes)
 
 
+def check_block_replay(adapter, step) -> None:
+    """Module replay reproduces the live block bit for bit: the inputs a block received in a
+    training step, replayed as SCOUT replays them (on copies, the framework's own hooks set
+    aside, parameters gathered the adapter's way, a tensor- or context-parallel group
+    together), give the output the live module computes on the same inputs and parameters.
+    This rank replays its own first block as its own source."""
+    import contextlib
+
+    from lm_resiliency.scout.capture import Capture
+    from lm_resiliency.scout.determinism import Determinism
+    from lm_resiliency.scout.fingerprints import fingerprint
+    from lm_resiliency.scout.groups import Peers
+    from lm_resiliency.scout.module_call import first_tensor
+    from lm_resiliency.scout.module_replay import ModuleReplay
+    from lm_resiliency.scout.result import ReplayResult
+
+    index, (path, module) = min(adapter.blocks().items())
+    capture = Capture(module, path, 0, [False])
+    try:
+        step()
+    finally:
+        capture.remove()
+    assert capture.captured, capture.reason
+    with torch.no_grad():
+        live = adapter.local(first_tensor(module(*capture.args, **capture.kwargs))).detach().clone()
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    replay = ModuleReplay(adapter, Peers([rank], [[rank]], None, None, None, False), False, live.device,
+                          Determinism(True, live.device), compare_parameters=False, repeats=1, replaying=[False])
+    surfaces = {}
+    replay.run(f"hidden.{index}", replay.prepare(module, capture), 0, surfaces, ReplayResult(step=0, peer_ranks=[rank]),
+               lambda _recipe: contextlib.nullcontext())
+    assert surfaces[f"hidden.{index}.output"] == fingerprint([live], False), \
+        f"rank {rank}: the replay of block {index} differs from what the live block computes"
+
+
 def check_adapter(adapter, step, reload=None) -> list[str]:
     assert type(adapter).matches(adapter.model, adapter.optimizer)
     assert type(select_adapter(adapter.model, adapter.optimizer)) is type(adapter)
@@ -239,4 +274,8 @@ def check_adapter(adapter, step, reload=None) -> list[str]:
     check_tensors(adapter)
     check_optimizer(adapter, step)
     check_loads_and_communication(adapter, reload)
-    return ["matches", "structure", "tensors", "optimizer", "loads", "communication"]
+    checks = ["matches", "structure", "tensors", "optimizer", "loads", "communication"]
+    if adapter.module_replay_support() is None and adapter.blocks():
+        check_block_replay(adapter, step)
+        checks.append("replay")
+    return checks

@@ -10,7 +10,7 @@ from adapter_conformance import check_adapter
 from lm_resiliency.frameworks import select_adapter
 from lm_resiliency.workloads import Decoder, DecoderConfig, SyntheticTokens, TrainConfig, build, spawn, train_step
 
-EXPECTED = ["matches", "structure", "tensors", "optimizer", "loads", "communication"]
+EXPECTED = ["matches", "structure", "tensors", "optimizer", "loads", "communication", "replay"]
 
 
 def test_plain_pytorch_single_process():

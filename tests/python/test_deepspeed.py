@@ -24,7 +24,7 @@ from test_scout import replay_results  # noqa: E402
 
 pytestmark = pytest.mark.distributed
 
-EXPECTED = ["matches", "structure", "tensors", "optimizer", "loads", "communication"]
+EXPECTED = ["matches", "structure", "tensors", "optimizer", "loads", "communication", "replay"]
 STEPS = 28
 
 

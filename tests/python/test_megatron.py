@@ -26,7 +26,7 @@ from test_scout import replay_results  # noqa: E402
 
 pytestmark = pytest.mark.distributed
 
-EXPECTED = ["matches", "structure", "tensors", "optimizer", "loads", "communication"]
+EXPECTED = ["matches", "structure", "tensors", "optimizer", "loads", "communication", "replay"]
 
 
 def test_completed_iterations_come_from_megatron_training(monkeypatch):
@@ -204,6 +204,19 @@ def test_fault_free_run_attributes_nothing(precision):
             (r.step, r.status, r.inconclusive_reasons) for r in results if r.status != "Agree"]
     recipes = {i for r in replay_results(per_rank[0]["results"]) for i in r.checked_recipe_ids}
     assert {"embedding", "hidden.0", "hidden.1", "hidden.2", "hidden.3", "output", "integrity"} <= recipes
+
+
+@pytest.mark.gpu
+def test_tensor_parallel_bf16_campaign_on_ranks_sharing_the_gpu():
+    """The accelerator machine: TP2 x DP3 with sequence parallelism in bf16 (DistributedOptimizer),
+    6 ranks on GPU 0 through gloo: each TP group replays its blocks with its TP collectives,
+    and the hidden-output, gradient and weight faults are localized to their ranks."""
+    per_rank = spawn(w.train, 6, preload=megatron_cpu.PRELOAD, timeout=900,
+                     args=(2, 1, True, 18, True, (1, 2, 3), (2, 0, 2), "bf16", None, True))
+    assert all(out["device"].startswith("cuda") for out in per_rank)
+    got, report = localized_by_campaign(per_rank)
+    assert got == {"hidden", "gradient", "weight"}, report.table()
+    print("shims:", per_rank[0]["shims"])
 
 
 @pytest.mark.gpu
