@@ -37,9 +37,23 @@ def _triton_stub():
         APPLIED.append("1:triton-stub")
 
 
+class _NullEvent:
+    def synchronize(self):
+        pass
+
+    def wait(self, *args, **kwargs):
+        pass
+
+    def query(self):
+        return True
+
+
 class _NullStream:
     def wait_event(self, *args, **kwargs):
         pass
+
+    def record_event(self, *args, **kwargs):  # the alltoall dispatcher's device-to-host stream (expert parallel)
+        return _NullEvent()
 
     def wait_stream(self, *args, **kwargs):
         pass
@@ -167,6 +181,23 @@ def install():
         _installed.append(mode)
         _fake_cuda_device()
         APPLIED.append("4:cuda-to-cpu-mode")
+        _split_sizes_on_the_host()
+
+
+def _split_sizes_on_the_host():
+    """Gap 11 (expert parallel): the alltoall token dispatcher moves its split sizes to the
+    host as numpy arrays only when they are on a GPU; on the CPU they stay tensors, which
+    all_to_all_single refuses. The same conversion for CPU tensors."""
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+
+    original = moe_utils.maybe_move_tensor_to_cpu
+
+    def move(tensor, as_numpy=False, record_stream=False):
+        if as_numpy and torch.is_tensor(tensor) and not tensor.is_cuda:
+            return tensor.numpy()
+        return original(tensor, as_numpy=as_numpy, record_stream=record_stream)
+
+    moe_utils.maybe_move_tensor_to_cpu = token_dispatcher.maybe_move_tensor_to_cpu = move
 
 
 class SequenceParallelLayerNorm(torch.nn.LayerNorm):

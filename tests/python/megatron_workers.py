@@ -19,7 +19,7 @@ def device():
 
 
 def build(tp=1, pp=1, distributed_optimizer=True, precision="fp32", layers=4, seed=0, clip=1.0, loss_scale=None,
-          hidden=32, heads=4, overlap=False, experts=0, ep=1, vpp=None, sp=False):
+          hidden=32, heads=4, overlap=False, experts=0, ep=1, vpp=None, sp=False, etp=None):
     """Model chunks and optimizer; `precision` fp32, bf16 or fp16 (Float16Module, and for
     fp16 Megatron's dynamic loss scaler starting at `loss_scale`); `vpp`: virtual pipeline
     stages per rank (a chunk each); `sp`: sequence parallelism (with tp > 1)."""
@@ -35,7 +35,7 @@ def build(tp=1, pp=1, distributed_optimizer=True, precision="fp32", layers=4, se
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                                             expert_model_parallel_size=ep,
+                                             expert_model_parallel_size=ep, expert_tensor_parallel_size=etp,
                                              virtual_pipeline_model_parallel_size=vpp)
     torch.manual_seed(seed)
     model_parallel_cuda_manual_seed(seed)
@@ -49,7 +49,7 @@ def build(tp=1, pp=1, distributed_optimizer=True, precision="fp32", layers=4, se
                             attention_dropout=0.0, params_dtype=dtype, pipeline_dtype=dtype, bf16=bf16, fp16=fp16,
                             tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
                             expert_model_parallel_size=ep, virtual_pipeline_model_parallel_size=vpp,
-                            sequence_parallel=sp, **moe)
+                            sequence_parallel=sp, **moe, **({"expert_tensor_parallel_size": etp} if etp else {}))
     spec = get_gpt_layer_local_spec(num_experts=experts or None, moe_grouped_gemm=False)
     if sp:  # norms that take part in sequence parallelism (Apex's role on a GPU)
         from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
@@ -163,10 +163,15 @@ def conformance(tp, pp, distributed_optimizer, vpp=None):
             "applied": adapter.step_applied()}
 
 
-def mc_campaign(ranks=(1, 2, 3), blocks=(2, 0, 2), state=None):
-    """Hidden-output, gradient and weight SDC on ranks `ranks`, blocks `blocks`; with `state`
+EXPERT = "mlp.experts.local_experts.0."  # a rank's first local expert in a MoE block
+
+
+def mc_campaign(ranks=(1, 2, 3), blocks=(2, 0, 2), state=None, experts=False):
+    """Hidden-output, gradient and weight SDC on ranks `ranks`, blocks `blocks` (with
+    `experts`, the gradient and weight faults on the rank's first local expert); with `state`
     (rank, block), also Adam's exp_avg of that block's fc1 weight from iteration 16 on."""
-    c = sdc_campaign(ranks, blocks, "mlp.linear_fc2.weight", "mlp.linear_fc1.weight")
+    prefix = EXPERT if experts else "mlp."
+    c = sdc_campaign(ranks, blocks, prefix + "linear_fc2.weight", prefix + "linear_fc1.weight")
     if state is not None:
         c["incidents"].append(incident(
             "adam", [16], "tensor_corruption",
@@ -189,17 +194,18 @@ def state_owner(adapter, block):
 
 
 def train(tp, pp, distributed_optimizer, steps, faults=True, ranks=(1, 2, 3), blocks=(2, 0, 2), precision="fp32",
-          state=None, sp=False):
+          state=None, sp=False, experts=0, ep=1):
     """`state`: the block of an optimizer-state fault, on the first rank that owns state of it;
-    `sp`: sequence parallelism."""
+    `sp`: sequence parallelism; `experts` a MoE layer in every block, over `ep` expert-parallel
+    ranks."""
     import lm_resiliency as lmr
     from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
 
-    chunks, optimizer = build(tp, pp, distributed_optimizer, precision, sp=sp)
+    chunks, optimizer = build(tp, pp, distributed_optimizer, precision, sp=sp, experts=experts, ep=ep)
     trainer = Trainer(chunks, optimizer)
     harness = ReplayHarness(chunks, optimizer, config=ReplayHarnessConfig(check_interval=1, state_integrity=True))
     target = None if state is None else (state_owner(harness._adapter, state), state)
-    c = mc_campaign(ranks, blocks, target)
+    c = mc_campaign(ranks, blocks, target, experts=bool(experts))
     session = lmr.enable_fault_injection(chunks, optimizer, campaign=c) if faults else None
     for _ in range(steps):
         trainer.step()
@@ -240,13 +246,13 @@ def skipped_updates(steps, loss_scale):
             "checked": [r.step for r in harness.results]}
 
 
-def expert_layout(ep):
+def expert_layout(ep, tp=1, etp=None):
     """GPTModel with 4 experts a layer under expert model parallel `ep` (built, not
     trained): the mesh the adapter reads, or its refusal."""
     from lm_resiliency.errors import InvalidArgumentError
     from lm_resiliency.frameworks import select_adapter
 
-    chunks, optimizer = build(1, 1, True, experts=4, ep=ep)
+    chunks, optimizer = build(tp, 1, True, experts=4, ep=ep, etp=etp)
     try:
         return select_adapter(chunks, optimizer).mesh_dims(dist.get_world_size())
     except InvalidArgumentError as e:

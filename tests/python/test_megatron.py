@@ -70,12 +70,16 @@ def test_conformance(tp, pp, distributed_optimizer, world):
         assert all(o["owned"] == o["of"] for o in out)
 
 
-def test_expert_parallel_layouts_are_refused():
-    """Experts laid out as the dense layers (expert model parallel 1) share their mesh;
-    under expert parallelism they are not replicas across the data-parallel group."""
+def test_expert_parallel_layouts_make_an_expert_dimension():
+    """Experts laid out as the dense layers (expert model parallel 1) share their mesh; under
+    expert parallelism the EP ranks of a replica hold different experts and replay a MoE
+    block together: a model dimension. Experts split along tensor parallelism differently
+    from the dense layers are refused."""
     assert spawn(w.expert_layout, 4, preload=megatron_cpu.PRELOAD, args=(1,), timeout=600)[0] == [("dp", 4, "shard")]
-    refusals = spawn(w.expert_layout, 4, preload=megatron_cpu.PRELOAD, args=(2,), timeout=600)
-    assert all("expert model parallel 2, expert data parallel 2, data parallel 4" in r for r in refusals), refusals
+    assert spawn(w.expert_layout, 4, preload=megatron_cpu.PRELOAD, args=(2,), timeout=600)[0] == [
+        ("dp", 2, "shard"), ("ep", 2, "model")]
+    refusals = spawn(w.expert_layout, 4, preload=megatron_cpu.PRELOAD, args=(2, 2, 1), timeout=600)
+    assert all("expert tensor parallel 1, tensor parallel 2" in r for r in refusals), refusals
 
 
 def test_conformance_with_virtual_pipeline_stages():
@@ -105,12 +109,17 @@ CELLS = {
     "tp2-dp3-sp": (2, 1, True, (2, 0, 2), "fp32", None, {"hidden", "gradient", "weight"}),
     # The same on two pipeline stages (12 ranks), faults on both stages.
     "pp2-tp2-dp3-sp": (2, 2, True, (2, 0, 3), "fp32", None, {"hidden", "gradient", "weight"}),
+    # MoE (4 experts a block) with expert parallelism EP2 x DP3: each EP group replays a block
+    # together (its token AllToAll included), compared within each EP coordinate; the gradient
+    # and weight faults on the rank's first local expert.
+    "ep2-dp3-moe": (1, 1, True, (2, 0, 2), "fp32", None, {"hidden", "gradient", "weight"}),
     "pp2-dp2": (1, 2, True, (1, 2, 3), "fp32", None, {"weight"}),
 }
 
 
-# cell: (world, sequence parallel, the faulty ranks of the hidden, gradient and weight faults)
-LARGER = {"tp2-dp3-sp": (6, True, (1, 2, 3)), "pp2-tp2-dp3-sp": (12, True, (7, 2, 9))}
+# cell: (world, sequence parallel, the faulty ranks of the hidden, gradient and weight faults, experts, ep)
+LARGER = {"tp2-dp3-sp": (6, True, (1, 2, 3), 0, 1), "pp2-tp2-dp3-sp": (12, True, (7, 2, 9), 0, 1),
+          "ep2-dp3-moe": (6, False, (1, 2, 3), 4, 2)}
 
 
 def localized_by_campaign(per_rank):
@@ -133,18 +142,18 @@ def localized_by_campaign(per_rank):
 def test_campaign(cell):
     tp, pp, distributed_optimizer, blocks, precision, state, localized = CELLS[cell]
     steps = 18 if state is None else 20
-    world, sp, ranks = LARGER.get(cell, (4, False, (1, 2, 3)))
+    world, sp, ranks, experts, ep = LARGER.get(cell, (4, False, (1, 2, 3), 0, 1))
     per_rank = spawn(w.train, world, preload=megatron_cpu.PRELOAD, timeout=600,
-                     args=(tp, pp, distributed_optimizer, steps, True, ranks, blocks, precision, state, sp))
+                     args=(tp, pp, distributed_optimizer, steps, True, ranks, blocks, precision, state, sp, experts, ep))
     got, report = localized_by_campaign(per_rank)
     assert got == localized, report.table()
     assert "optimizer" in per_rank[0]["disabled"]  # Megatron's update is not replayed (stated reason)
     assert "modules" not in per_rank[0]["disabled"]  # blocks replayed in every layout, TP included
     assert per_rank[0]["sequence_parallel"] == sp
-    if cell in LARGER:  # the block-output fault, seen among the ranks of the faulty rank's TP coordinate
+    if cell in LARGER:  # the block-output fault, seen among the ranks of the faulty rank's TP (EP) coordinate
         faulty = ranks[0]
         hidden = next(r for r in replay_results(per_rank[faulty]["results"]) if "hidden.2.output" in r.sdc_sources)
-        stage, coordinate = divmod(faulty, 6)[0], faulty % 2  # (pp, dp, tp), TP innermost
+        stage, coordinate = divmod(faulty, 6)[0], faulty % 2  # (pp, dp, ep or tp), the model dimension innermost
         assert hidden.peer_ranks == [6 * stage + coordinate + 2 * d for d in range(3)], hidden.to_json()
         assert hidden.sdc_ranks == [faulty], hidden.to_json()
 

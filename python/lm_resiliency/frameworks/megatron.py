@@ -120,14 +120,22 @@ class MegatronAdapter(FrameworkAdapter):
             raise InvalidArgumentError("context parallel Megatron layouts are not supported yet")
         pp, tp = ps.get_pipeline_model_parallel_world_size(), ps.get_tensor_model_parallel_world_size()
         dp = ps.get_data_parallel_world_size()
+        ep = 1
         if any(is_a(m, "MoELayer") for part in self.parts for m in part.modules()):
             ep, edp = ps.get_expert_model_parallel_world_size(), ps.get_expert_data_parallel_world_size()
-            if ep > 1 or edp != dp:
+            etp = ps.get_expert_tensor_parallel_world_size()
+            if etp != tp or ep * edp != dp:
                 raise InvalidArgumentError(
-                    f"Megatron's experts are laid out differently from its dense layers (expert model parallel {ep}, "
-                    f"expert data parallel {edp}, data parallel {dp}): expert-parallel layouts are not supported yet")
+                    f"Megatron's experts are laid out differently from its dense layers (expert tensor parallel {etp}, "
+                    f"tensor parallel {tp}, expert model parallel {ep} x expert data parallel {edp}, data parallel "
+                    f"{dp}): only layouts whose expert-parallel groups split the data-parallel group are supported")
+            self._check_expert_group(ep, tp)
         role = "shard" if self._distributed_optimizer() else "replicate"
-        dims = [(n, int(s), r) for n, s, r in (("pp", pp, "model"), ("dp", dp, role), ("tp", tp, "model")) if s > 1]
+        # Expert parallelism is a model dimension here: the ranks of one expert-parallel group
+        # hold different experts and exchange tokens inside each MoE block, so they replay a
+        # block together and are compared with the ranks of their EP coordinate.
+        dims = [(n, int(s), r) for n, s, r in (("pp", pp, "model"), ("dp", dp // ep, role), ("ep", ep, "model"),
+                                                ("tp", tp, "model")) if s > 1]
         if pp * dp * tp != world_size:
             raise InvalidArgumentError(f"Megatron's parallel sizes pp {pp} x dp {dp} x tp {tp} do not cover the world "
                                        f"of {world_size}")
@@ -139,6 +147,20 @@ class MegatronAdapter(FrameworkAdapter):
                 raise InvalidArgumentError(f"Megatron's data-parallel group {actual} is not the layout's {expected} "
                                            "(rank order other than tp-dp-pp)")
         return dims or [("dp", world_size, role)]
+
+    def _check_expert_group(self, ep: int, tp: int) -> None:
+        """The expert-parallel group of this rank must be its `ep` neighbours `tp` apart (rank
+        order tp-ep-dp-pp, Megatron's default)."""
+        from megatron.core import parallel_state as ps
+
+        if ep == 1 or not (dist.is_available() and dist.is_initialized()):
+            return
+        rank = dist.get_rank()
+        expected = [rank - (rank // tp % ep) * tp + k * tp for k in range(ep)]
+        actual = sorted(dist.get_process_group_ranks(ps.get_expert_model_parallel_group()))
+        if actual != expected:
+            raise InvalidArgumentError(f"Megatron's expert-parallel group {actual} is not the layout's {expected} "
+                                       "(rank order other than tp-ep-dp-pp)")
 
     def completed_iterations(self) -> Optional[int]:
         """Megatron's own count when megatron.training drives the run: its args'
