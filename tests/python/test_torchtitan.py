@@ -55,7 +55,7 @@ CELLS = {
 }
 CONFORMANCE = ("fsdp", "hsdp", "tp_fsdp", "pp")  # the layouts whose adapter is checked
 FIRST_FAULT = 3  # tt_campaign's first faulty iteration: the steps before it are fault-free
-GRADIENT_STEPS = 3 + 2 * len(w.GRADIENT_OPERATIONS)  # the gradient operations' campaign, to its last window
+GRADIENT_STEPS = 3 + len(w.GRADIENT_OPERATIONS)  # the gradient operations' campaign, to its last window
 
 
 @pytest.fixture(scope="module")

@@ -123,8 +123,9 @@ def conformance(layout, campaign_run=None, second_run=None):
     return out
 
 
-# Every operation the kit has on a gradient (docs/campaigns.md), one after the other from
-# iteration 3 for 2 iterations each: rank i % 4, block i % 2, a different parameter each time.
+# Every operation the kit has on a gradient (docs/campaigns.md), one an iteration from
+# iteration 3: rank i % 4, block i % 2 (the block the check after that iteration replays), a
+# different parameter each time.
 GRADIENT_OPERATIONS = [
     ("tensor_corruption", {"operation": "single_bitflip", "magnitude": "medium"}),
     ("tensor_corruption", {"operation": "multi_bitflip", "magnitude": "medium", "scope": "row"}),
@@ -138,9 +139,9 @@ GRADIENT_PARAMETERS = ("feed_forward.w2.weight", "feed_forward.w3.weight", "atte
 
 
 def gradient_operations_campaign():
-    return campaign(*[incident(f"{parameters.get('operation', kind)}", [3 + 2 * i], kind,
+    return campaign(*[incident(f"{parameters.get('operation', kind)}", [3 + i], kind,
                                {"rank": i % 4, "component": "transformer_block", "index": i % 2, "surface": "gradient"},
-                               {**parameters, "parameter": GRADIENT_PARAMETERS[i % 4]}, {"iterations": 2})
+                               {**parameters, "parameter": GRADIENT_PARAMETERS[i % 4]}, {"iterations": 1})
                       for i, (kind, parameters) in enumerate(GRADIENT_OPERATIONS)])
 
 
