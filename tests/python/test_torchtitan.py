@@ -1,7 +1,7 @@
 """The TorchTitan adapter with TorchTitan's real Trainer on CPU ranks (gloo), built from
 TorchTitan's own command line through ``lmr-torchtitan``'s main: conformance under FSDP,
-HSDP, TP x FSDP and CP x FSDP (module replay by each TP or CP group, compared within a
-coordinate) and PP; a campaign of hidden-output, gradient and weight SDC scored by
+HSDP, TP x FSDP, CP x FSDP and EP x FSDP on a MoE model (module replay by each TP, CP or EP
+group, compared within a coordinate) and PP; a campaign of hidden-output, gradient and weight SDC scored by
 ``lmr campaign compare`` in every layout (localized where the layout gives a strict
 majority, and the cells that cannot, asserted as such); fault-free runs; the campaign clock
 across TorchTitan's own checkpoints; certified checkpoints and recovery."""
@@ -50,6 +50,10 @@ CELLS = {
     # CP2 x FSDP3: each CP group replays a block together (its attention gathers keys and
     # values over the CP group), compared among the 3 ranks of each CP coordinate.
     "cp_fsdp": (6, (1, 2, 3), (1, 0, 1), 2, {"hidden", "gradient", "weight"}),
+    # DeepSeek-V3's MoE blocks (TorchTitan's GroupedExperts, 6 routed experts) under EP2 x
+    # FSDP3: each EP group replays a block together (its token AllToAll included), compared
+    # within each EP coordinate; gradient and weight faults on the rank's routed experts.
+    "ep_fsdp": (6, (1, 2, 3), (2, 2, 1), 3, {"hidden", "gradient", "weight"}),
     # One rank per stage: no peers, nothing to compare.
     "pp": (2, (1, 0, 1), (1, 0, 1), 2, set()),
 }
@@ -72,8 +76,10 @@ def worlds(env, tmp_path_factory):
             world, ranks, blocks, layers, _ = CELLS[layout]
             artifacts = tmp_path_factory.mktemp(f"tt-{layout}")
             campaign_run = (STEPS, ["--lmr-check-interval", "1", "--lmr-state-integrity", "on",
-                                    "--lmr-artifacts", str(artifacts)], [], w.tt_campaign(ranks, blocks))
+                                    "--lmr-artifacts", str(artifacts)], [], cell_campaign(layout))
             env_layers = {**env, "LMR_TT_LAYERS": str(layers)}
+            if layout == "ep_fsdp":
+                env_layers["LMR_TT_CONFIG"] = "dsv3_cpu_tiny"
             second = None
             if layout == "hsdp":  # TorchTitan's selective activation checkpointing on, and every gradient operation
                 env_layers["LMR_TT_AC"] = "1"
@@ -94,6 +100,11 @@ def worlds(env, tmp_path_factory):
         return done[layout]
 
     return get
+
+
+def cell_campaign(layout):
+    ranks, blocks = CELLS[layout][1:3]
+    return (w.tt_moe_campaign if layout == "ep_fsdp" else w.tt_campaign)(ranks, blocks)
 
 
 @pytest.mark.parametrize("layout", CONFORMANCE)
@@ -129,7 +140,7 @@ def test_campaign_in_each_layout(worlds, layout):
     assert report["totals"]["injected"] == 3, (report["totals"], [r.get("error") for out in per_rank
                                                                   for r in out["records"] if r.get("error")])
     assert compare.returncode == (0 if len(localized) == 3 else compare.returncode)
-    campaign = FaultCampaign.from_json(w.tt_campaign(*CELLS[layout][1:3]))
+    campaign = FaultCampaign.from_json(cell_campaign(layout))
     records = [FaultInjectionRecord.from_dict(r) for out in per_rank for r in out["records"]]
     results = [r for out in per_rank for r in replay_results(out["results"])]
     unexplained = [a.describe() for a in explain_attributions(campaign, records, results)
@@ -139,8 +150,8 @@ def test_campaign_in_each_layout(worlds, layout):
     if layout == "fsdp":  # seen, not attributable: two peers disagree, no majority
         hidden = next(r for r in results if r.step == 4)
         assert hidden.status == "Inconclusive" and "no_majority" in hidden.inconclusive_reasons["hidden.1.output"]
-    if layout in ("tp_fsdp", "cp_fsdp"):  # compared within a TP (CP) coordinate: ranks 1, 3, 5 hold coordinate 1
-        hidden = next(r for r in results if r.sdc_sources == ["hidden.1.output"])
+    if layout in ("tp_fsdp", "cp_fsdp", "ep_fsdp"):  # compared within a TP (CP, EP) coordinate: ranks 1, 3, 5
+        hidden = next(r for r in results if r.sdc_sources == [f"hidden.{CELLS[layout][2][0]}.output"])
         assert hidden.peer_ranks == [1, 3, 5] and hidden.sdc_ranks == [1], hidden.to_json()
 
 
@@ -177,7 +188,7 @@ def fault_free_steps_agree(layout, per_rank):
     recipes = {i for out in per_rank for r in replay_results(out["results"]) for i in r.checked_recipe_ids}
     if layout != "pp":
         assert {"integrity", "optimizer.0"} <= recipes, recipes
-    if layout in ("hsdp", "pp_fsdp", "tp_fsdp", "cp_fsdp"):
+    if layout in ("hsdp", "pp_fsdp", "tp_fsdp", "cp_fsdp", "ep_fsdp"):
         assert {"embedding", "hidden.0", "hidden.1", "output"} <= recipes, recipes
 
 

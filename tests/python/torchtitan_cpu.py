@@ -232,6 +232,43 @@ def llama3_cpu_tiny():
     c.metrics.log_freq = 1000
     c.validator.enable = False
     return c
+
+
+def dsv3_cpu_tiny():
+    """DeepSeek-V3's debug model (MLA attention, a dense first block, then MoE blocks of
+    TorchTitan's GroupedExperts with a shared expert) at CPU size: dim 64, 3 blocks, 6 routed
+    experts (top 2), sequence 32, 2 sequences a rank."""
+    import torchtitan.models.deepseek_v3 as d3
+    from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
+    from torchtitan.models.deepseek_v3.config_registry import deepseek_v3_debugmodel
+
+    c = deepseek_v3_debugmodel()
+    dim, vocab, rope = 64, 512, 16
+    m = c.model_spec.model
+    m.vocab_size, m.dim = vocab, dim
+    m.tok_embeddings = Embedding.Config(num_embeddings=vocab, embedding_dim=dim, param_init=d3._EMBEDDING_INIT)
+    m.norm = RMSNorm.Config(normalized_shape=dim, param_init=d3._NORM_INIT)
+    m.lm_head = Linear.Config(in_features=dim, out_features=vocab, param_init=d3._output_linear_init(dim))
+    m.layers = d3._build_dsv3_layers(
+        n_layers=3, n_dense_layers=1, dim=dim, n_heads=4, q_lora_rank=0, kv_lora_rank=32, qk_nope_head_dim=16,
+        qk_rope_head_dim=rope, v_head_dim=16, mscale=0.70, dense_hidden_dim=128, moe_hidden_dim=64, num_experts=6,
+        num_shared_experts=1, router_top_k=2, router_score_func="softmax", attn_backend="flex",
+        moe_comm_backend="standard", non_blocking_capacity_factor=None,
+        rope=ComplexRoPE.Config(dim=rope, max_seq_len=256, theta=10000.0, scaling="yarn", rope_factor=40.0,
+                                beta_fast=32.0, beta_slow=1.0, original_seq_len=4096))
+    c.loss.loss_fn.global_vocab_size = vocab
+    root = os.environ["LMR_TT_ASSETS"]
+    c.hf_assets_path = os.path.join(root, "tokenizer")
+    c.dataloader.dataset_path = os.path.join(root, "c4_tiny")
+    c.training.seq_len = 32
+    c.training.local_batch_size = 2
+    c.training.steps = 3
+    c.training.disable_cuda_graphs = True
+    c.activation_checkpoint = None
+    c.parallelism.spmd_backend = "partial_dtensor"
+    c.metrics.log_freq = 1000
+    c.validator.enable = False
+    return c
 '''
 
 
@@ -284,5 +321,6 @@ def build_trainer(argv):
 
     if sys.path[0] != os.environ["LMR_TT_ASSETS"]:
         sys.path.insert(0, os.environ["LMR_TT_ASSETS"])
-    config = ConfigManager().parse_args(["--module", CONFIG_MODULE, "--config", "llama3_cpu_tiny", *argv])
+    name = os.environ.get("LMR_TT_CONFIG", "llama3_cpu_tiny")  # dsv3_cpu_tiny: the MoE model
+    config = ConfigManager().parse_args(["--module", CONFIG_MODULE, "--config", name, *argv])
     return config.build()

@@ -25,6 +25,8 @@ LAYOUTS = {  # TorchTitan's parallelism flags of each layout the tests run
 # needs the sequence to split into blocks of 128 on every CP rank.
 LAYOUTS["cp_fsdp"] = ["--parallelism.context_parallel_degree", "2", "--training.seq_len", "256",
                       "--training.local_batch_size", "1"]
+# EP2 on the MoE model (LMR_TT_CONFIG=dsv3_cpu_tiny): experts on (efsdp, ep), the rest FSDP.
+LAYOUTS["ep_fsdp"] = ["--parallelism.expert_parallel_degree", "2"]
 LAYOUTS["pp_fsdp"] = LAYOUTS["pp"]  # the data-parallel degree follows from the world (6 ranks: 3 a stage)
 
 
@@ -32,6 +34,13 @@ def tt_campaign(ranks=(1, 2, 3), blocks=(1, 0, 1)):
     """Hidden-output, gradient and weight SDC on ranks `ranks`, blocks `blocks`, at
     iterations 3, 6 and 9 for 2 iterations each (a run of 12 steps sees all three)."""
     return sdc_campaign(ranks, blocks, "feed_forward.w2.weight", "feed_forward.w1.weight", at=(3, 6, 9), iterations=2)
+
+
+def tt_moe_campaign(ranks=(1, 2, 3), blocks=(2, 2, 1)):
+    """tt_campaign on the MoE model (dsv3_cpu_tiny: block 0 dense, 1 and 2 MoE): the gradient
+    and weight faults on the rank's routed experts (its expert-parallel part)."""
+    experts = "moe.routed_experts.inner_experts."
+    return sdc_campaign(ranks, blocks, experts + "w2_EDF", experts + "w1_EFD", at=(3, 6, 9), iterations=2)
 
 
 def _shared_dir(prefix):

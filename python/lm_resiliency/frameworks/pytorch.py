@@ -409,9 +409,13 @@ def _fsdp_params(parts: list[nn.Module]) -> Iterator[tuple[nn.Module, Any]]:
     for part in parts:
         for m in part.modules():
             if isinstance(m, FSDPModule):
-                group = getattr(m._get_fsdp_state(), "_fsdp_param_group", None)
-                for fp in getattr(group, "fsdp_params", ()):
-                    yield m, fp
+                state = m._get_fsdp_state()
+                groups = getattr(state, "_fsdp_param_groups", None)  # several with a mesh per parameter (EP)
+                if groups is None:  # torch before per-parameter meshes
+                    groups = [g for g in [getattr(state, "_fsdp_param_group", None)] if g is not None]
+                for group in groups:
+                    for fp in getattr(group, "fsdp_params", ()):
+                        yield m, fp
 
 
 def _fsdp_param_of(parts: list[nn.Module], parameter: torch.Tensor) -> Optional[tuple[nn.Module, Any]]:

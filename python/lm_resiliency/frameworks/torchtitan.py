@@ -114,9 +114,17 @@ class TorchTitanAdapter(PyTorchAdapter):
         attention gathers keys and values over the CP group). Expert parallelism is refused."""
         pd = self.trainer.parallel_dims
         if pd.ep > 1:
-            raise UnsupportedError(f"expert parallel ({pd.ep}) TorchTitan layouts are not supported yet")
-        dims = [("pp", pd.pp, "model"), ("dp_replicate", pd.dp_replicate, "replicate"),
-                ("fsdp", pd.dp_shard, "shard"), ("cp", pd.cp, "model"), ("tp", pd.tp, "model")]
+            if pd.cp > 1 or pd.tp > 1 or pd.dp_shard % pd.ep:
+                raise UnsupportedError(f"expert parallel ({pd.ep}) TorchTitan layouts with context parallel ({pd.cp}) or "
+                                       f"tensor parallel ({pd.tp}), or whose FSDP degree ({pd.dp_shard}) it does not "
+                                       "divide, are not supported yet")
+            # The experts' mesh (efsdp, ep): the EP ranks of a replica hold different experts
+            # and exchange tokens inside each MoE block, so they replay a block together.
+            dims = [("pp", pd.pp, "model"), ("dp_replicate", pd.dp_replicate, "replicate"),
+                    ("fsdp", pd.dp_shard // pd.ep, "shard"), ("ep", pd.ep, "model")]
+        else:
+            dims = [("pp", pd.pp, "model"), ("dp_replicate", pd.dp_replicate, "replicate"),
+                    ("fsdp", pd.dp_shard, "shard"), ("cp", pd.cp, "model"), ("tp", pd.tp, "model")]
         dims = [(n, int(s), r) for n, s, r in dims if s > 1]
         size = 1
         for _, s, _ in dims:
@@ -126,22 +134,24 @@ class TorchTitanAdapter(PyTorchAdapter):
         return dims or [("dp", world_size, "replicate")]
 
     def model_parallel_part(self, parameter: torch.Tensor) -> Optional[ModelParallelPart]:
-        """Under TP a block computes with DTensor parameters on the tensor-parallel mesh (FSDP
-        gathers them along its own dimensions): the same here, gathered along every other
-        dimension of the parameter's mesh, kept split along "tp"."""
+        """Under TP (EP) a block computes with DTensor parameters (experts) on the
+        tensor-parallel (expert-parallel) mesh, FSDP gathering them along its own dimensions:
+        the same here, gathered along every other dimension of the parameter's mesh, kept
+        split along "tp" or "ep"."""
         from torch.distributed.tensor import DTensor, Replicate
 
         if not isinstance(parameter, DTensor):
             return None
         mesh = parameter.device_mesh
         names = mesh.mesh_dim_names or ()
-        if "tp" not in names:
+        kept = [i for i, n in enumerate(names) if n in ("tp", "ep")]
+        if not kept:
             return None
-        tp = names.index("tp")
-        gathered = [p if i == tp else Replicate() for i, p in enumerate(parameter.placements)]
+        gathered = [p if i in kept else Replicate() for i, p in enumerate(parameter.placements)]
         local = parameter.detach().redistribute(mesh, gathered).to_local().clone()
-        tp_mesh, placement = (mesh["tp"] if mesh.ndim > 1 else mesh), parameter.placements[tp]
-        return ModelParallelPart(local, lambda part: DTensor.from_local(part, tp_mesh, [placement], run_check=False))
+        sub = mesh[tuple(names[i] for i in kept)] if len(kept) < mesh.ndim else mesh
+        placements = [parameter.placements[i] for i in kept]
+        return ModelParallelPart(local, lambda part: DTensor.from_local(part, sub, placements, run_check=False))
 
     def module_replay_support(self) -> Optional[str]:
         return None
