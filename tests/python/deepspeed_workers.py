@@ -91,10 +91,40 @@ def _loss(logits, labels):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1))
 
 
-def build(stage, pipeline=False, ga=1, bf16=False, n_layers=2, clip=1.0, seed=0):
+class MoeFeedForward(nn.Module):
+    """A block's feed-forward as DeepSpeed's MoE layer: `experts` copies of the decoder's
+    FeedForward, top-1 gating without random token selection, over `ep` expert-parallel
+    ranks (DeepSpeed's ``deepspeed.moe.layer.MoE``); returns the layer's output alone."""
+
+    def __init__(self, cfg, experts, ep):
+        super().__init__()
+        from deepspeed.moe.layer import MoE
+
+        from lm_resiliency.workloads.model import FeedForward
+
+        self.moe = MoE(hidden_size=cfg.dim, expert=FeedForward(cfg), num_experts=experts, ep_size=ep, k=1,
+                       use_rts=False, drop_tokens=False)
+
+    def forward(self, x):
+        return self.moe(x)[0]
+
+
+def build(stage, pipeline=False, ga=1, bf16=False, n_layers=2, clip=1.0, seed=0, experts=0, ep=1):
+    """`experts`: every block's feed-forward a DeepSpeed MoE layer of that many experts over
+    `ep` expert-parallel ranks."""
     deepspeed = _deepspeed()
     torch.manual_seed(seed)
     cfg = DecoderConfig(n_layers=n_layers)
+    if experts:
+        model = Decoder(cfg)
+        for block in model.layers:
+            block.feed_forward = MoeFeedForward(cfg, experts, ep)
+        from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+
+        groups = split_params_into_different_moe_groups_for_optimizer({"params": list(model.parameters()),
+                                                                       "name": "params"})
+        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups, config=ds_config(stage, ga, bf16, clip))
+        return engine
     if pipeline:
         from deepspeed.pipe import LayerSpec, PipelineModule
 
@@ -158,33 +188,39 @@ def conformance(stage, pipeline, clip=1.0):
             "replay": adapter.optimizer_replay_support()}
 
 
-def ds_campaign(pipeline, ranks=(1, 2, 3, 0)):
+def ds_campaign(pipeline, ranks=(1, 2, 3, 0), experts=False):
     """Hidden-output, gradient and weight SDC and a compute delay, one after the other; with
     a pipeline of 4 blocks on 2 stages, on blocks of both stages (ranks `ranks` must hold
-    blocks 1, 3, 2 and 0)."""
+    blocks 1, 3, 2 and 0); with `experts`, the gradient and weight faults on the rank's first
+    local expert of a MoE feed-forward."""
     a, b, c, d = ranks
     window = {"iterations": 3}
+    ffn = "feed_forward.moe.deepspeed_moe.experts.deepspeed_experts.0." if experts else "feed_forward."
     return campaign(
         incident("hidden", [3], "tensor_corruption",
                  {"rank": a, "component": "transformer_block", "index": 1, "surface": "output"},
                  {"operation": "sign_flip", "scope": "row"}, window),
         incident("gradient", [8], "tensor_corruption",
                  {"rank": b, "component": "transformer_block", "index": 3 if pipeline else 0, "surface": "gradient"},
-                 {"operation": "noise", "std": 1.0, "scope": "1%", "parameter": "feed_forward.w2.weight"}, window),
+                 {"operation": "noise", "std": 1.0, "scope": "1%", "parameter": ffn + "w2.weight"}, window),
         incident("weight", [13], "tensor_corruption",
                  {"rank": c, "component": "transformer_block", "index": 1 if not pipeline else 2, "surface": "weight"},
-                 {"operation": "scale", "factor": 4.0, "scope": "1%", "parameter": "feed_forward.w1.weight"}, window),
+                 {"operation": "scale", "factor": 4.0, "scope": "1%", "parameter": ffn + "w1.weight"}, window),
         incident("delay", [18], "delay",
                  {"rank": d, "component": "transformer_block", "index": 0, "surface": "compute"},
                  {"delay_ms": 40}, {"iterations": 8}),
     )
 
 
-def train(stage, pipeline, steps, faults=True, ga=1, n_layers=2, ranks=(1, 2, 3, 0), artifacts=None, bf16=False):
-    engine = build(stage, pipeline, ga=ga, n_layers=n_layers, bf16=bf16)
+def train(stage, pipeline, steps, faults=True, ga=1, n_layers=2, ranks=(1, 2, 3, 0), artifacts=None, bf16=False,
+          experts=0, ep=1):
+    """`experts`: DeepSpeed MoE feed-forwards over `ep` expert-parallel ranks (the gradient and
+    weight faults then on the rank's first local expert)."""
+    engine = build(stage, pipeline, ga=ga, n_layers=n_layers, bf16=bf16, experts=experts, ep=ep)
     trainer = Trainer(engine, ga)
     harness = ReplayHarness(engine, config=ReplayHarnessConfig(check_interval=1, state_integrity=True))
-    session = lmr.enable_fault_injection(engine, campaign=ds_campaign(pipeline, ranks)) if faults else None
+    session = lmr.enable_fault_injection(engine, campaign=ds_campaign(pipeline, ranks, experts=bool(experts))) \
+        if faults else None
     clock = []
     for _ in range(steps):
         trainer.step()
@@ -198,7 +234,8 @@ def train(stage, pipeline, steps, faults=True, ga=1, n_layers=2, ranks=(1, 2, 3,
     return {"records": [r.to_dict() for r in session.records()] if session else [],
             "results": [r.to_dict() for r in harness.results], "boundary_times": harness.boundary_times,
             "losses": trainer.losses, "clock": clock, "disabled": dict(harness.disabled_recipes),
-            "rank": dist.get_rank(), "device": str(engine.device)}
+            "rank": dist.get_rank(), "device": str(engine.device),
+            "mesh": select_adapter(engine).mesh_dims(dist.get_world_size())}
 
 
 def _state(engine):

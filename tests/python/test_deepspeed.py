@@ -16,6 +16,7 @@ pytest.importorskip("deepspeed")
 
 import deepspeed_workers  # noqa: E402
 from injection_util import check_rollback  # noqa: E402
+from lm_resiliency import _core  # noqa: E402
 from lm_resiliency.fault_injection import FaultCampaign, FaultInjectionRecord, evaluate  # noqa: E402
 from lm_resiliency.fault_injection.ground_truth import write_localization_artifact  # noqa: E402
 from lm_resiliency.scout import explain_attributions, localization_results  # noqa: E402
@@ -77,6 +78,26 @@ def test_campaign_is_localized(stage, pipeline, world, tmp_path):
     weight = next(r for r in results if r.step == 13 and "integrity.params" in r.sdc_sources)
     assert weight.sdc_ranks == [ranks[2]]
     assert "optimizer" in per_rank[0]["disabled"]
+
+
+def test_moe_under_expert_parallelism_is_localized(tmp_path):
+    """DeepSpeed MoE feed-forwards (4 experts, top-1) over EP2 x DP3 under ZeRO 2, 6 ranks:
+    each EP group replays a block together (its token AllToAll on the EP group), compared
+    within each EP coordinate; the hidden-output fault, the gradient and weight faults on the
+    rank's first local expert and the compute delay are each localized to their rank."""
+    ranks = (1, 2, 3, 0)
+    per_rank = spawn(deepspeed_workers.train, 6, preload=deepspeed_workers.PRELOAD, timeout=900,
+                     args=(2, False, STEPS, True, 1, 2, ranks, str(tmp_path), False, 4, 2))
+    assert per_rank[0]["mesh"] == [("dp", 3, "shard"), ("ep", 2, "model")]
+    c = FaultCampaign.from_json(deepspeed_workers.ds_campaign(False, ranks, experts=True))
+    records = [FaultInjectionRecord.from_dict(r) for rank in per_rank for r in rank["records"]]
+    groups = _core.mesh_compute_groups(per_rank[0]["mesh"], len(per_rank))  # one result stream per EP coordinate
+    results = [r for g in groups for r in replay_results(per_rank[min(g)]["results"])]
+    report = evaluate(c, records, localization_results(c, records, results, per_rank[0]["boundary_times"]))
+    missed = [(o["occurrence_id"], o["reasons"]) for o in report.occurrences if not o["localized"]]
+    assert len(report.occurrences) == 4 and not missed, report.table()
+    unexplained = [a.describe() for a in explain_attributions(c, records, results) if a.explanation == "unexplained"]
+    assert not unexplained, unexplained
 
 
 @pytest.mark.parametrize("stage", [2, 3])

@@ -190,19 +190,52 @@ class DeepSpeedAdapter(FrameworkAdapter):
             raise InvalidArgumentError(f"DeepSpeed's data-parallel size {dp} x {stages} pipeline stage(s) does not "
                                        f"divide the world of {world} ranks")
         dims: list[MeshDim] = [("pp", stages, "model")] if stages > 1 else []
-        dims.append(("dp", dp, "shard" if self.partitioned else "replicate"))
+        ep = self._expert_parallel_size()
+        if dp % ep:
+            raise InvalidArgumentError(f"DeepSpeed's expert-parallel size {ep} does not divide its data-parallel size {dp}")
+        # Expert parallelism splits data parallelism: the EP ranks of a replica hold different
+        # experts and exchange tokens inside each MoE layer, so they replay a block together
+        # and are compared with the ranks of their EP coordinate (a model dimension here).
+        dims.append(("dp", dp // ep, "shard" if self.partitioned else "replicate"))
+        if ep > 1:
+            dims.append(("ep", ep, "model"))
         if world // (dp * stages) > 1:
             dims.append(("mp", world // (dp * stages), "model"))
         if dist.is_initialized():
             from lm_resiliency import _core
 
-            mine = next(g for g in _core.mesh_compute_groups(dims, world) if dist.get_rank() in g)
+            # The dense data-parallel group spans the EP ranks too.
+            dense = [("dp", dp, d[2]) if d[0] == "dp" else d for d in dims if d[0] != "ep"]
+            mine = next(g for g in _core.mesh_compute_groups(dense, world) if dist.get_rank() in g)
+            if ep > 1:
+                self._check_expert_group(ep, world // (dp * stages))
             actual = dist.get_process_group_ranks(self.engine.data_parallel_group)
             if sorted(actual) != sorted(mine):
                 raise InvalidArgumentError(f"DeepSpeed's data-parallel group {sorted(actual)} is not the one the layout "
                                            f"{dims} gives ({sorted(mine)}): this layout (sequence or expert "
                                            "parallelism?) is not supported by the DeepSpeed adapter")
         return dims
+
+    def _expert_parallel_size(self) -> int:
+        """The expert-parallel size of the model's DeepSpeed MoE layers (1 without any); one
+        size for all of them."""
+        sizes = {int(getattr(m, "ep_size", 1)) for m in self.engine.module.modules()
+                 if type(m).__name__ == "MoE" and type(m).__module__.startswith("deepspeed.moe")}
+        if len(sizes) > 1:
+            raise InvalidArgumentError(f"DeepSpeed MoE layers with different expert-parallel sizes {sorted(sizes)} "
+                                       "are not supported")
+        return sizes.pop() if sizes else 1
+
+    def _check_expert_group(self, ep: int, model: int) -> None:
+        """This rank's expert-parallel group must be its `ep` neighbours `model` apart (DeepSpeed's
+        layout: expert parallelism inside data parallelism)."""
+        from deepspeed.utils import groups
+
+        rank = dist.get_rank()
+        expected = [rank - (rank // model % ep) * model + k * model for k in range(ep)]
+        actual = sorted(dist.get_process_group_ranks(groups._get_expert_parallel_group(f"ep_size_{ep}")))
+        if actual != expected:
+            raise InvalidArgumentError(f"DeepSpeed's expert-parallel group {actual} is not the layout's {expected}")
 
     def mesh_dims(self, world_size: int) -> list[MeshDim]:
         return list(self._dims)
