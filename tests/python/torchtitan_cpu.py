@@ -218,7 +218,16 @@ def llama3_cpu_tiny():
     32, 2 sequences a rank, no activation checkpointing unless LMR_TT_AC is set."""
     c = llama3_debugmodel()
     c.model_spec.model = _quarter_width(int(os.environ.get("LMR_TT_LAYERS", "2")))
-    c.loss.loss_fn.global_vocab_size = c.model_spec.model.vocab_size
+    _on_cpu(c, c.model_spec.model.vocab_size)
+    if os.environ.get("LMR_TT_AC"):  # keep the debug model's selective recomputation
+        c.activation_checkpoint = llama3_debugmodel().activation_checkpoint
+    return c
+
+
+def _on_cpu(c, vocab):
+    """What every test config sets: the assets, sequence 32 x 2 sequences a rank, no CUDA
+    graphs, no activation checkpointing (nothing to save at this size), no validation."""
+    c.loss.loss_fn.global_vocab_size = vocab
     root = os.environ["LMR_TT_ASSETS"]
     c.hf_assets_path = os.path.join(root, "tokenizer")
     c.dataloader.dataset_path = os.path.join(root, "c4_tiny")
@@ -226,12 +235,10 @@ def llama3_cpu_tiny():
     c.training.local_batch_size = 2
     c.training.steps = 3
     c.training.disable_cuda_graphs = True
-    if not os.environ.get("LMR_TT_AC"):  # nothing to save at this size: backward without recomputing
-        c.activation_checkpoint = None  # (LMR_TT_AC=1 keeps the debug model's selective recomputation)
+    c.activation_checkpoint = None
     c.parallelism.spmd_backend = "partial_dtensor"
     c.metrics.log_freq = 1000
     c.validator.enable = False
-    return c
 
 
 def dsv3_cpu_tiny():
@@ -256,18 +263,7 @@ def dsv3_cpu_tiny():
         moe_comm_backend="standard", non_blocking_capacity_factor=None,
         rope=ComplexRoPE.Config(dim=rope, max_seq_len=256, theta=10000.0, scaling="yarn", rope_factor=40.0,
                                 beta_fast=32.0, beta_slow=1.0, original_seq_len=4096))
-    c.loss.loss_fn.global_vocab_size = vocab
-    root = os.environ["LMR_TT_ASSETS"]
-    c.hf_assets_path = os.path.join(root, "tokenizer")
-    c.dataloader.dataset_path = os.path.join(root, "c4_tiny")
-    c.training.seq_len = 32
-    c.training.local_batch_size = 2
-    c.training.steps = 3
-    c.training.disable_cuda_graphs = True
-    c.activation_checkpoint = None
-    c.parallelism.spmd_backend = "partial_dtensor"
-    c.metrics.log_freq = 1000
-    c.validator.enable = False
+    _on_cpu(c, vocab)
     return c
 '''
 

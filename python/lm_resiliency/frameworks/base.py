@@ -25,6 +25,23 @@ MeshDim = tuple[str, int, str]
 COMPONENTS = ("embedding", "transformer_block", "output", "expert")
 
 
+def check_group_layout(what: str, group: Any, size: int, stride: int, order: str) -> None:
+    """Raises InvalidArgumentError unless `group` (a process group) is this rank's `size`
+    neighbours `stride` ranks apart: the group a row-major layout (`order`, fastest first)
+    gives. Without an initialized process group, nothing to check."""
+    import torch.distributed as dist
+
+    if size == 1 or not (dist.is_available() and dist.is_initialized()):
+        return
+    rank = dist.get_rank()
+    expected = [rank - (rank // stride % size) * stride + k * stride for k in range(size)]
+    actual = sorted(dist.get_process_group_ranks(group))
+    if actual != expected:
+        from lm_resiliency.errors import InvalidArgumentError
+
+        raise InvalidArgumentError(f"{what} {actual} is not the layout's {expected} (rank order other than {order})")
+
+
 @dataclasses.dataclass
 class ModelParallelPart:
     """A parameter's tensor-parallel part (see FrameworkAdapter.model_parallel_part)."""

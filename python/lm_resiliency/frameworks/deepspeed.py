@@ -38,7 +38,7 @@ import torch.nn as nn
 
 from lm_resiliency.errors import InvalidArgumentError
 from lm_resiliency.frameworks import checkpoint_files as files
-from lm_resiliency.frameworks.base import FrameworkAdapter, MeshDim
+from lm_resiliency.frameworks.base import FrameworkAdapter, MeshDim, check_group_layout
 from lm_resiliency.frameworks.pytorch import ModuleStructure, _replaces, replay_torch_update
 from lm_resiliency.handle import Handle, Handles
 from lm_resiliency.rank_state import atomic_save, data_getter, data_setter, load_file, rank_and_world, rng_state, set_rng_state
@@ -208,7 +208,10 @@ class DeepSpeedAdapter(FrameworkAdapter):
             dense = [("dp", dp, d[2]) if d[0] == "dp" else d for d in dims if d[0] != "ep"]
             mine = next(g for g in _core.mesh_compute_groups(dense, world) if dist.get_rank() in g)
             if ep > 1:
-                self._check_expert_group(ep, world // (dp * stages))
+                from deepspeed.utils import groups
+
+                check_group_layout("DeepSpeed's expert-parallel group", groups._get_expert_parallel_group(f"ep_size_{ep}"),
+                                   ep, world // (dp * stages), "mp-ep-dp-pp")
             actual = dist.get_process_group_ranks(self.engine.data_parallel_group)
             if sorted(actual) != sorted(mine):
                 raise InvalidArgumentError(f"DeepSpeed's data-parallel group {sorted(actual)} is not the one the layout "
@@ -225,17 +228,6 @@ class DeepSpeedAdapter(FrameworkAdapter):
             raise InvalidArgumentError(f"DeepSpeed MoE layers with different expert-parallel sizes {sorted(sizes)} "
                                        "are not supported")
         return sizes.pop() if sizes else 1
-
-    def _check_expert_group(self, ep: int, model: int) -> None:
-        """This rank's expert-parallel group must be its `ep` neighbours `model` apart (DeepSpeed's
-        layout: expert parallelism inside data parallelism)."""
-        from deepspeed.utils import groups
-
-        rank = dist.get_rank()
-        expected = [rank - (rank // model % ep) * model + k * model for k in range(ep)]
-        actual = sorted(dist.get_process_group_ranks(groups._get_expert_parallel_group(f"ep_size_{ep}")))
-        if actual != expected:
-            raise InvalidArgumentError(f"DeepSpeed's expert-parallel group {actual} is not the layout's {expected}")
 
     def mesh_dims(self, world_size: int) -> list[MeshDim]:
         return list(self._dims)

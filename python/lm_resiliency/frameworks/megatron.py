@@ -38,7 +38,7 @@ import torch.nn as nn
 
 from lm_resiliency import _core
 from lm_resiliency.errors import InvalidArgumentError
-from lm_resiliency.frameworks.base import FrameworkAdapter, MeshDim
+from lm_resiliency.frameworks.base import FrameworkAdapter, MeshDim, check_group_layout
 from lm_resiliency.frameworks.megatron_chunks import chunks_of, is_a, unwrap
 from lm_resiliency.frameworks.pytorch import _replaces, part_holding, watch_load_state_dicts
 from lm_resiliency.handle import Handle
@@ -129,7 +129,9 @@ class MegatronAdapter(FrameworkAdapter):
                     f"Megatron's experts are laid out differently from its dense layers (expert tensor parallel {etp}, "
                     f"tensor parallel {tp}, expert model parallel {ep} x expert data parallel {edp}, data parallel "
                     f"{dp}): only layouts whose expert-parallel groups split the data-parallel group are supported")
-            self._check_expert_group(ep, tp)
+            if ep > 1:
+                check_group_layout("Megatron's expert-parallel group", ps.get_expert_model_parallel_group(), ep, tp,
+                                   "tp-ep-dp-pp")
         role = "shard" if self._distributed_optimizer() else "replicate"
         # Expert parallelism is a model dimension here: the ranks of one expert-parallel group
         # hold different experts and exchange tokens inside each MoE block, so they replay a
@@ -139,28 +141,9 @@ class MegatronAdapter(FrameworkAdapter):
         if pp * dp * tp != world_size:
             raise InvalidArgumentError(f"Megatron's parallel sizes pp {pp} x dp {dp} x tp {tp} do not cover the world "
                                        f"of {world_size}")
-        if dist.is_available() and dist.is_initialized() and dp > 1:
-            rank = dist.get_rank()
-            expected = [rank - (rank // tp % dp) * tp + k * tp for k in range(dp)]
-            actual = sorted(dist.get_process_group_ranks(ps.get_data_parallel_group()))
-            if actual != expected:
-                raise InvalidArgumentError(f"Megatron's data-parallel group {actual} is not the layout's {expected} "
-                                           "(rank order other than tp-dp-pp)")
+        if dp > 1:
+            check_group_layout("Megatron's data-parallel group", ps.get_data_parallel_group(), dp, tp, "tp-dp-pp")
         return dims or [("dp", world_size, role)]
-
-    def _check_expert_group(self, ep: int, tp: int) -> None:
-        """The expert-parallel group of this rank must be its `ep` neighbours `tp` apart (rank
-        order tp-ep-dp-pp, Megatron's default)."""
-        from megatron.core import parallel_state as ps
-
-        if ep == 1 or not (dist.is_available() and dist.is_initialized()):
-            return
-        rank = dist.get_rank()
-        expected = [rank - (rank // tp % ep) * tp + k * tp for k in range(ep)]
-        actual = sorted(dist.get_process_group_ranks(ps.get_expert_model_parallel_group()))
-        if actual != expected:
-            raise InvalidArgumentError(f"Megatron's expert-parallel group {actual} is not the layout's {expected} "
-                                       "(rank order other than tp-ep-dp-pp)")
 
     def completed_iterations(self) -> Optional[int]:
         """Megatron's own count when megatron.training drives the run: its args'
