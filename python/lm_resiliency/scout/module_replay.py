@@ -86,22 +86,21 @@ class ModuleReplay:
         evidence: list[torch.Tensor] = []
         wraps: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}  # tensor-parallel parts
         for name, p in prep.parameters:
-            part = None
-            if self._adapter.is_sharded(p):
-                with gather(self._device):
-                    part = self._adapter.model_parallel_part(p)
-            if part is not None:  # what this rank's tensor-parallel coordinate computes with
-                full[name], wraps[name] = part.local, part.wrap
-                gathered = True
-                evidence.append(part.local)
-            elif self._adapter.is_sharded(p):
-                with gather(self._device):
-                    full[name] = self._adapter.full_copy(p)
-                gathered = True
-                evidence.append(full[name] if self._peers.materialize else self._adapter.local(p).detach())
-            else:
+            if not self._adapter.is_sharded(p):
                 full[name] = p.detach().clone()
                 evidence.append(full[name])
+                continue
+            gathered = True
+            with gather(self._device):
+                # Under tensor (expert) parallelism, what this rank's coordinate computes with.
+                part = self._adapter.model_parallel_part(p)
+                if part is None:
+                    full[name] = self._adapter.full_copy(p)
+            if part is not None:
+                full[name], wraps[name] = part.local, part.wrap
+                evidence.append(part.local)
+            else:
+                evidence.append(full[name] if self._peers.materialize else self._adapter.local(p).detach())
         if gathered:
             result.add_collective("fsdp_parameter_all_gather", recipe, gather)
         if self._compare_parameters:
