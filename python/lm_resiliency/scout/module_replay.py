@@ -67,7 +67,7 @@ class ModuleReplay:
         decisions), named ``<recipe>.<key>``. `verify`: replay at least twice and raise when
         the output (and derived tensors) differ between the first and the last run."""
         source = _core.replay_source_rank(self._peers.ranks, step)
-        # A DTensor activation (tensor parallel) is this rank's part: peers of one
+        # A sharded activation (tensor parallel) is this rank's part: peers of one
         # tensor-parallel coordinate hold the same part of the source's input.
         inputs = [self._adapter.local(x) for x in prep.inputs]
         t = Timer(self._pipelined)
