@@ -220,6 +220,27 @@ def train(tp, pp, distributed_optimizer, steps, faults=True, ranks=(1, 2, 3), bl
             "shims": list(megatron_cpu.APPLIED)}
 
 
+def tp_straggler(steps=16):
+    """TP2 x DP3 with sequence parallelism, 2 layers: rank 3's block 0 computes 40 ms more from
+    iteration 3 on. Every check's confirmed stragglers and, per rank, its straggler candidates."""
+    import lm_resiliency as lmr
+    from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
+
+    chunks, optimizer = build(2, 1, True, "fp32", layers=2, sp=True)
+    trainer = Trainer(chunks, optimizer)
+    harness = ReplayHarness(chunks, optimizer, config=ReplayHarnessConfig(check_interval=1, confirmation_rounds=3))
+    session = lmr.enable_fault_injection(chunks, optimizer, campaign=campaign(incident(
+        "slow", [3], "delay", {"rank": 3, "component": "transformer_block", "index": 0, "surface": "compute"},
+        {"delay_ms": 40}, {"iterations": steps})))
+    for _ in range(steps):
+        trainer.step()
+    session.close()
+    harness.close()
+    return {"confirmed": sorted({r for res in harness.results for r in res.straggler_ranks}),
+            "candidates": sorted({p for res in harness.results for p, c in zip(res.peer_ranks, res.straggler_candidates)
+                                  if c})}
+
+
 def skipped_updates(steps, loss_scale):
     """fp16 with Megatron's dynamic loss scaler starting high: the first updates overflow
     and are skipped. A weight fault due at iteration 2; after each optimizer step, what it

@@ -84,9 +84,9 @@ def test_moe_under_expert_parallelism_is_localized(tmp_path):
     """DeepSpeed MoE feed-forwards (4 experts, top-1) over EP2 x DP3 under ZeRO 2, 6 ranks:
     each EP group replays a block together (its token AllToAll on the EP group), compared
     within each EP coordinate; the hidden-output fault and the gradient and weight faults on
-    the rank's first local expert are each localized to their rank. The compute delay on
-    rank 0 is named, but not told apart from its EP partner (rank 1), which waits for it in
-    the replay's AllToAll (a known limit of replay timing inside a model-parallel group)."""
+    the rank's first local expert and the compute delay on rank 0 are each localized to their
+    rank: its EP partner (rank 1), which waits for it in the replay's AllToAll, is not named
+    (the wait is taken out of the replay's compute time)."""
     ranks = (1, 2, 3, 0)
     per_rank = spawn(deepspeed_workers.train, 6, preload=deepspeed_workers.PRELOAD, timeout=900,
                      args=(2, False, STEPS, True, 1, 2, ranks, str(tmp_path), False, 4, 2))
@@ -103,7 +103,7 @@ def test_moe_under_expert_parallelism_is_localized(tmp_path):
     sdc = {r for res in results for r in res.sdc_ranks}
     assert sdc == {1, 2, 3}, sdc  # the hidden, gradient and weight faults' ranks, nobody else
     slow = {r for res in results for r in res.straggler_ranks}
-    assert 0 in slow and slow <= {0, 1}, slow
+    assert slow == {0}, slow
 
 
 @pytest.mark.parametrize("stage", [2, 3])

@@ -158,6 +158,15 @@ def test_campaign(cell):
         assert hidden.sdc_ranks == [faulty], hidden.to_json()
 
 
+def test_a_slow_rank_under_tensor_parallelism_is_told_from_its_partner():
+    """Rank 3 computes slowly; its TP partner (rank 2) waits for it in the replay's TP
+    collectives. That wait is not compute time: only rank 3 is named (it used to be named
+    with rank 2)."""
+    out = spawn(w.tp_straggler, 6, preload=megatron_cpu.PRELOAD, timeout=600)
+    assert {r for o in out for r in o["confirmed"]} == {3}, [o["confirmed"] for o in out]
+    assert {r for o in out for r in o["candidates"]} == {3}, [o["candidates"] for o in out]
+
+
 @pytest.mark.parametrize("distributed_optimizer", [False, True])
 def test_a_retired_weight_fault_keeps_what_the_update_wrote(distributed_optimizer):
     """Megatron's mixed-precision optimizers copy the fp32 main parameters into the model's

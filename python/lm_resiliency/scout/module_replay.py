@@ -23,6 +23,7 @@ from lm_resiliency.frameworks import FrameworkAdapter
 from lm_resiliency.scout.arguments import leaves, map_tensors
 from lm_resiliency.scout.broadcast import broadcast_flat
 from lm_resiliency.scout.capture import Capture
+from lm_resiliency.scout.collective_wait import blocked_in_collectives
 from lm_resiliency.scout.determinism import Determinism
 from lm_resiliency.scout.fingerprints import fingerprint
 from lm_resiliency.scout.module_call import call_with_hooks, first_tensor, swapped_parameters
@@ -166,8 +167,11 @@ class ModuleReplay:
                 if verify and outcome and not first:
                     first.extend([outcome[0].detach().clone(), {k: v.clone() for k, v in outcome[3].items()}])
                 timer = Timer(self._pipelined)
-                with timer(self._device):
+                # A block's own collectives (tensor, context or expert parallel): the time
+                # this rank waits there for a slower partner is not its compute time.
+                with blocked_in_collectives() as blocked, timer(self._device):
                     self._determinism.run(recipe, seed, replay)
+                timer.exclude(blocked[0])
                 timers.append(timer)
         finally:
             self._replaying[0] = False

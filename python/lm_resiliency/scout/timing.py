@@ -42,10 +42,16 @@ class Timer:
         self._seconds = 0.0
         self._events = events
         self._blocks: list = []  # (start event, end event, host seconds)
+        self._excluded = 0.0
 
     @property
     def seconds(self) -> float:
-        return self._seconds + sum(max(a.elapsed_time(b) / 1000.0, host) for a, b, host in self._blocks)
+        timed = self._seconds + sum(max(a.elapsed_time(b) / 1000.0, host) for a, b, host in self._blocks)
+        return max(0.0, timed - self._excluded)
+
+    def exclude(self, seconds: float) -> None:
+        """Takes `seconds` (spent inside the timed blocks, waiting on others) out of the time."""
+        self._excluded += seconds
 
     @contextlib.contextmanager
     def __call__(self, device: torch.device) -> Iterator[None]:
