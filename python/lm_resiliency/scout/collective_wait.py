@@ -48,10 +48,20 @@ def blocked_in_collectives() -> Iterator[list]:
         yield blocked
         return
     with _lock:
-        if _active[0] == 0:
-            _original[:] = [work.wait]
-            work.wait = _wait
-        _active[0] += 1
+        installed = _active[0] > 0
+        if not installed:
+            try:
+                original = work.wait
+                work.wait = _wait
+                _original[:] = [original]
+                installed = True
+            except (AttributeError, TypeError):  # a torch whose Work refuses it: nothing taken out
+                pass
+        if installed:
+            _active[0] += 1
+    if not installed:
+        yield blocked
+        return
     outer = getattr(_local, "blocked", None)
     _local.blocked = blocked
     try:
