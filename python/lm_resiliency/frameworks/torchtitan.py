@@ -111,7 +111,9 @@ class TorchTitanAdapter(PyTorchAdapter):
         """ParallelDims' dense mesh, in its order (pp, dp_replicate, fsdp, cp, tp), without
         dimensions of size 1. Context parallelism is a model dimension: the ranks of one CP
         group hold different parts of the sequence and replay a block together (its
-        attention gathers keys and values over the CP group). Expert parallelism is refused."""
+        attention gathers keys and values over the CP group). Under expert parallelism the
+        experts' mesh: (pp, dp_replicate, fsdp / ep, ep), ep a model dimension; with CP or
+        TP besides, refused."""
         pd = self.trainer.parallel_dims
         if pd.ep > 1:
             if pd.cp > 1 or pd.tp > 1 or pd.dp_shard % pd.ep:
