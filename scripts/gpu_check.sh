@@ -11,7 +11,8 @@
 # hardware-health checks (probe, a one-minute monitor, the poll benchmark); LMR_GPU_SUITE=moe
 # builds, then runs only the MoE tests (CUDA ranks sharing the GPU, and the CPU worlds on the
 # machine's cores) and the MoE replay benchmark; LMR_GPU_SUITE=memory builds, then runs only the
-# in-memory checkpoint tier's tests and benchmark.
+# in-memory checkpoint tier's tests and benchmark; LMR_GPU_SUITE=replay-tp builds, then runs only
+# the Megatron Core tensor-parallel replay campaign in bf16 and its overhead benchmark.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-$PWD/gpu-results}
@@ -83,6 +84,15 @@ if [ "${LMR_GPU_SUITE:-all}" = memory ]; then  # the in-memory checkpoint tier (
       --layers 16 --seq 1024 --batch 8 --vocab 32000 --bf16 --rounds 4 --steps 20
     run memory_bench_2ranks.txt python3 bench/memory_tier.py --device cuda --world 2 --per-node 1 --dim 1024 \
       --layers 8 --seq 1024 --batch 8 --vocab 32000 --bf16 --rounds 4 --steps 20
+  fi
+  exit $status
+fi
+if [ "${LMR_GPU_SUITE:-all}" = replay-tp ]; then  # module replay under TP2 x DP3 with SP
+  run pytest_replay_tp.log python3 -m pytest -q -p no:cacheprovider tests/python/test_megatron.py \
+    -k tensor_parallel_bf16 -s
+  if [ "${LMR_GPU_BENCH:-1}" != 0 ]; then  # 6 ranks sharing the GPU through gloo
+    run replay_tp_bench.txt python3 bench/megatron_overhead.py --ranks 6 --tp 2 --sp --precision bf16 \
+      --hidden 1024 --layers 8 --vocab 32000 --seq 512 --micro-batch 4 --rounds 3
   fi
   exit $status
 fi
