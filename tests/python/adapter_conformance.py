@@ -237,11 +237,14 @@ def check_block_replay(adapter, step) -> None:
     training step, replayed as SCOUT replays them (on copies, the framework's own hooks set
     aside, parameters gathered the adapter's way, a tensor- or context-parallel group
     together), give the output the live module computes on the same inputs and parameters.
-    This rank replays its own first block as its own source."""
+    This rank replays its own first block as its own source. The live call runs under the
+    replay's seed, so a block with dropout draws the same mask."""
     import contextlib
 
+    from lm_resiliency import _core
+
     from lm_resiliency.scout.capture import Capture
-    from lm_resiliency.scout.determinism import Determinism
+    from lm_resiliency.scout.determinism import Determinism, isolated
     from lm_resiliency.scout.fingerprints import fingerprint
     from lm_resiliency.scout.groups import Peers
     from lm_resiliency.scout.module_call import first_tensor
@@ -255,7 +258,8 @@ def check_block_replay(adapter, step) -> None:
     finally:
         capture.remove()
     assert capture.captured, capture.reason
-    with torch.no_grad():
+    device = next(module.parameters()).device
+    with torch.no_grad(), isolated(_core.replay_seed(f"hidden.{index}", 0), True, device):
         live = adapter.local(first_tensor(module(*capture.args, **capture.kwargs))).detach().clone()
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
     replay = ModuleReplay(adapter, Peers([rank], [[rank]], None, None, None, False), False, live.device,

@@ -78,12 +78,13 @@ def source_rank(rank: int, marker: dict[str, Any]) -> int:
 
 def checkpoint_problems(path: str, rank: Optional[int] = None, needs: tuple[str, ...] = (),
                         requires: tuple[tuple[str, str], ...] = (), world: Optional[int] = None,
-                        reshard: bool = False) -> list[str]:
+                        reshard: bool = False, rank_files: bool = True) -> list[str]:
     """What keeps `path` from being a complete checkpoint (empty when it is one): the marker,
     `rank`'s file (every rank's when None), the parts in `needs` that the marker must list
     ("scheduler", "data"), the back end's own files in `requires` ((name, what it is)), and,
     with `world`, the world size it was saved by (any, with `reshard`: the back end reshards,
-    and `rank` reads the file of its source_rank)."""
+    and `rank` reads the file of its source_rank). `rank_files` False: a back end whose own
+    files carry each rank's RNG and data position (the Trainer's) has no ``lmr-rank-R.pt``."""
     if os.path.basename(path).endswith(PARTIAL):
         return [f"{path} is an unfinished save (a '{PARTIAL}' directory is never a checkpoint)"]
     if _QUARANTINED.search(os.path.basename(path)):
@@ -104,7 +105,7 @@ def checkpoint_problems(path: str, rank: Optional[int] = None, needs: tuple[str,
     saved_world = marker.get("world_size")
     if world is not None and saved_world != world and not reshard:
         problems.append(f"it was saved by a world of {saved_world} ranks, this one has {world}")
-    for r in range(int(saved_world or 0)) if rank is None else [source_rank(rank, marker)]:
+    for r in [] if not rank_files else range(int(saved_world or 0)) if rank is None else [source_rank(rank, marker)]:
         if not os.path.isfile(rank_file(path, r, marker)):
             problems.append(f"{rank_file(path, r, marker)} (rank {r}'s RNG and data position) is missing")
     keys = set(marker.get("keys", []))
@@ -122,10 +123,11 @@ def require_complete(path: str, needs: tuple[str, ...] = (), requires: tuple[tup
     raise_everywhere(problem, InvalidArgumentError, f"{path} is not a complete checkpoint")
 
 
-def commit_checkpoint(path: str) -> None:
+def commit_checkpoint(path: str, requires: tuple[tuple[str, str], ...] = (), rank_files: bool = True) -> None:
     """Marks a complete checkpoint committed (``COMMITTED``, written atomically). One writer
-    rank, no collectives. InvalidArgumentError when `path` is not a complete checkpoint."""
-    problems = checkpoint_problems(path)
+    rank, no collectives. InvalidArgumentError when `path` is not a complete checkpoint
+    (`requires`, `rank_files`: as checkpoint_problems)."""
+    problems = checkpoint_problems(path, requires=requires, rank_files=rank_files)
     if problems:
         raise InvalidArgumentError(f"cannot commit {path}: " + "; ".join(problems))
     marker = read_marker(path)
