@@ -61,7 +61,7 @@ def test_fault_free_run_certifies_the_trainers_own_checkpoints(tmp_path):
     # A Trainer that starts anywhere else (here: from scratch) is refused when training begins.
     again = spawn(tw.train, 4, preload=tw.PRELOAD, timeout=600, args=(str(tmp_path), 12, 1, False, 2, 4, False))
     assert all("resume_from_checkpoint=lm_resiliency.frameworks.transformers_trainer.trusted_checkpoint(" in o["error"]
-               and "the Trainer started at step 0" in o["error"] for o in again), again[0]
+               and "the trainer started at step 0" in o["error"] for o in again), again[0]
 
 
 def test_options_the_trainer_owns_are_refused():
