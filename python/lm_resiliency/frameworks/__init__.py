@@ -3,9 +3,9 @@
 ``select_adapter(model, optimizer)`` asks each registered adapter, in order, whether it
 ``matches`` the training objects and returns the first that does. The order puts the
 frameworks that wrap plain PyTorch first (TorchTitan, DeepSpeed, Megatron Core, Accelerate's
-optimizer wrapper: each is also made of ``torch.nn`` modules), then plain PyTorch (single
-process, DDP, FSDP2, HSDP). This release ships the TorchTitan, DeepSpeed, Megatron Core,
-Accelerate and PyTorch adapters.
+optimizer wrapper, a Lightning module: each is also made of ``torch.nn`` modules), then plain
+PyTorch (single process, DDP, FSDP2, HSDP). This release ships the TorchTitan, DeepSpeed,
+Megatron Core, Accelerate, Lightning and PyTorch adapters.
 ``register_adapter`` adds one (say, your own) ahead of plain PyTorch. The interface is
 ``frameworks/base.py``; docs/adapters.md is the author's guide.
 """
@@ -18,15 +18,17 @@ from lm_resiliency.errors import InvalidArgumentError
 from lm_resiliency.frameworks.accelerate import AccelerateAdapter
 from lm_resiliency.frameworks.base import FrameworkAdapter
 from lm_resiliency.frameworks.deepspeed import DeepSpeedAdapter
+from lm_resiliency.frameworks.lightning import LightningAdapter
 from lm_resiliency.frameworks.megatron import MegatronAdapter
 from lm_resiliency.frameworks.pytorch import PyTorchAdapter
 from lm_resiliency.frameworks.torchtitan import TorchTitanAdapter
 
-__all__ = ["AccelerateAdapter", "DeepSpeedAdapter", "FrameworkAdapter", "MegatronAdapter", "PyTorchAdapter", "TorchTitanAdapter", "adapters",
+__all__ = ["AccelerateAdapter", "DeepSpeedAdapter", "FrameworkAdapter", "LightningAdapter", "MegatronAdapter",
+           "PyTorchAdapter", "TorchTitanAdapter", "adapters",
            "register_adapter", "select_adapter"]
 
 _registry: list[type[FrameworkAdapter]] = [TorchTitanAdapter, DeepSpeedAdapter, MegatronAdapter, AccelerateAdapter,
-                                           PyTorchAdapter]
+                                           LightningAdapter, PyTorchAdapter]
 
 
 def adapters() -> list[type[FrameworkAdapter]]:
