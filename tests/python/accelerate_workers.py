@@ -4,6 +4,8 @@ conformance suite, a campaign of block-output, gradient and weight SDC and a com
 fault-free runs, and gradient accumulation counted as Accelerate counts it. On CPU ranks
 Accelerate runs DDP (MULTI_CPU); FSDP2 and DeepSpeed through it need a GPU (``device``)."""
 
+import os
+
 import torch
 import torch.distributed as dist
 
@@ -25,6 +27,8 @@ def prepare(ga=1, device="cpu", fsdp2=False, deepspeed_stage=None):
     options = {"gradient_accumulation_steps": ga}
     if device == "cpu":
         options["cpu"] = True
+    else:  # every rank shares GPU 0 (the accelerator machine has one): Accelerate places by LOCAL_RANK
+        os.environ["LOCAL_RANK"] = "0"
     if fsdp2:
         from accelerate import FullyShardedDataParallelPlugin
 

@@ -107,3 +107,21 @@ def test_an_sdc_relaunches_the_trainer_from_the_trusted_checkpoint(tmp_path):
     campaign = FaultCampaign.from_json(tw.until_recovery(9))
     totals = _compare(str(tmp_path), campaign, replay_results(first["results"]) + later)["totals"]
     assert totals["occurrences"] == totals["localized"] == 1, totals
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["fsdp2", "deepspeed"])
+def test_campaign_under_the_trainers_fsdp2_and_deepspeed_on_the_gpu(backend, tmp_path):
+    """The accelerator machine: 4 ranks sharing GPU 0 through gloo, the Trainer's FSDP2
+    (fsdp_config fsdp_version 2) and DeepSpeed ZeRO 2 set up from TrainingArguments."""
+    steps = 26
+    per_rank = spawn(tw.train, 4, preload=tw.PRELOAD, timeout=900,
+                     args=(str(tmp_path), steps, 2, True, 1, 0, True, False, "cuda", backend))
+    assert "error" not in per_rank[0], per_rank[0]["error"]
+    assert per_rank[0]["adapter"] == ("accelerate" if backend == "fsdp2" else "deepspeed")
+    c = FaultCampaign.from_json(per_rank[0]["campaign"])
+    records = [FaultInjectionRecord.from_dict(r) for out in per_rank for r in out["records"]]
+    results = replay_results(per_rank[0]["results"])
+    report = evaluate(c, records, localization_results(c, records, results, per_rank[0]["boundary_times"]))
+    missed = [(o["occurrence_id"], o["reasons"]) for o in report.occurrences if not o["localized"]]
+    assert not missed, report.table()

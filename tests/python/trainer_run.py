@@ -29,6 +29,11 @@ def main() -> None:
     p.add_argument("--output-dir", required=True)
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--fault-step", type=int, default=9)
+    p.add_argument("--campaign", choices=["until-recovery", "four"], default="until-recovery",
+                   help="four: block-output, gradient and weight SDC and a compute delay (trainer_workers)")
+    p.add_argument("--self-healing", type=int, default=1)
+    p.add_argument("--check-interval", type=int, default=2)
+    p.add_argument("--accumulate", type=int, default=1)
     args = p.parse_args()
     init_process_group("gloo")
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -42,11 +47,13 @@ def main() -> None:
                 json.dump(seen, f)
 
     # One optimizer slice: a catalog cycle is two checks, so the first capture is verified by step 8.
-    resilience = ResilienceCallback(replay=ReplayHarnessConfig(check_interval=2, optimizer_slice_size=32),
-                                    hangs=False, campaign=tw.until_recovery(args.fault_step),
+    campaign = tw.until_recovery(args.fault_step) if args.campaign == "until-recovery" else tw.trainer_campaign()
+    resilience = ResilienceCallback(replay=ReplayHarnessConfig(check_interval=args.check_interval,
+                                                               optimizer_slice_size=32),
+                                    hangs=False, campaign=campaign, self_healing=bool(args.self_healing),
                                     hooks=lmr.OrchestrationHooks(on_replay_result=note))
     grab = tw.Grab(resilience, artifacts=os.path.join(args.output_dir, f"attempt-{attempt}"))
-    trainer = tw.make_trainer(args.output_dir, args.steps, callbacks=[grab.callback, resilience])
+    trainer = tw.make_trainer(args.output_dir, args.steps, args.accumulate, callbacks=[grab.callback, resilience])
     try:
         trainer.train(resume_from_checkpoint=seen["resume_from"])
     except SystemExit:  # leaving for the relaunch: this attempt's injection records first

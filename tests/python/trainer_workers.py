@@ -88,18 +88,31 @@ class Grab:
             job.session.write_artifact(os.path.join(self.artifacts, f"injections-rank-{dist.get_rank()}.json"))
 
 
-def make_trainer(output_dir, steps, ga=1, save_steps=0, callbacks=(), seed=0):
+def make_trainer(output_dir, steps, ga=1, save_steps=0, callbacks=(), seed=0, device="cpu", backend="ddp"):
+    """`device` "cuda": every rank on GPU 0 (through gloo); `backend` "fsdp2" or "deepspeed"
+    (ZeRO 2) as the Trainer sets them up from its arguments (GPU only: Accelerate's CPU path is DDP)."""
     import transformers
 
+    extra = {}
+    if device == "cuda":
+        os.environ["LOCAL_RANK"] = "0"  # the accelerator machine has one GPU: every rank shares it
+    if backend == "fsdp2":
+        extra.update(fsdp="full_shard auto_wrap", fsdp_config={"fsdp_version": 2,
+                                                               "transformer_layer_cls_to_wrap": ["GPT2Block"]})
+    elif backend == "deepspeed":
+        extra["deepspeed"] = {"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": "auto",
+                              "gradient_accumulation_steps": "auto", "zero_allow_untested_optimizer": True}
     args = transformers.TrainingArguments(
         output_dir=output_dir, per_device_train_batch_size=4, gradient_accumulation_steps=ga, max_steps=steps,
         learning_rate=1e-3, save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500,
-        logging_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, seed=seed)
+        logging_strategy="no", report_to=[], use_cpu=device == "cpu", disable_tqdm=True, dataloader_num_workers=0,
+        seed=seed, **extra)
     model, _ = hf_model("gpt2")
     return transformers.Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=list(callbacks))
 
 
-def train(output_dir, steps, ga=1, faults=True, check_interval=1, save_steps=0, resume=True, self_healing=False):
+def train(output_dir, steps, ga=1, faults=True, check_interval=1, save_steps=0, resume=True, self_healing=False,
+          device="cpu", backend="ddp"):
     """A Trainer run with ResilienceCallback (a check every `check_interval` steps with one
     optimizer slice, no hang daemon), resumed from trusted_checkpoint() unless `resume` is
     False; the results, the campaign's records and where the clock ended, or the error that
@@ -110,7 +123,8 @@ def train(output_dir, steps, ga=1, faults=True, check_interval=1, save_steps=0, 
         hangs=False, campaign=trainer_campaign() if faults else None, self_healing=self_healing,
         hooks=lmr.OrchestrationHooks(on_replay_result=results.append))
     grab = Grab(resilience)
-    trainer = make_trainer(output_dir, steps, ga, save_steps, [grab.callback, resilience])
+    trainer = make_trainer(output_dir, steps, ga, save_steps, [grab.callback, resilience], device=device,
+                           backend=backend)
     try:
         trainer.train(resume_from_checkpoint=trusted_checkpoint(output_dir) if resume else None)
     except Exception as e:  # noqa: BLE001 - the test reads what stopped it
