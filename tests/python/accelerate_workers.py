@@ -11,8 +11,7 @@ import torch.distributed as dist
 
 import lm_resiliency as lmr
 from adapter_conformance import check_adapter
-from hf_workers import VOCAB, WEIGHT, hf_model
-from injection_util import campaign, incident
+from hf_workers import VOCAB, four_campaign, hf_model
 from lm_resiliency.frameworks import select_adapter
 from lm_resiliency.frameworks.accelerate import protect_accelerator
 from lm_resiliency.scout import ReplayHarnessConfig
@@ -68,23 +67,6 @@ def conformance():
     return adapter.name, check_adapter(adapter, step)
 
 
-def acc_campaign():
-    """Block-output and gradient SDC, a compute delay, then a weight SDC (it stays: DDP keeps
-    the replicas apart once one diverged), on ranks 1, 2, 0 and 3."""
-    window = {"iterations": 3}
-    block = {"component": "transformer_block"}
-    return campaign(
-        incident("hidden", [3], "tensor_corruption", {"rank": 1, **block, "index": 1, "surface": "output"},
-                 {"operation": "sign_flip", "scope": "row"}, window),
-        incident("gradient", [8], "tensor_corruption", {"rank": 2, **block, "index": 0, "surface": "gradient"},
-                 {"operation": "noise", "std": 1.0, "scope": "1%", "parameter": "mlp.c_fc.weight"}, window),
-        incident("delay", [12], "delay", {"rank": 0, **block, "index": 0, "surface": "compute"},
-                 {"delay_ms": 40}, {"iterations": 8}),
-        incident("weight", [21], "tensor_corruption", {"rank": 3, **block, "index": 1, "surface": "weight"},
-                 {"operation": "scale", "factor": 4.0, "scope": "1%", "parameter": WEIGHT["gpt2"]}, window),
-    )
-
-
 def train(directory, steps, ga=1, faults=True, device="cpu", fsdp2=False, deepspeed_stage=None):
     """`steps` optimizer steps of `ga` micro-batches each under protect_accelerator (a check
     every step, no checkpoints; the campaign's journal in `directory`); what the campaign,
@@ -94,7 +76,7 @@ def train(directory, steps, ga=1, faults=True, device="cpu", fsdp2=False, deepsp
     hooks = lmr.OrchestrationHooks(on_replay_result=results.append)
     job = protect_accelerator(accelerator, model, optimizer, checkpoint_dir=directory, checkpoints=False,
                               hangs=False, replay=ReplayHarnessConfig(check_interval=1, state_integrity=True),
-                              campaign=acc_campaign() if faults else None, hooks=hooks)
+                              campaign=four_campaign() if faults else None, hooks=hooks)
     micro_steps, clock = 0, []
     with job:
         for step in job.steps(steps):
@@ -110,7 +92,7 @@ def train(directory, steps, ga=1, faults=True, device="cpu", fsdp2=False, deepsp
         times = job.harness.boundary_times
         adapter = job.harness._attachment.adapter.name
     return {"records": records, "results": [r.to_dict() for r in results], "boundary_times": times,
-            "clock": clock, "micro_steps": micro_steps, "adapter": adapter, "campaign": acc_campaign(),
+            "clock": clock, "micro_steps": micro_steps, "adapter": adapter,
             "device": str(accelerator.device)}
 
 

@@ -56,6 +56,44 @@ def hf_campaign(kind, parallel):
     return campaign(*incidents)
 
 
+def four_campaign():
+    """For the integrations (Accelerate, the Trainer, Lightning): block-output and gradient SDC,
+    a compute delay, then a weight SDC (it stays: DDP keeps the replicas apart once one
+    diverged), on ranks 1, 2, 0 and 3 of a GPT-2 from hf_model."""
+    window = {"iterations": 3}
+    block = {"component": "transformer_block"}
+    return campaign(
+        incident("hidden", [3], "tensor_corruption", {"rank": 1, **block, "index": 1, "surface": "output"},
+                 {"operation": "sign_flip", "scope": "row"}, window),
+        incident("gradient", [8], "tensor_corruption", {"rank": 2, **block, "index": 0, "surface": "gradient"},
+                 {"operation": "noise", "std": 1.0, "scope": "1%", "parameter": "mlp.c_fc.weight"}, window),
+        incident("delay", [12], "delay", {"rank": 0, **block, "index": 0, "surface": "compute"},
+                 {"delay_ms": 40}, {"iterations": 8}),
+        incident("weight", [21], "tensor_corruption", {"rank": 3, **block, "index": 1, "surface": "weight"},
+                 {"operation": "scale", "factor": 4.0, "scope": "1%", "parameter": WEIGHT["gpt2"]}, window),
+    )
+
+
+def assert_four_localized(per_rank):
+    """Every occurrence of four_campaign() localized, nothing unexplained (from the ranks'
+    records and rank 0's results); returns the results."""
+    from lm_resiliency.fault_injection import FaultCampaign, FaultInjectionRecord, evaluate
+    from lm_resiliency.scout import explain_attributions, localization_results
+    from test_scout import replay_results
+
+    c = FaultCampaign.from_json(four_campaign())
+    records = [FaultInjectionRecord.from_dict(r) for out in per_rank for r in out["records"]]
+    results = replay_results(per_rank[0]["results"])
+    report = evaluate(c, records, localization_results(c, records, results, per_rank[0]["boundary_times"]))
+    missed = [(o["occurrence_id"], o["reasons"]) for o in report.occurrences if not o["localized"]]
+    assert len(report.occurrences) == 4 and not missed, report.table()
+    unexplained = [a.describe() for a in explain_attributions(c, records, results) if a.explanation == "unexplained"]
+    assert not unexplained, unexplained
+    assert {r for res in results for r in res.sdc_ranks} == {1, 2, 3}
+    assert {r for res in results for r in res.straggler_ranks} == {0}
+    return results
+
+
 def wrap(model, blocks, parallel):
     if parallel == "ddp":
         return torch.nn.parallel.DistributedDataParallel(model)

@@ -11,10 +11,9 @@ import torch.distributed as dist
 
 import lm_resiliency as lmr
 from adapter_conformance import check_adapter
-from hf_workers import VOCAB, hf_model
+from hf_workers import VOCAB, four_campaign, hf_model
 from lm_resiliency.frameworks import select_adapter
 from lm_resiliency.scout import ReplayHarnessConfig
-from trainer_workers import trainer_campaign
 
 PRELOAD = ("pytorch_lightning", "transformers", "transformers.models.gpt2.modeling_gpt2", "lightning_workers")
 # What torchrun sets and Lightning's TorchElasticEnvironment reads (spawn sets RANK, WORLD_SIZE, LOCAL_RANK).
@@ -112,7 +111,7 @@ def fit(directory, steps, strategy="ddp", ga=1, faults=True, resume=True, optimi
     resilience = ResilienceCallback(
         directory, replay=ReplayHarnessConfig(check_interval=1 if faults else 2, optimizer_slice_size=32,
                                               state_integrity=True),
-        hangs=False, campaign=trainer_campaign() if faults else None, self_healing=False,
+        hangs=False, campaign=four_campaign() if faults else None, self_healing=False,
         hooks=lmr.OrchestrationHooks(on_replay_result=results.append))
     grab = Grab(resilience)
     run = trainer(steps, strategy, ga, [grab.callback, resilience], accelerator)
@@ -123,8 +122,7 @@ def fit(directory, steps, strategy="ddp", ga=1, faults=True, resume=True, optimi
     except Exception as e:  # noqa: BLE001 - the test reads what stopped it
         return {"error": f"{type(e).__name__}: {e}"}
     committed = sorted(f for f in os.listdir(directory) if os.path.exists(os.path.join(directory, f, "COMMITTED")))
-    return {**grab.out, "results": [r.to_dict() for r in results], "global_step": run.global_step,
-            "campaign": trainer_campaign(), "committed": committed}
+    return {**grab.out, "results": [r.to_dict() for r in results], "global_step": run.global_step, "committed": committed}
 
 
 def conformance():
@@ -167,7 +165,7 @@ def fabric_run(directory, steps, ga=2):
     results = []
     job = protect_fabric(fabric, model, opt, checkpoint_dir=directory, checkpoints=False, hangs=False,
                          replay=ReplayHarnessConfig(check_interval=1, state_integrity=True),
-                         campaign=trainer_campaign(), hooks=lmr.OrchestrationHooks(on_replay_result=results.append))
+                         campaign=four_campaign(), hooks=lmr.OrchestrationHooks(on_replay_result=results.append))
     with job:
         for step in job.steps(steps):
             for micro in range(ga):
@@ -179,7 +177,7 @@ def fabric_run(directory, steps, ga=2):
             opt.zero_grad()
         out = {"adapter": job.harness._attachment.adapter.name, "completed": job.harness.completed_iterations,
                "boundary_times": job.harness.boundary_times, "records": [r.to_dict() for r in job.session.records()]}
-    return {**out, "results": [r.to_dict() for r in results], "campaign": trainer_campaign()}
+    return {**out, "results": [r.to_dict() for r in results]}
 
 
 def refused(directory, cases=(("tensor-parallel", "tp", 1), ("two-optimizers", "ddp", 2)), accelerator="cpu"):

@@ -14,9 +14,8 @@ pytest.importorskip("transformers")
 
 import lightning_workers as lw  # noqa: E402
 from lm_resiliency.errors import InvalidArgumentError  # noqa: E402
-from lm_resiliency.fault_injection import FaultCampaign, FaultInjectionRecord, evaluate  # noqa: E402
+from hf_workers import assert_four_localized  # noqa: E402
 from lm_resiliency.frameworks.lightning import ResilienceCallback, trusted_checkpoint  # noqa: E402
-from lm_resiliency.scout import explain_attributions, localization_results  # noqa: E402
 from lm_resiliency.workloads import spawn  # noqa: E402
 from test_scout import replay_results  # noqa: E402
 
@@ -39,15 +38,7 @@ def test_conformance():
 def _localized(per_rank, steps):
     assert all("error" not in out for out in per_rank), per_rank[0].get("error")
     assert all(out["completed"] == steps for out in per_rank)
-    c = FaultCampaign.from_json(per_rank[0]["campaign"])
-    records = [FaultInjectionRecord.from_dict(r) for out in per_rank for r in out["records"]]
-    results = replay_results(per_rank[0]["results"])
-    report = evaluate(c, records, localization_results(c, records, results, per_rank[0]["boundary_times"]))
-    missed = [(o["occurrence_id"], o["reasons"]) for o in report.occurrences if not o["localized"]]
-    assert len(report.occurrences) == 4 and not missed, report.table()
-    unexplained = [a.describe() for a in explain_attributions(c, records, results) if a.explanation == "unexplained"]
-    assert not unexplained, unexplained
-    assert {r for res in results for r in res.straggler_ranks} == {0}
+    assert_four_localized(per_rank)
 
 
 @pytest.mark.parametrize("strategy,ga,manual", [("ddp", 2, False), ("fsdp2", 2, False), ("ddp", 1, True)],

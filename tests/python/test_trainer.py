@@ -18,10 +18,11 @@ pytest.importorskip("transformers")
 
 import trainer_workers as tw  # noqa: E402
 from lm_resiliency.errors import InvalidArgumentError  # noqa: E402
-from lm_resiliency.fault_injection import FaultCampaign, FaultInjectionRecord, evaluate  # noqa: E402
+from hf_workers import assert_four_localized  # noqa: E402
+from lm_resiliency.fault_injection import FaultCampaign, FaultInjectionRecord  # noqa: E402
 from lm_resiliency.fault_injection.ground_truth import write_localization_artifact  # noqa: E402
 from lm_resiliency.frameworks.transformers_trainer import ResilienceCallback, trusted_checkpoint  # noqa: E402
-from lm_resiliency.scout import explain_attributions, localization_results  # noqa: E402
+from lm_resiliency.scout import localization_results  # noqa: E402
 from lm_resiliency.workloads import spawn  # noqa: E402
 from test_scout import replay_results  # noqa: E402
 
@@ -33,16 +34,7 @@ def test_campaign_is_localized_with_gradient_accumulation(tmp_path):
     steps = 26
     per_rank = spawn(tw.train, 4, preload=tw.PRELOAD, timeout=600, args=(str(tmp_path), steps, 2))
     assert all(out["adapter"] == "accelerate" and out["completed"] == out["global_step"] == steps for out in per_rank)
-    c = FaultCampaign.from_json(per_rank[0]["campaign"])
-    records = [FaultInjectionRecord.from_dict(r) for out in per_rank for r in out["records"]]
-    results = replay_results(per_rank[0]["results"])
-    report = evaluate(c, records, localization_results(c, records, results, per_rank[0]["boundary_times"]))
-    missed = [(o["occurrence_id"], o["reasons"]) for o in report.occurrences if not o["localized"]]
-    assert len(report.occurrences) == 4 and not missed, report.table()
-    unexplained = [a.describe() for a in explain_attributions(c, records, results) if a.explanation == "unexplained"]
-    assert not unexplained, unexplained
-    assert {r for res in results for r in res.sdc_ranks} == {1, 2, 3}
-    assert {r for res in results for r in res.straggler_ranks} == {0}
+    assert_four_localized(per_rank)
 
 
 def test_fault_free_run_certifies_the_trainers_own_checkpoints(tmp_path):
@@ -119,9 +111,4 @@ def test_campaign_under_the_trainers_fsdp2_and_deepspeed_on_the_gpu(backend, tmp
                      args=(str(tmp_path), steps, 2, True, 1, 0, True, False, "cuda", backend))
     assert "error" not in per_rank[0], per_rank[0]["error"]
     assert per_rank[0]["adapter"] == ("accelerate" if backend == "fsdp2" else "deepspeed")
-    c = FaultCampaign.from_json(per_rank[0]["campaign"])
-    records = [FaultInjectionRecord.from_dict(r) for out in per_rank for r in out["records"]]
-    results = replay_results(per_rank[0]["results"])
-    report = evaluate(c, records, localization_results(c, records, results, per_rank[0]["boundary_times"]))
-    missed = [(o["occurrence_id"], o["reasons"]) for o in report.occurrences if not o["localized"]]
-    assert not missed, report.table()
+    assert_four_localized(per_rank)

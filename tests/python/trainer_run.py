@@ -47,7 +47,7 @@ def main() -> None:
                 json.dump(seen, f)
 
     # One optimizer slice: a catalog cycle is two checks, so the first capture is verified by step 8.
-    campaign = tw.until_recovery(args.fault_step) if args.campaign == "until-recovery" else tw.trainer_campaign()
+    campaign = tw.until_recovery(args.fault_step) if args.campaign == "until-recovery" else tw.four_campaign()
     resilience = ResilienceCallback(replay=ReplayHarnessConfig(check_interval=args.check_interval,
                                                                optimizer_slice_size=32),
                                     hangs=False, campaign=campaign, self_healing=bool(args.self_healing),

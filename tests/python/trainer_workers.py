@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 import lm_resiliency as lmr
-from hf_workers import VOCAB, WEIGHT, hf_model
+from hf_workers import VOCAB, WEIGHT, four_campaign, hf_model
 from injection_util import campaign, incident
 from lm_resiliency.frameworks.transformers_trainer import ResilienceCallback, trusted_checkpoint
 from lm_resiliency.scout import ReplayHarnessConfig
@@ -29,22 +29,6 @@ class Tokens(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
-
-
-def trainer_campaign():
-    """Block-output and gradient SDC, a compute delay, then a weight SDC, on ranks 1, 2, 0, 3."""
-    window = {"iterations": 3}
-    block = {"component": "transformer_block"}
-    return campaign(
-        incident("hidden", [3], "tensor_corruption", {"rank": 1, **block, "index": 1, "surface": "output"},
-                 {"operation": "sign_flip", "scope": "row"}, window),
-        incident("gradient", [8], "tensor_corruption", {"rank": 2, **block, "index": 0, "surface": "gradient"},
-                 {"operation": "noise", "std": 1.0, "scope": "1%", "parameter": "mlp.c_fc.weight"}, window),
-        incident("delay", [12], "delay", {"rank": 0, **block, "index": 0, "surface": "compute"},
-                 {"delay_ms": 40}, {"iterations": 8}),
-        incident("weight", [21], "tensor_corruption", {"rank": 3, **block, "index": 1, "surface": "weight"},
-                 {"operation": "scale", "factor": 4.0, "scope": "1%", "parameter": WEIGHT["gpt2"]}, window),
-    )
 
 
 def until_recovery(at):
@@ -120,7 +104,7 @@ def train(output_dir, steps, ga=1, faults=True, check_interval=1, save_steps=0, 
     results = []
     resilience = ResilienceCallback(
         replay=ReplayHarnessConfig(check_interval=check_interval, optimizer_slice_size=32, state_integrity=True),
-        hangs=False, campaign=trainer_campaign() if faults else None, self_healing=self_healing,
+        hangs=False, campaign=four_campaign() if faults else None, self_healing=self_healing,
         hooks=lmr.OrchestrationHooks(on_replay_result=results.append))
     grab = Grab(resilience)
     trainer = make_trainer(output_dir, steps, ga, save_steps, [grab.callback, resilience], device=device,
@@ -131,5 +115,5 @@ def train(output_dir, steps, ga=1, faults=True, check_interval=1, save_steps=0, 
         return {"error": f"{type(e).__name__}: {e}"}
     certified = os.path.join(output_dir, "lmr-checkpoints")
     return {**grab.out, "results": [r.to_dict() for r in results], "global_step": trainer.state.global_step,
-            "campaign": trainer_campaign(), "listing": sorted(os.listdir(output_dir)),
+            "listing": sorted(os.listdir(output_dir)),
             "committed": sorted(f for f in os.listdir(certified) if os.path.exists(os.path.join(certified, f, "COMMITTED")))}

@@ -44,7 +44,7 @@ import torch
 import torch.nn as nn
 
 from lm_resiliency.errors import InvalidArgumentError, describe
-from lm_resiliency.frameworks.owned_checkpoints import OwnedCheckpoints, trusted_location
+from lm_resiliency.frameworks.owned_checkpoints import OwnedCheckpoints, ProtectedRun, trusted_location
 from lm_resiliency.frameworks.pytorch import PyTorchAdapter, _replaces, _unwrap
 from lm_resiliency.handle import Handle
 
@@ -57,8 +57,6 @@ __all__ = ["LightningAdapter", "ResilienceCallback", "protect_fabric", "trusted_
 
 CHECKPOINT = "lightning.ckpt"  # Lightning's checkpoint inside a certified step folder
 _FILES = ((CHECKPOINT, "Lightning's checkpoint: model, optimizers, schedulers and loops"),)
-_OWNED = ("checkpoints", "scheduler", "data_state", "latest_interval", "latest_directory", "latest_tier",
-          "extra_state", "checkpoint_dir")
 
 
 def _named(obj: Any, *names: str) -> bool:
@@ -136,34 +134,24 @@ class ResilienceCallback(Callback):  # type: ignore[misc,valid-type]
                  **options: Any) -> None:
         if Callback is object:
             raise InvalidArgumentError("ResilienceCallback needs Lightning (pip install pytorch-lightning)")
-        owned = sorted(set(options) & set(_OWNED))
-        if owned:
-            raise InvalidArgumentError(f"ResilienceCallback: {', '.join(owned)} belong to Lightning's own checkpoints "
-                                       "(model, optimizers, schedulers and loops): leave them out")
+        self.run = ProtectedRun(options, "Lightning's own checkpoints (model, optimizers, schedulers and loops)",
+                                recovery_policy, self_healing)
         self.checkpoint_dir = os.fspath(checkpoint_dir)
-        self.recovery_policy = recovery_policy
-        self.self_healing = self_healing
-        self.options = options
-        self.job: Any = None
-        self._checkpoints: Optional[OwnedCheckpoints] = None
+
+    @property
+    def job(self) -> Any:
+        """The ProtectedJob while training runs (None before and after)."""
+        return self.run.job
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        from lm_resiliency.protection import protect
-
         model, optimizer = _training_objects(trainer)
-        self._checkpoints = OwnedCheckpoints(
+        self.run.start(model, optimizer, OwnedCheckpoints(
             self.checkpoint_dir, lambda: trainer.global_step, _FILES,
             f"pass ckpt_path=lm_resiliency.frameworks.lightning.trusted_checkpoint({self.checkpoint_dir!r}) to "
-            "trainer.fit()")
-        config = self._checkpoints.config(self_healing=self.self_healing, recovery_policy=self.recovery_policy)
-        try:
-            self.job = protect(model, optimizer, checkpoints=config, **self.options)
-        except BaseException:
-            self._close_checkpoints()
-            raise
+            "trainer.fit()"))
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        checkpoints = self._checkpoints
+        checkpoints = self.run.checkpoints
         step = trainer.global_step
         if checkpoints is None or not checkpoints.due(step):
             return
@@ -178,15 +166,7 @@ class ResilienceCallback(Callback):  # type: ignore[misc,valid-type]
         checkpoints.finish(step, wrote=error)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        job, self.job = self.job, None
-        if job is not None:
-            job.close()
-        self._close_checkpoints()
-
-    def _close_checkpoints(self) -> None:
-        if self._checkpoints is not None:
-            self._checkpoints.close()
-            self._checkpoints = None
+        self.run.close()
 
 
 def protect_fabric(fabric: Any, model: Any, optimizer: Any, **options: Any) -> Any:

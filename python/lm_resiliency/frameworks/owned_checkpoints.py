@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch.distributed as dist
 
@@ -23,7 +23,11 @@ from lm_resiliency.errors import InvalidArgumentError, LmrIOError, describe
 from lm_resiliency.frameworks.checkpoint_files import (PARTIAL, checkpoint_problems, commit_checkpoint,
                                                        quarantine_checkpoint, read_marker, write_marker)
 
-__all__ = ["OwnedCheckpoints", "PendingSave", "move_into", "trusted_location"]
+__all__ = ["OwnedCheckpoints", "PendingSave", "ProtectedRun", "move_into", "trusted_location"]
+
+# protect() options a trainer's own checkpoints replace (they carry these states themselves).
+OWNED_OPTIONS = ("checkpoints", "scheduler", "data_state", "latest_interval", "latest_directory", "latest_tier",
+                 "extra_state", "checkpoint_dir")
 
 
 def trusted_location(directory: str) -> Optional[str]:
@@ -168,3 +172,38 @@ def move_into(source: str, partial: str, keep_source: bool) -> None:
     except OSError:  # another file system
         shutil.copytree(source, partial)
         shutil.rmtree(source)
+
+
+class ProtectedRun:
+    """What a trainer's callback holds from training start to training end: protect()'s job
+    over the trainer's own checkpoints. `options` are protect()'s; those the trainer's
+    checkpoints replace are refused here, naming `whose` checkpoints carry them."""
+
+    def __init__(self, options: dict[str, Any], whose: str, recovery_policy: Any = None,
+                 self_healing: bool = True) -> None:
+        owned = sorted(set(options) & set(OWNED_OPTIONS))
+        if owned:
+            raise InvalidArgumentError(f"ResilienceCallback: {', '.join(owned)} belong to {whose}: leave them out")
+        self.options, self.recovery_policy, self.self_healing = options, recovery_policy, self_healing
+        self.job: Any = None
+        self.checkpoints: Optional[OwnedCheckpoints] = None
+
+    def start(self, model: Any, optimizer: Any, checkpoints: OwnedCheckpoints) -> None:
+        """protect() (collective); on failure everything opened is closed before it raises."""
+        from lm_resiliency.protection import protect
+
+        self.checkpoints = checkpoints
+        config = checkpoints.config(self_healing=self.self_healing, recovery_policy=self.recovery_policy)
+        try:
+            self.job = protect(model, optimizer, checkpoints=config, **self.options)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        job, self.job = self.job, None
+        if job is not None:
+            job.close()
+        checkpoints, self.checkpoints = self.checkpoints, None
+        if checkpoints is not None:
+            checkpoints.close()

@@ -35,7 +35,7 @@ import os
 from typing import Any, Optional
 
 from lm_resiliency.errors import InvalidArgumentError
-from lm_resiliency.frameworks.owned_checkpoints import OwnedCheckpoints, move_into, trusted_location
+from lm_resiliency.frameworks.owned_checkpoints import OwnedCheckpoints, ProtectedRun, move_into, trusted_location
 
 try:  # transformers is optional: the callback needs it, trusted_checkpoint does not
     from transformers import TrainerCallback
@@ -46,8 +46,6 @@ __all__ = ["ResilienceCallback", "trusted_checkpoint"]
 
 DIRECTORY = "lmr-checkpoints"  # under the Trainer's output_dir, unless checkpoint_dir says otherwise
 _TRAINER_FILES = (("trainer_state.json", "the Trainer's state: its step and data position"),)
-_OWNED = ("checkpoints", "scheduler", "data_state", "latest_interval", "latest_directory", "latest_tier",
-          "extra_state", "checkpoint_dir")
 
 
 def _default_directory(output_dir: str) -> str:
@@ -88,22 +86,19 @@ class ResilienceCallback(TrainerCallback):  # type: ignore[misc,valid-type]
                  self_healing: bool = True, **options: Any) -> None:
         if TrainerCallback is object:
             raise InvalidArgumentError("ResilienceCallback needs transformers (pip install transformers)")
-        owned = sorted(set(options) & set(_OWNED))
-        if owned:
-            raise InvalidArgumentError(f"ResilienceCallback: {', '.join(owned)} belong to the Trainer's own checkpoints "
-                                       "(its model, optimizer, scheduler, RNG and data position): leave them out")
+        self.run = ProtectedRun(options, "the Trainer's own checkpoints (its model, optimizer, scheduler, RNG and "
+                                "data position)", recovery_policy, self_healing)
         self.checkpoint_dir = checkpoint_dir
         self.trainer = trainer
-        self.recovery_policy = recovery_policy
-        self.self_healing = self_healing
-        self.options = options
-        self.job: Any = None
-        self._checkpoints: Optional[OwnedCheckpoints] = None
         self._kept = False  # whether the Trainer saves the pending step for itself too (save_steps)
+
+    @property
+    def job(self) -> Any:
+        """The ProtectedJob while training runs (None before and after)."""
+        return self.run.job
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         from lm_resiliency.frameworks.accelerate import training_objects
-        from lm_resiliency.protection import protect
 
         trainer = self.trainer or _find_trainer()
         if trainer is None:
@@ -113,26 +108,20 @@ class ResilienceCallback(TrainerCallback):  # type: ignore[misc,valid-type]
         model, optimizer = training_objects(trainer.accelerator, trainer.model_wrapped, trainer.optimizer)
         directory = self.checkpoint_dir or _default_directory(args.output_dir)
         where = repr(args.output_dir) + ("" if self.checkpoint_dir is None else f", {self.checkpoint_dir!r}")
-        self._checkpoints = OwnedCheckpoints(
+        self.run.start(model, optimizer, OwnedCheckpoints(
             directory, lambda: trainer.state.global_step, _TRAINER_FILES,
             "pass resume_from_checkpoint=lm_resiliency.frameworks.transformers_trainer.trusted_checkpoint("
-            f"{where}) to trainer.train()")
-        config = self._checkpoints.config(self_healing=self.self_healing, recovery_policy=self.recovery_policy)
-        try:
-            self.job = protect(model, optimizer, checkpoints=config, **self.options)
-        except BaseException:
-            self._close_checkpoints()
-            raise
+            f"{where}) to trainer.train()"))
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        if self._checkpoints is not None and self._checkpoints.due(state.global_step):
+        if self.run.checkpoints is not None and self.run.checkpoints.due(state.global_step):
             # After DefaultFlowCallback: control.should_save already says whether the Trainer saves for itself.
             self._kept = bool(control.should_save)
             control.should_save = True
         return control
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        checkpoints = self._checkpoints
+        checkpoints = self.run.checkpoints
         if checkpoints is None or not checkpoints.due(state.global_step):
             return
         source = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
@@ -140,12 +129,4 @@ class ResilienceCallback(TrainerCallback):  # type: ignore[misc,valid-type]
         checkpoints.finish(state.global_step, place=lambda partial: move_into(source, partial, kept))
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        job, self.job = self.job, None
-        if job is not None:
-            job.close()
-        self._close_checkpoints()
-
-    def _close_checkpoints(self) -> None:
-        if self._checkpoints is not None:
-            self._checkpoints.close()
-            self._checkpoints = None
+        self.run.close()
