@@ -31,7 +31,7 @@ def _run(args, cadence: int, root: str, index: int) -> float:
     import torch.distributed as dist
     import transformers
 
-    from lm_resiliency.frameworks.transformers_trainer import ResilienceCallback
+    from lm_resiliency.integrations.hf import ResilienceCallback
     from lm_resiliency.scout import ReplayHarnessConfig
 
     times: list[float] = []

@@ -13,7 +13,7 @@ import lm_resiliency as lmr
 from adapter_conformance import check_adapter
 from hf_workers import VOCAB, four_campaign, hf_model
 from lm_resiliency.frameworks import select_adapter
-from lm_resiliency.frameworks.accelerate import protect_accelerator
+from lm_resiliency.integrations.hf import protect_accelerator
 from lm_resiliency.scout import ReplayHarnessConfig
 
 PRELOAD = ("accelerate", "transformers", "transformers.models.gpt2.modeling_gpt2", "accelerate_workers")

@@ -105,7 +105,7 @@ def fit(directory, steps, strategy="ddp", ga=1, faults=True, resume=True, optimi
         manual=False):
     """Lightning's Trainer with ResilienceCallback; what the checks, the campaign and the clock
     saw, or the error that stopped it."""
-    from lm_resiliency.frameworks.lightning import ResilienceCallback, trusted_checkpoint
+    from lm_resiliency.integrations.lightning import ResilienceCallback, trusted_checkpoint
 
     results = []
     resilience = ResilienceCallback(
@@ -155,7 +155,7 @@ def fabric_run(directory, steps, ga=2):
     accumulation with fabric.no_backward_sync; the campaign's outcome."""
     from lightning_fabric import Fabric
 
-    from lm_resiliency.frameworks.lightning import protect_fabric
+    from lm_resiliency.integrations.lightning import protect_fabric
 
     fabric = Fabric(accelerator="cpu", devices=4, strategy="ddp")
     fabric.launch()  # under torchelastic: joins the running processes

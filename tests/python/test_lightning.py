@@ -1,4 +1,4 @@
-"""PyTorch Lightning (frameworks/lightning.py) on 4 CPU ranks with a transformers GPT-2 built
+"""PyTorch Lightning (integrations/lightning.py, frameworks/lightning.py) on 4 CPU ranks with a transformers GPT-2 built
 from a config: ResilienceCallback on the Trainer under DDP and under ModelParallelStrategy
 (FSDP2 via configure_model), with gradient accumulation and with manual optimization;
 protect_fabric on Fabric; each a campaign of block-output, gradient and weight SDC and a
@@ -15,7 +15,7 @@ pytest.importorskip("transformers")
 import lightning_workers as lw  # noqa: E402
 from lm_resiliency.errors import InvalidArgumentError  # noqa: E402
 from hf_workers import assert_four_localized  # noqa: E402
-from lm_resiliency.frameworks.lightning import ResilienceCallback, trusted_checkpoint  # noqa: E402
+from lm_resiliency.integrations.lightning import ResilienceCallback, trusted_checkpoint  # noqa: E402
 from lm_resiliency.workloads import spawn  # noqa: E402
 from test_scout import replay_results  # noqa: E402
 
@@ -68,7 +68,7 @@ def test_certified_lightning_checkpoints_resume(tmp_path):
     assert resumed[0]["start_step"] == step and resumed[0]["global_step"] == resumed[0]["completed"] == 16
     # A Trainer started anywhere else is refused when training starts, with the line to use.
     again = _run(lw.fit, str(tmp_path), 16, "ddp", 1, False, False)
-    assert all("ckpt_path=lm_resiliency.frameworks.lightning.trusted_checkpoint(" in o["error"]
+    assert all("ckpt_path=lm_resiliency.integrations.lightning.trusted_checkpoint(" in o["error"]
                and "the trainer started at step 0" in o["error"] for o in again), again[0]
 
 

@@ -1,4 +1,4 @@
-"""transformers.Trainer with ResilienceCallback (frameworks/transformers_trainer.py) on 4 CPU
+"""transformers.Trainer with ResilienceCallback (integrations/hf.py) on 4 CPU
 ranks, fine-tuning a GPT-2 built from a config on random tokens: a campaign localized with
 gradient accumulation, a fault-free run whose certified checkpoints are the Trainer's own, a
 Trainer started away from the trusted checkpoint refused, and, under torchrun, an SDC that
@@ -21,7 +21,7 @@ from lm_resiliency.errors import InvalidArgumentError  # noqa: E402
 from hf_workers import assert_four_localized  # noqa: E402
 from lm_resiliency.fault_injection import FaultCampaign, FaultInjectionRecord  # noqa: E402
 from lm_resiliency.fault_injection.ground_truth import write_localization_artifact  # noqa: E402
-from lm_resiliency.frameworks.transformers_trainer import ResilienceCallback, trusted_checkpoint  # noqa: E402
+from lm_resiliency.integrations.hf import ResilienceCallback, trusted_checkpoint  # noqa: E402
 from lm_resiliency.scout import localization_results  # noqa: E402
 from lm_resiliency.workloads import spawn  # noqa: E402
 from test_scout import replay_results  # noqa: E402
@@ -52,7 +52,7 @@ def test_fault_free_run_certifies_the_trainers_own_checkpoints(tmp_path):
     assert {"trainer_state.json", "optimizer.pt", "scheduler.pt", "rng_state_3.pth"} <= set(os.listdir(newest))
     # A Trainer that starts anywhere else (here: from scratch) is refused when training begins.
     again = spawn(tw.train, 4, preload=tw.PRELOAD, timeout=600, args=(str(tmp_path), 12, 1, False, 2, 4, False))
-    assert all("resume_from_checkpoint=lm_resiliency.frameworks.transformers_trainer.trusted_checkpoint(" in o["error"]
+    assert all("resume_from_checkpoint=lm_resiliency.integrations.hf.trusted_checkpoint(" in o["error"]
                and "the trainer started at step 0" in o["error"] for o in again), again[0]
 
 

@@ -19,7 +19,7 @@ import torch.distributed as dist  # noqa: E402
 
 import lm_resiliency as lmr  # noqa: E402
 import trainer_workers as tw  # noqa: E402
-from lm_resiliency.frameworks.transformers_trainer import ResilienceCallback, trusted_checkpoint  # noqa: E402
+from lm_resiliency.integrations.hf import ResilienceCallback, trusted_checkpoint  # noqa: E402
 from lm_resiliency.recovery import init_process_group  # noqa: E402
 from lm_resiliency.scout import ReplayHarnessConfig  # noqa: E402
 

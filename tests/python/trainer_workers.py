@@ -10,7 +10,7 @@ import torch.distributed as dist
 import lm_resiliency as lmr
 from hf_workers import VOCAB, WEIGHT, four_campaign, hf_model
 from injection_util import campaign, incident
-from lm_resiliency.frameworks.transformers_trainer import ResilienceCallback, trusted_checkpoint
+from lm_resiliency.integrations.hf import ResilienceCallback, trusted_checkpoint
 from lm_resiliency.scout import ReplayHarnessConfig
 
 PRELOAD = ("accelerate", "transformers", "transformers.trainer", "transformers.models.gpt2.modeling_gpt2",

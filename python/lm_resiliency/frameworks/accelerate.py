@@ -1,14 +1,4 @@
-"""Hugging Face Accelerate: one call after ``accelerator.prepare(...)``.
-
-    model, optimizer, data = accelerator.prepare(model, optimizer, data)
-    job = protect_accelerator(accelerator, model, optimizer, checkpoint_dir="/shared/run/ckpt")
-    with job:
-        for step in job.steps(total):
-            with accelerator.accumulate(model):
-                loss = model(**batch(step)).loss
-                accelerator.backward(loss)
-                optimizer.step()
-                optimizer.zero_grad()
+"""Hugging Face Accelerate's adapter (users call lm_resiliency.integrations.hf.protect_accelerator).
 
 What Accelerate hands back is what the other adapters already know: a DDP-wrapped module
 (``MULTI_CPU``, ``MULTI_GPU``), a module sharded in place by ``fully_shard`` (``FSDP`` with
@@ -37,7 +27,7 @@ from lm_resiliency.errors import InvalidArgumentError
 from lm_resiliency.frameworks.pytorch import PyTorchAdapter, _replaces, replay_torch_update, watch_load_state_dicts
 from lm_resiliency.handle import Handle
 
-__all__ = ["AccelerateAdapter", "protect_accelerator", "training_objects"]
+__all__ = ["AccelerateAdapter", "training_objects"]
 
 # Accelerate's DistributedType names this integration runs under.
 _DATA_PARALLEL = ("NO", "MULTI_CPU", "MULTI_GPU")
@@ -113,10 +103,10 @@ def training_objects(accelerator: Any, model: Any, optimizer: Any) -> tuple[Any,
         raise InvalidArgumentError(f"accelerator must be an accelerate.Accelerator, got {type(accelerator).__name__}")
     prepared = [accelerator.unwrap_model(m) for m in getattr(accelerator, "_models", [])]
     if not any(accelerator.unwrap_model(model) is m for m in prepared):
-        raise InvalidArgumentError("protect_accelerator(): pass the model that accelerator.prepare() returned (this one "
+        raise InvalidArgumentError("pass the model that accelerator.prepare() returned (this one "
                                    "was not prepared by this accelerator)")
     if kind in ("MULTI_CPU", "MULTI_GPU") and not isinstance(model, nn.parallel.DistributedDataParallel):
-        raise InvalidArgumentError(f"protect_accelerator(): under {kind} pass the DistributedDataParallel module "
+        raise InvalidArgumentError(f"under {kind} pass the DistributedDataParallel module "
                                    f"accelerator.prepare() returned, not the {type(model).__name__} inside it")
     if kind == "DEEPSPEED":
         if not _is_engine(model):
@@ -140,16 +130,7 @@ def training_objects(accelerator: Any, model: Any, optimizer: Any) -> tuple[Any,
                                        "parallelism through Accelerate are not supported (replay needs each "
                                        "model-parallel group's mesh; use TorchTitan or Megatron Core for them)")
     if not _is_accelerated(optimizer) or optimizer not in getattr(accelerator, "_optimizers", []):
-        raise InvalidArgumentError(f"protect_accelerator(): pass the optimizer that accelerator.prepare() returned, got "
+        raise InvalidArgumentError(f"pass the optimizer that accelerator.prepare() returned, got "
                                    f"{type(optimizer).__name__}")
     return model, optimizer
 
-
-def protect_accelerator(accelerator: Any, model: Any, optimizer: Any, **options: Any) -> Any:
-    """``lm_resiliency.protect()`` for what ``accelerator.prepare(...)`` returned (collective:
-    every rank, after prepare, before training); `options` are protect()'s (checkpoint_dir,
-    scheduler, data_state, replay, ...). Returns the ProtectedJob."""
-    from lm_resiliency.protection import protect
-
-    model, optimizer = training_objects(accelerator, model, optimizer)
-    return protect(model, optimizer, **options)

@@ -1,6 +1,6 @@
-"""Hugging Face ``transformers.Trainer``: the protection as one callback.
+"""Hugging Face: the ``transformers.Trainer`` callback and Accelerate's one call.
 
-    from lm_resiliency.frameworks.transformers_trainer import ResilienceCallback, trusted_checkpoint
+    from lm_resiliency.integrations.hf import ResilienceCallback, trusted_checkpoint
 
     trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[ResilienceCallback()])
     trainer.train(resume_from_checkpoint=trusted_checkpoint(args.output_dir))
@@ -26,6 +26,10 @@ every rank sees (the Trainer's own requirement for its checkpoints).
 Refused when training begins, with the reason: a set-up Accelerate's integration refuses
 (FSDP version 1, tensor parallelism, ...), and options the Trainer owns (``checkpoints``,
 ``scheduler``, ``data_state``, ``latest_interval``: its checkpoints carry them).
+
+Accelerate: ``job = protect_accelerator(accelerator, model, optimizer, checkpoint_dir=...)`` after
+``accelerator.prepare(...)``, then your loop under ``job.steps()`` (checkpoints are protect()'s;
+the boundary is Accelerate's synchronized update, frameworks/accelerate.py).
 """
 
 from __future__ import annotations
@@ -35,14 +39,14 @@ import os
 from typing import Any, Optional
 
 from lm_resiliency.errors import InvalidArgumentError
-from lm_resiliency.frameworks.owned_checkpoints import OwnedCheckpoints, ProtectedRun, move_into, trusted_location
+from lm_resiliency.integrations.owned_checkpoints import OwnedCheckpoints, ProtectedRun, move_into, trusted_location
 
 try:  # transformers is optional: the callback needs it, trusted_checkpoint does not
     from transformers import TrainerCallback
 except ImportError:  # pragma: no cover - exercised where transformers is not installed
     TrainerCallback = object  # type: ignore[assignment,misc]
 
-__all__ = ["ResilienceCallback", "trusted_checkpoint"]
+__all__ = ["ResilienceCallback", "protect_accelerator", "trusted_checkpoint"]
 
 DIRECTORY = "lmr-checkpoints"  # under the Trainer's output_dir, unless checkpoint_dir says otherwise
 _TRAINER_FILES = (("trainer_state.json", "the Trainer's state: its step and data position"),)
@@ -110,7 +114,7 @@ class ResilienceCallback(TrainerCallback):  # type: ignore[misc,valid-type]
         where = repr(args.output_dir) + ("" if self.checkpoint_dir is None else f", {self.checkpoint_dir!r}")
         self.run.start(model, optimizer, OwnedCheckpoints(
             directory, lambda: trainer.state.global_step, _TRAINER_FILES,
-            "pass resume_from_checkpoint=lm_resiliency.frameworks.transformers_trainer.trusted_checkpoint("
+            "pass resume_from_checkpoint=lm_resiliency.integrations.hf.trusted_checkpoint("
             f"{where}) to trainer.train()"))
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
@@ -130,3 +134,18 @@ class ResilienceCallback(TrainerCallback):  # type: ignore[misc,valid-type]
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.run.close()
+
+
+def protect_accelerator(accelerator: Any, model: Any, optimizer: Any, **options: Any) -> Any:
+    """``lm_resiliency.protect()`` for what ``accelerator.prepare(...)`` returned (collective:
+    every rank, after prepare, before training); `options` are protect()'s (checkpoint_dir,
+    scheduler, data_state, replay, ...). Returns the ProtectedJob. A set-up this release cannot
+    protect is refused with the reason (frameworks/accelerate.py's training_objects)."""
+    from lm_resiliency.frameworks.accelerate import training_objects
+    from lm_resiliency.protection import protect
+
+    try:
+        model, optimizer = training_objects(accelerator, model, optimizer)
+    except InvalidArgumentError as e:
+        raise InvalidArgumentError(f"protect_accelerator(): {e}") from None
+    return protect(model, optimizer, **options)
