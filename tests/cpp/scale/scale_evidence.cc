@@ -1,0 +1,153 @@
+#include "scale_evidence.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "lmr/moe/alltoall.h"
+
+namespace lmr::scale {
+
+namespace {
+
+// Dense surfaces of every check: compute (output, update) and state (params, state).
+const char* const kDenseSurfaces[] = {"hidden.0.output", "hidden.0.params",    "hidden.1.output",
+                                      "hidden.1.params", "optimizer.0.update", "optimizer.0.state"};
+
+// The expert dimension of a mesh (its index), or dims().size() without one.
+std::size_t expertDim(const mesh::Layout& layout) {
+  const auto& dims = layout.dims();
+  for (std::size_t d = 0; d < dims.size(); ++d)
+    if (dims[d].role == mesh::Role::kExpert) return d;
+  return dims.size();
+}
+
+// Whether ranks a and b share every coordinate except dimension `skip`.
+bool sameExceptDim(const mesh::Layout& layout, std::int64_t a, std::int64_t b, std::size_t skip) {
+  const std::vector<std::int64_t> ca = layout.coordinates(a), cb = layout.coordinates(b);
+  for (std::size_t d = 0; d < ca.size(); ++d)
+    if (d != skip && ca[d] != cb[d]) return false;
+  return true;
+}
+
+std::string groupId(const std::vector<std::int64_t>& members) {
+  std::string id = "ranks:";
+  for (std::size_t i = 0; i < members.size(); ++i) {
+    if (i > 0) id += ',';
+    id += std::to_string(members[i]);
+  }
+  return id;
+}
+
+}  // namespace
+
+std::string fingerprint(std::string_view surface, std::int64_t key, bool corrupt) {
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (char c : surface) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  std::string out(16, '\0');
+  std::memcpy(out.data(), &h, sizeof h);
+  std::memcpy(out.data() + 8, &key, sizeof key);
+  if (corrupt) out[3] = static_cast<char>(out[3] ^ 0x40);
+  return out;
+}
+
+double replaySeconds(std::int64_t rank, std::int64_t step, int rep, bool slow) {
+  return 0.010 + 0.0001 * static_cast<double>((rank * 7 + step * 3 + rep) % 5) + (slow ? 0.040 : 0.0);
+}
+
+Check checkOf(const World& w, std::size_t g, const Plant& plant, std::int64_t step) {
+  Check c;
+  c.layout = peerLayout(w, g);
+  c.checked = {"hidden.0", "hidden.1", "optimizer.0"};
+  const bool experts = w.layout.hasExperts();
+  const std::size_t ep_dim = expertDim(w.layout);
+  if (experts) c.checked.push_back("moe.1");
+  const auto key = static_cast<std::int64_t>(g);
+  for (std::int64_t rank : c.layout.ranks) {
+    const bool culprit = rank == plant.rank;
+    replay::CheckVote v;
+    const auto put = [&](const std::string& s) { v.surfaces[s] = fingerprint(s, key, culprit && plant.sdc); };
+    for (const char* s : kDenseSurfaces) put(s);
+    for (const std::string& recipe : c.checked) {
+      auto& reps = v.repetitions[recipe];
+      for (int rep = 0; rep < 3; ++rep) reps.push_back(replaySeconds(rank, step, rep, culprit && plant.slow));
+    }
+    if (!experts) {
+      c.votes.push_back(std::move(v));
+      continue;
+    }
+    put("moe.1.router.output");
+    put("moe.1.router.params");
+    const std::int64_t ep_size = w.layout.dims()[ep_dim].size;
+    const std::int64_t pos = w.layout.coordinates(rank)[ep_dim];
+    for (std::int64_t e : {2 * pos, 2 * pos + 1}) {
+      put("moe.1.expert." + std::to_string(e) + ".output");
+      put("moe.1.expert." + std::to_string(e) + ".params");
+    }
+    std::int64_t bad = -1;
+    if (plant.bad_routing && sameExceptDim(w.layout, rank, plant.rank, ep_dim))
+      bad = w.layout.coordinates(plant.rank)[ep_dim];
+    v.surfaces["moe.1.alltoall.routing"] = routingVoteOf(ep_size, pos, bad);
+    c.votes.push_back(std::move(v));
+  }
+  return c;
+}
+
+std::size_t voteBytes(const replay::CheckVote& vote) {
+  std::size_t n = 0;
+  for (const auto& [name, value] : vote.surfaces) n += name.size() + value.size();
+  for (const auto& [recipe, times] : vote.repetitions) n += recipe.size() + 8 * times.size();
+  for (const auto& [recipe, text] : vote.errors) n += recipe.size() + text.size();
+  return n;
+}
+
+std::string routingVoteOf(std::int64_t ranks, std::int64_t me, std::int64_t bad_sender) {
+  const auto n = static_cast<std::size_t>(ranks);
+  std::string vote(n * (n + 1), moe::kNoSegment);
+  const auto mark = [&](std::size_t at, std::size_t sender) {
+    vote[at] = static_cast<std::int64_t>(sender) == bad_sender ? moe::kCorrupted : moe::kIntact;
+  };
+  for (std::size_t i = 0; i < n; ++i) mark(i, i);  // the balanced matrix: every sender
+  for (std::size_t k = 0; k < n; ++k) {            // shift k: only (me - k) mod n sends to me
+    const auto sender = static_cast<std::size_t>(((me - static_cast<std::int64_t>(k)) % ranks + ranks) % ranks);
+    mark((k + 1) * n + sender, sender);
+  }
+  return vote;
+}
+
+std::vector<std::vector<mesh::CollectiveRecord>> commRecords(const World& w, std::int64_t step,
+                                                             std::int64_t slow_rank) {
+  std::vector<std::vector<mesh::CollectiveRecord>> out(static_cast<std::size_t>(w.size()));
+  const auto& dims = w.layout.dims();
+  for (std::size_t d = 0; d < dims.size(); ++d) {
+    if (dims[d].size < 2 || dims[d].name == "pp") continue;
+    std::string collective = "all_reduce";
+    std::uint64_t bytes = 16u << 20;  // tp: activations
+    switch (dims[d].role) {
+      case mesh::Role::kReplicate:
+        collective = dims.size() == 1 ? "ddp_bucket" : "all_reduce";
+        bytes = dims.size() == 1 ? 25u << 20 : 64u << 20;
+        break;
+      case mesh::Role::kShard: collective = "reduce_scatter", bytes = 32u << 20; break;
+      case mesh::Role::kExpert: collective = "all_to_all", bytes = 8u << 20; break;
+      case mesh::Role::kModel: break;
+    }
+    const auto groups = groupsAlong(w.layout, d);
+    for (std::size_t k = 0; k < groups.size(); ++k) {
+      const auto& members = groups[k];
+      const bool slow = std::find(members.begin(), members.end(), slow_rank) != members.end();
+      const double transfer =
+          0.010 + 0.0002 * static_cast<double>((static_cast<std::int64_t>(k) * 7 + step) % 5) + (slow ? 0.020 : 0.0);
+      const std::string id = groupId(members);
+      for (std::int64_t m : members)
+        out[static_cast<std::size_t>(m)].push_back(
+            mesh::CollectiveRecord{id, members, step, collective, bytes, 0.0001, transfer});
+    }
+  }
+  return out;
+}
+
+std::size_t recordBytes(const mesh::CollectiveRecord& r) {
+  return r.group.size() + 8 * r.members.size() + r.collective.size() + 8 + 8 + 16;
+}
+
+}  // namespace lmr::scale

@@ -1,0 +1,68 @@
+// Synthetic evidence for the scale harness: what every rank of a World would contribute to
+// each decision, with failures planted on one rank. The decisions themselves are liblmr's
+// (consensus::exact and ::timing, replay::decideCheck, mesh::CommTracker, moe::decideRouting);
+// nothing here decides.
+//
+// Healthy evidence is alike within every group that compares it (a fingerprint depends on
+// the surface and the compute group only; timings carry 0.4 ms of deterministic jitter); the
+// planted rank's differs the way its fault would make it differ.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "lmr/mesh/comm.h"
+#include "lmr/replay/verdict.h"
+#include "scale_world.h"
+
+namespace lmr::scale {
+
+struct Plant {
+  std::int64_t rank = kCulprit;
+  bool sdc = false;          // an SDC source: every fingerprint it computes differs
+  bool slow = false;         // a slow process: its replays take 40 ms longer
+  bool bad_routing = false;  // corrupts every token segment it sends in the AllToAll replay
+};
+
+// 16 bytes: a hash of the surface, the compare key (a compute group) and, when `corrupt`,
+// a flipped byte.
+std::string fingerprint(std::string_view surface, std::int64_t key, bool corrupt);
+
+// Replay seconds of `rank`'s repetition `rep` at `step`: 10 ms + jitter, +40 ms when slow.
+double replaySeconds(std::int64_t rank, std::int64_t step, int rep, bool slow);
+
+// One check of compute group `g` at `step`: the recipes that ran and every peer's vote, as
+// scout/harness.py gathers them. Dense recipes hidden.0, hidden.1, optimizer.0 (compute and
+// state surfaces, three timed repetitions each); with experts, moe.1: the router, the two
+// experts of each expert-parallel position, and the AllToAll routing vote.
+struct Check {
+  replay::PeerLayout layout;
+  std::vector<std::string> checked;
+  std::vector<replay::CheckVote> votes;  // by compute-peer position
+};
+Check checkOf(const World& world, std::size_t g, const Plant& plant, std::int64_t step);
+
+// Bytes of a vote's payload (names, fingerprints, 8 bytes per timing, error texts): what a
+// rank contributes to its compute group's gather, before serialization overhead.
+std::size_t voteBytes(const replay::CheckVote& vote);
+
+// Receiver `me`'s routing vote in an expert-parallel group of `ranks` under the default
+// policy (moe::defaultMatrices: balanced, then the `ranks` cyclic shifts), when position
+// `bad_sender` corrupts every segment it sends (-1: nobody). Equal to moe::routingVote over
+// those matrices (scale_test checks it) without building the ranks^3 matrix entries.
+std::string routingVoteOf(std::int64_t ranks, std::int64_t me, std::int64_t bad_sender);
+
+// One round of collective records, by rank, as scout/comm.py gathers them at a check: every
+// group along each dimension that runs collectives (dp_replicate all_reduce (DDP: the
+// ddp_bucket), dp_shard reduce_scatter, tp all_reduce, ep all_to_all; pp runs point-to-point
+// sends, which are not timed) times call `step` on each member. Group ids are comm.py's
+// "ranks:<members>". Groups holding `slow_rank` transfer 20 ms slower (a slow link or NIC).
+std::vector<std::vector<mesh::CollectiveRecord>> commRecords(const World& world, std::int64_t step,
+                                                             std::int64_t slow_rank);
+
+// Bytes of a record's payload (group id, 8 per member, collective, call, bytes, two timings).
+std::size_t recordBytes(const mesh::CollectiveRecord& record);
+
+}  // namespace lmr::scale
