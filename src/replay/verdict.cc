@@ -1,7 +1,10 @@
 #include "lmr/replay/verdict.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
+#include <unordered_map>
+#include <utility>
 
 #include "lmr/common/error.h"
 #include "lmr/moe/alltoall.h"
@@ -12,10 +15,39 @@ namespace {
 
 using consensus::Status;
 
-std::size_t positionOf(const PeerLayout& layout, std::int64_t rank) {
-  const auto it = std::find(layout.ranks.begin(), layout.ranks.end(), rank);
-  if (it == layout.ranks.end()) throw InvalidArgument("rank " + std::to_string(rank) + " is not a compute peer");
-  return static_cast<std::size_t>(it - layout.ranks.begin());
+// Each compute peer's position by rank: built once per decision, so that placing the ranks of
+// every group is linear in the world (a search per rank made a check O(N^2) at scale,
+// docs/scale.md).
+using PositionIndex = std::unordered_map<std::int64_t, std::size_t>;
+
+std::size_t positionOf(const PositionIndex& index, std::int64_t rank) {
+  const auto it = index.find(rank);
+  if (it == index.end()) throw InvalidArgument("rank " + std::to_string(rank) + " is not a compute peer");
+  return it->second;
+}
+
+// The layout checked (validate()'s contract) and its position index.
+PositionIndex validated(const PeerLayout& layout) {
+  if (layout.ranks.empty()) throw InvalidArgument("a peer layout needs at least one compute peer");
+  PositionIndex index;
+  index.reserve(layout.ranks.size());
+  for (std::size_t i = 0; i < layout.ranks.size(); ++i)
+    if (!index.emplace(layout.ranks[i], i).second) throw InvalidArgument("compute peers repeat a rank");
+  const auto partition = [&](const std::vector<std::vector<std::int64_t>>& groups, const std::string& kind) {
+    std::vector<bool> grouped(layout.ranks.size(), false);
+    for (const auto& group : groups) {
+      if (group.empty()) throw InvalidArgument("a " + kind + " is empty");
+      for (std::int64_t r : group) {
+        const std::size_t i = positionOf(index, r);
+        if (grouped[i]) throw InvalidArgument("rank " + std::to_string(r) + " is in two " + kind + "s");
+        grouped[i] = true;
+      }
+    }
+  };
+  partition(layout.state_groups, "state group");
+  partition(layout.expert_groups, "expert group");
+  partition(layout.ep_groups, "expert-parallel group");
+  return index;
 }
 
 void checkVotes(const PeerLayout& layout, std::size_t votes) {
@@ -39,24 +71,7 @@ void CheckVerdict::addInconclusive(const std::string& what, const std::string& w
   reasons[what] = why;
 }
 
-void validate(const PeerLayout& layout) {
-  if (layout.ranks.empty()) throw InvalidArgument("a peer layout needs at least one compute peer");
-  std::set<std::int64_t> seen(layout.ranks.begin(), layout.ranks.end());
-  if (seen.size() != layout.ranks.size()) throw InvalidArgument("compute peers repeat a rank");
-  const auto partition = [&](const std::vector<std::vector<std::int64_t>>& groups, const std::string& kind) {
-    std::set<std::int64_t> grouped;
-    for (const auto& group : groups) {
-      if (group.empty()) throw InvalidArgument("a " + kind + " is empty");
-      for (std::int64_t r : group) {
-        positionOf(layout, r);
-        if (!grouped.insert(r).second) throw InvalidArgument("rank " + std::to_string(r) + " is in two " + kind + "s");
-      }
-    }
-  };
-  partition(layout.state_groups, "state group");
-  partition(layout.expert_groups, "expert group");
-  partition(layout.ep_groups, "expert-parallel group");
-}
+void validate(const PeerLayout& layout) { validated(layout); }
 
 std::int64_t sourceRank(const PeerLayout& layout, std::int64_t step) {
   validate(layout);
@@ -104,7 +119,7 @@ Readiness decideReadiness(const PeerLayout& layout, const std::vector<std::strin
 CheckVerdict decideCheck(const PeerLayout& layout, std::int64_t step, const std::vector<std::string>& checked,
                          const std::vector<std::pair<std::string, std::string>>& not_ready,
                          const std::vector<CheckVote>& votes, StragglerTracker& tracker) {
-  validate(layout);
+  const PositionIndex index = validated(layout);
   checkVotes(layout, votes.size());
   const std::size_t n = layout.ranks.size();
   CheckVerdict v = CheckVerdict::forPeers(n);
@@ -122,7 +137,7 @@ CheckVerdict decideCheck(const PeerLayout& layout, std::int64_t step, const std:
     std::vector<std::vector<std::size_t>> out;
     for (const auto& group : groups) {
       out.emplace_back();
-      for (std::int64_t r : group) out.back().push_back(positionOf(layout, r));
+      for (std::int64_t r : group) out.back().push_back(positionOf(index, r));
     }
     return out;
   };
@@ -132,16 +147,19 @@ CheckVerdict decideCheck(const PeerLayout& layout, std::int64_t step, const std:
   const std::vector<std::vector<std::size_t>> expert_groups =
       layout.expert_groups.empty() ? std::vector<std::vector<std::size_t>>{everyone} : positions(layout.expert_groups);
   const std::vector<std::vector<std::size_t>> ep_groups = positions(layout.ep_groups);
-  // The state groups inside each expert group (an expert's held state).
+  // The state groups inside each expert group (an expert's held state), in (expert group,
+  // state group) order, each in its state group's order: by membership, linear in the world.
+  constexpr std::size_t kNone = static_cast<std::size_t>(-1);
+  std::vector<std::size_t> expert_of(n, kNone);
+  for (std::size_t e = 0; e < expert_groups.size(); ++e)
+    for (std::size_t i : expert_groups[e]) expert_of[i] = e;
+  std::map<std::pair<std::size_t, std::size_t>, std::vector<std::size_t>> intersections;
+  for (std::size_t g = 0; g < state_groups.size(); ++g)
+    for (std::size_t i : state_groups[g])
+      if (expert_of[i] != kNone) intersections[{expert_of[i], g}].push_back(i);
   std::vector<std::vector<std::size_t>> expert_state_groups;
-  for (const auto& e : expert_groups) {
-    for (const auto& g : state_groups) {
-      std::vector<std::size_t> both;
-      for (std::size_t i : g)
-        if (std::find(e.begin(), e.end(), i) != e.end()) both.push_back(i);
-      if (!both.empty()) expert_state_groups.push_back(std::move(both));
-    }
-  }
+  expert_state_groups.reserve(intersections.size());
+  for (auto& [_, both] : intersections) expert_state_groups.push_back(std::move(both));
   const auto failedRecipe = [&failed](const std::string& surface) {
     for (const std::string& recipe : failed)
       if (surface.size() > recipe.size() && surface.compare(0, recipe.size(), recipe) == 0 &&
