@@ -64,7 +64,31 @@ def main() -> int:
                            ("BM_PublishDataLoaderNext", "DataLoader next() begin + end")):
             if key in medians:
                 print(f"  {label}: {ns(medians[key]):.1f} ns")
+    _print_scale(medians, ns)
     return 0
+
+
+def _print_scale(medians: dict, ns) -> None:
+    """The scale harness (bench/scale_bench.cc, docs/scale.md): each decision's time by world
+    size, one row per decision and mesh."""
+    rows: dict[str, dict[int, float]] = {}
+    for name, b in medians.items():
+        if not name.startswith("BM_Scale"):
+            continue
+        parts = name.split("/")
+        size = next((int(p) for p in parts[1:] if p.isdigit()), None)
+        if size is None:
+            continue
+        label = "/".join(p for p in parts if not p.isdigit() and not p.startswith("min_time"))
+        rows.setdefault(label, {})[size] = ns(b)
+    if not rows:
+        return
+    sizes = sorted({n for row in rows.values() for n in row})
+    print("scale harness, one decision (docs/scale.md), microseconds by world size:")
+    print(f"  {'decision':28s}" + "".join(f"{n:>12}" for n in sizes))
+    for label in sorted(rows):
+        cells = "".join(f"{rows[label][n] / 1e3:12.1f}" if n in rows[label] else f"{'':>12}" for n in sizes)
+        print(f"  {label:28s}{cells}")
 
 
 if __name__ == "__main__":
