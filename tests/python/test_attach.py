@@ -10,7 +10,7 @@ import torch
 import lm_resiliency as lmr
 from lm_resiliency import attach
 from lm_resiliency.attach import FAULT_INJECTION, HANG_DETECTION, REPLAY
-from lm_resiliency.frameworks import (DeepSpeedAdapter, FrameworkAdapter, MegatronAdapter, PyTorchAdapter, TorchTitanAdapter, adapters, register_adapter,
+from lm_resiliency.frameworks import (AccelerateAdapter, DeepSpeedAdapter, FrameworkAdapter, LightningAdapter, MegatronAdapter, PyTorchAdapter, TorchTitanAdapter, adapters, register_adapter,
                                       select_adapter)
 from lm_resiliency.frameworks import _registry as registry
 from lm_resiliency.handle import Handle
@@ -131,7 +131,7 @@ def test_loads_are_reported_to_every_watcher_until_removed():
 def test_registry_selects_and_names_what_it_tried():
     model, opt = sgd()
     assert isinstance(select_adapter(model, opt), PyTorchAdapter)
-    with pytest.raises(lmr.InvalidArgumentError, match=r"no framework adapter matches a model of type str .*tried: torchtitan, deepspeed, megatron, pytorch"):
+    with pytest.raises(lmr.InvalidArgumentError, match=r"no framework adapter matches a model of type str .*tried: torchtitan, deepspeed, megatron, accelerate, lightning, pytorch"):
         select_adapter("model", opt)
 
     class Custom(PyTorchAdapter):
@@ -143,7 +143,8 @@ def test_registry_selects_and_names_what_it_tried():
 
     register_adapter(Custom)
     try:
-        assert adapters() == [TorchTitanAdapter, DeepSpeedAdapter, MegatronAdapter, Custom, PyTorchAdapter]  # ahead of plain PyTorch, which matches any module
+        assert adapters() == [TorchTitanAdapter, DeepSpeedAdapter, MegatronAdapter, AccelerateAdapter, LightningAdapter,
+                              Custom, PyTorchAdapter]  # ahead of plain PyTorch, which matches any module
         model.custom = True
         assert select_adapter(model, opt).name == "custom"
         del model.custom
