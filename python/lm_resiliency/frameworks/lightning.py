@@ -22,7 +22,7 @@ from lm_resiliency.errors import InvalidArgumentError
 from lm_resiliency.frameworks.pytorch import PyTorchAdapter, _replaces, _unwrap
 from lm_resiliency.handle import Handle
 
-__all__ = ["LightningAdapter", "training_objects"]
+__all__ = ["LightningAdapter", "fabric_objects", "training_objects"]
 
 
 def named(obj: Any, *names: str) -> bool:
@@ -80,3 +80,19 @@ def training_objects(trainer: Any) -> tuple[Any, Any]:
         raise InvalidArgumentError(f"the Lightning module configures {len(optimizers)} optimizers: LM Resiliency "
                                    "protects a job with one")
     return strategy.model, optimizers[0]
+
+
+def fabric_objects(fabric: Any, model: Any, optimizer: Any) -> tuple[Any, Any]:
+    """(model, optimizer) for what ``fabric.setup(model, optimizer)`` returned, as the adapters
+    take them: the module inside Fabric's wrapper (DDP, or the module itself on one device or
+    under fully_shard) with the torch optimizer, or a DeepSpeed engine; refused set-ups."""
+    if not (named(model, "_FabricModule") and named(optimizer, "_FabricOptimizer")):
+        raise InvalidArgumentError(f"pass the model and optimizer fabric.setup() returned, got "
+                                   f"{type(model).__name__} and {type(optimizer).__name__}")
+    if named(getattr(fabric, "strategy", None), "FSDPStrategy"):
+        raise InvalidArgumentError("Fabric's strategy=\"fsdp\" is FSDP version 1, which LM Resiliency does not support: "
+                                   "use ModelParallelStrategy with fully_shard (FSDP2)")
+    inner = model._forward_module
+    if named(inner, "DeepSpeedEngine"):
+        return inner, None  # the engine holds its optimizer (DeepSpeedAdapter)
+    return inner, optimizer.optimizer

@@ -6,9 +6,7 @@
     trainer.fit(module, data, ckpt_path=trusted_checkpoint("/shared/run/lmr"))
 
 When training starts (after Lightning restored any checkpoint) the callback calls ``protect()``
-on the strategy's model (the DDP-wrapped LightningModule, the module ``fully_shard``-ed in
-``configure_model`` under ``ModelParallelStrategy``, or the DeepSpeed engine) and the
-optimizer; when training ends it closes the job. The optimizer boundary is Lightning's
+on the strategy's model and optimizer (frameworks/lightning.py's training_objects); when training ends it closes the job. The optimizer boundary is Lightning's
 (frameworks/lightning.py: the closure runs before the boundary).
 
 Checkpoints are Lightning's: when certification wants step N, the callback writes Lightning's
@@ -18,9 +16,8 @@ the end of that batch, where ``ModelCheckpoint`` saves too, into
 ``ckpt_path`` after torchrun's relaunch. Lightning resumes a checkpoint saved mid-epoch at the
 next epoch's data unless the data loader is stateful (Lightning's own rule).
 
-Refused when training starts, with the reason: ``strategy="fsdp"`` (FSDP version 1: use
-``ModelParallelStrategy`` and ``fully_shard`` in ``configure_model``), tensor parallelism
-through ``ModelParallelStrategy(tensor_parallel_size>1)``, more than one optimizer, LBFGS.
+Refused when training starts, with the reason: what frameworks/lightning.py refuses (FSDP
+version 1, tensor parallelism, more than one optimizer, LBFGS).
 
 Fabric: ``job = protect_fabric(fabric, model, optimizer, checkpoint_dir=..., ...)`` after
 ``fabric.setup(model, optimizer)``, then your loop under ``job.steps()``; the checkpoints are
@@ -33,7 +30,7 @@ import os
 from typing import Any, Optional
 
 from lm_resiliency.errors import InvalidArgumentError, describe
-from lm_resiliency.frameworks.lightning import named, training_objects
+from lm_resiliency.frameworks.lightning import fabric_objects, training_objects
 from lm_resiliency.integrations.owned_checkpoints import OwnedCheckpoints, ProtectedRun, trusted_location
 
 try:  # Lightning is optional: the callback needs it, trusted_checkpoint does not
@@ -105,17 +102,12 @@ def protect_fabric(fabric: Any, model: Any, optimizer: Any, **options: Any) -> A
     """``lm_resiliency.protect()`` for what ``fabric.setup(model, optimizer)`` returned
     (collective: every rank, before training); `options` are protect()'s. Returns the
     ProtectedJob; train under ``job.steps()`` calling ``fabric.backward`` and
-    ``optimizer.step()`` as usual."""
+    ``optimizer.step()`` as usual. A set-up this release cannot protect is refused with the
+    reason (frameworks/lightning.py's fabric_objects)."""
     from lm_resiliency.protection import protect
 
-    if not (named(model, "_FabricModule") and named(optimizer, "_FabricOptimizer")):
-        raise InvalidArgumentError(f"protect_fabric(): pass the model and optimizer fabric.setup() returned, got "
-                                   f"{type(model).__name__} and {type(optimizer).__name__}")
-    strategy = getattr(fabric, "strategy", None)
-    if named(strategy, "FSDPStrategy"):
-        raise InvalidArgumentError("Fabric's strategy=\"fsdp\" is FSDP version 1, which LM Resiliency does not support: "
-                                   "use ModelParallelStrategy with fully_shard (FSDP2)")
-    inner = model._forward_module  # DDP, or the module itself (single device, FSDP2)
-    if named(inner, "DeepSpeedEngine"):
-        return protect(inner, None, **options)
-    return protect(inner, optimizer.optimizer, **options)
+    try:
+        model, optimizer = fabric_objects(fabric, model, optimizer)
+    except InvalidArgumentError as e:
+        raise InvalidArgumentError(f"protect_fabric(): {e}") from None
+    return protect(model, optimizer, **options)
