@@ -56,6 +56,12 @@ def test_fault_free_run_certifies_the_trainers_own_checkpoints(tmp_path):
                and "the trainer started at step 0" in o["error"] for o in again), again[0]
 
 
+def test_a_save_the_ranks_cannot_finish_together_is_reported_not_raised(tmp_path):
+    said = spawn(tw.broken_meeting, 2, preload=tw.PRELOAD, timeout=300, args=(str(tmp_path),))[0]
+    assert said and "LmrIOError" in said and "could not meet after the save" in said, said
+    assert not os.path.exists(tmp_path / "step-00000003")  # nothing placed
+
+
 def test_options_the_trainer_owns_are_refused():
     with pytest.raises(InvalidArgumentError, match="checkpoints, scheduler belong to the Trainer"):
         ResilienceCallback(checkpoints=False, scheduler=object())

@@ -117,3 +117,24 @@ def train(output_dir, steps, ga=1, faults=True, check_interval=1, save_steps=0, 
     return {**grab.out, "results": [r.to_dict() for r in results], "global_step": trainer.state.global_step,
             "listing": sorted(os.listdir(output_dir)),
             "committed": sorted(f for f in os.listdir(certified) if os.path.exists(os.path.join(certified, f, "COMMITTED")))}
+
+
+def broken_meeting(directory):
+    """OwnedCheckpoints.finish when a peer never arrives (rank 1 skips the save; the group's
+    timeout is 2 s): rank 0 raises nothing out of the trainer's hook and its pending save says
+    why. What rank 0's result() raised, or None."""
+    import datetime
+
+    from lm_resiliency.integrations.owned_checkpoints import OwnedCheckpoints
+
+    checkpoints = OwnedCheckpoints(directory, lambda: 0, (), "")
+    checkpoints.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=2))
+    pending = checkpoints.save_candidate(3, os.path.join(directory, "step-00000003"))
+    if dist.get_rank() != 0:
+        return None
+    checkpoints.finish(3)
+    try:
+        pending.result()
+    except Exception as e:  # noqa: BLE001 - the test reads it
+        return f"{type(e).__name__}: {e}"
+    return None

@@ -129,7 +129,11 @@ class OwnedCheckpoints:
             return
         self.pending = None
         if self.group is not None:
-            dist.barrier(group=self.group)
+            try:
+                dist.barrier(group=self.group)
+            except Exception as e:  # noqa: BLE001 - a peer is gone: nothing is placed, result() says why
+                pending.error = f"the ranks could not meet after the save: {describe(e)}"
+                return
         if self.rank != 0:
             pending.error = wrote  # the writer's outcome is agreed by the certifier (result() on every rank)
             return
