@@ -8,6 +8,8 @@
 #   make lint-threads  liblmr under clang -Wthread-safety -Werror (syntax only, the sources that
 #               reach an annotated header: about 30 s)
 #   make bench  set-up, build with benchmarks, CPU benchmark ratios
+#   make wheel  set-up, build, then the manylinux wheels in dist/ (CPU; CUDA 13 when nvcc is
+#               found), each installed into a fresh venv and smoke-tested (scripts/wheel_smoke.sh)
 #   make deps   Debian packages and the .venv only
 
 SHELL := /bin/bash
@@ -15,16 +17,19 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 BUILD_DIR := build
-APT_PACKAGES := libgtest-dev nlohmann-json3-dev libgloo-dev libbenchmark-dev ccache
+APT_PACKAGES := libgtest-dev nlohmann-json3-dev libbenchmark-dev ccache
 JOBS ?= $(shell nproc)
 MEGATRON_CORE := megatron-core==0.19.2
-# One persistent build tree serves pip, ctest and the benchmarks, so the sources compile once.
+# One persistent build tree serves pip, ctest, the benchmarks and the CPU wheel (make wheel), so
+# the sources compile once: it is built as the CPU wheel ships (no CUDA kernels, the C++ runtime
+# linked in, Gloo vendored) and reports the wheel's version (LMR_WHEEL_VARIANT: 0.1.0+cpu).
 # Unity batches and precompiled headers (CMakeLists.txt) cut a clean build to about a third.
-PIP_BASE_FLAGS := --no-build-isolation --no-deps -q \
-	-Cbuild-dir=$(BUILD_DIR) \
+PIP_COMMON_FLAGS := --no-build-isolation --no-deps -q \
 	-Ccmake.define.LMR_OOB=ON \
+	-Ccmake.define.LMR_STATIC_RUNTIME=ON \
 	-Ccmake.define.LMR_WERROR=ON \
 	-Ccmake.define.LMR_UNITY_BUILD=ON
+PIP_BASE_FLAGS := $(PIP_COMMON_FLAGS) -Cbuild-dir=$(BUILD_DIR) -Ccmake.define.LMR_CUDA=OFF
 PIP_BUILD_FLAGS := $(PIP_BASE_FLAGS) \
 	-Ccmake.define.LMR_BUILD_TESTS=ON \
 	-Ccmake.define.LMR_BUILD_BENCHMARKS=ON
@@ -42,7 +47,7 @@ FORMAT_FILES = $(shell git ls-files -- include src python/bindings tools tests/c
 THREAD_CHECK_FILES = $(shell scripts/thread_check_files.sh)
 
 .PHONY: deps apt apt-install venv build compile demo test test-fast test-cpp test-python bench fuzz clean \
-	lint lint-apt lint-threads format
+	lint lint-apt lint-threads format wheel wheel-cpu wheel-cuda
 
 deps: apt venv
 
@@ -83,12 +88,12 @@ build: deps
 
 # The package and the test and benchmark programs, without the set-up.
 compile:
-	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PY) -m pip install $(PIP_BUILD_FLAGS) .
+	LMR_WHEEL_VARIANT=cpu CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PY) -m pip install $(PIP_BUILD_FLAGS) .
 
 # The demo builds only what it runs (no test or benchmark programs); make test adds them to the
 # same build tree later without recompiling the library.
 demo: deps
-	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PY) -m pip install $(PIP_BASE_FLAGS) \
+	LMR_WHEEL_VARIANT=cpu CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PY) -m pip install $(PIP_BASE_FLAGS) \
 		-Ccmake.define.LMR_BUILD_TESTS=OFF -Ccmake.define.LMR_BUILD_BENCHMARKS=OFF .
 	$(VENV)/bin/lmr-qualify --out qualify-out
 
@@ -105,7 +110,8 @@ test:
 	@scripts/timed set-up $(MAKE) --no-print-directory deps && \
 	  scripts/timed build $(MAKE) --no-print-directory compile && \
 	  scripts/timed ctest ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS) && \
-	  scripts/timed pytest $(PY) -m pytest -q --durations=25 tests/python; \
+	  scripts/timed pytest $(PY) -m pytest -q --durations=25 tests/python && \
+	  scripts/timed wheel $(MAKE) --no-print-directory wheel-cpu; \
 	  status=$$?; scripts/timed --summary; exit $$status
 
 test-fast: test-cpp
@@ -118,6 +124,34 @@ bench: build
 	$(PY) bench/oob_overhead.py
 	$(PY) bench/oob_latency.py
 	$(PY) bench/moe_overhead.py --rounds 3 --steps 10
+
+# The wheels (docs/install.md): pip wheel from a build tree, auditwheel's manylinux repair (it
+# fails on any library outside the manylinux allowlist), then the smoke test in a fresh venv with
+# nothing but the pinned torch. The CPU wheel reuses the build tree (packaging only); the CUDA
+# wheel (signature kernels for sm_80 and sm_90, the host path where no GPU is visible) has its own.
+WHEEL_DIR := dist
+CUDA_WHEEL_ARCHS := 80;90
+define build_wheel
+	rm -rf $(WHEEL_DIR)/raw-$(1) && mkdir -p $(WHEEL_DIR)/raw-$(1)
+	LMR_WHEEL_VARIANT=$(2) CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PY) -m pip wheel $(3) -w $(WHEEL_DIR)/raw-$(1) .
+	rm -f $(WHEEL_DIR)/lm_resiliency-*+$(2)-*.whl
+	PATH=$(VENV)/bin:$$PATH $(PY) -m auditwheel repair -w $(WHEEL_DIR) $(WHEEL_DIR)/raw-$(1)/lm_resiliency-*.whl
+	scripts/wheel_smoke.sh $(WHEEL_DIR)/lm_resiliency-*+$(2)-*.whl
+endef
+
+wheel-cpu: build
+	$(call build_wheel,cpu,cpu,$(PIP_BUILD_FLAGS))
+
+wheel-cuda: build
+	@command -v nvcc >/dev/null || { echo "make wheel-cuda: no nvcc on PATH (the CUDA toolkit)"; exit 1; }
+	$(call build_wheel,cuda,cu$(shell nvcc --version | sed -n 's/.*release \([0-9]*\)\.\([0-9]*\).*/\1\2/p'),\
+		$(PIP_COMMON_FLAGS) -Cbuild-dir=build-cuda -Ccmake.define.LMR_CUDA=ON \
+		-Ccmake.define.CMAKE_CUDA_ARCHITECTURES="$(CUDA_WHEEL_ARCHS)")
+
+wheel: wheel-cpu
+	@if command -v nvcc >/dev/null; then $(MAKE) --no-print-directory wheel-cuda; \
+	else echo "no nvcc on PATH: the CPU wheel only"; fi
+	@ls -l $(WHEEL_DIR)/*.whl
 
 # With the build's packages: one apt-get for both in CI, which lints first.
 lint-apt:
@@ -141,7 +175,7 @@ format: venv lint-apt
 # only, with the include paths of the real build; gcc builds ignore the annotations.
 lint-threads: lint-apt
 	@printf '%s\n' $(THREAD_CHECK_FILES) | xargs -P $(JOBS) -n 4 clang++ -std=c++20 -fsyntax-only \
-	  -Wthread-safety -Wthread-safety-beta -Werror -Iinclude -Isrc -Itools/lmr-oobd -DLMR_VERSION='"lint"'
+	  -Wthread-safety -Wthread-safety-beta -Werror -Iinclude -Isrc -Itools/lmr-oobd -isystem third_party/gloo -DLMR_VERSION='"lint"'
 	@echo "thread-safety analysis: clean"
 
 # Fuzz with libFuzzer + ASan/UBSan (leaks included): the manifest, journal and artifact

@@ -3,6 +3,8 @@
 NB_MODULE(_core, m) {
   m.doc() = "LM Resiliency engine (liblmr) bindings";
   m.attr("__version__") = LMR_VERSION;
+  // The GPU architectures the signature kernels were built for ("80 90"); empty without them.
+  m.attr("cuda_architectures") = LMR_CUDA_ARCHS;
   // Objects referenced from long-lived Python state (a session wrapping an optimizer) may
   // still exist when the interpreter exits; that is not a leak worth a warning.
   nanobind::set_leak_warnings(false);

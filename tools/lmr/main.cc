@@ -112,14 +112,12 @@ int main(int argc, char** argv) {
       return args.empty() ? 2 : 0;
     }
     if (args[0] == "version" || args[0] == "--version") {
+      std::string kernels = "not built";
 #if defined(LMR_WITH_CUDA)
-      const char* const unavailable = "built, no device visible";
-#else
-      const char* const unavailable = "not built";
+      kernels = std::string("built for sm ") + LMR_CUDA_ARCHS + ", " +
+                (lmr::signature::cudaAvailable() ? "device visible" : "no device visible: host path");
 #endif
-      std::cout << "lmr " << LMR_VERSION
-                << " (CUDA kernels: " << (lmr::signature::cudaAvailable() ? "yes, device visible" : unavailable)
-                << ")\n";
+      std::cout << "lmr " << LMR_VERSION << " (CUDA kernels: " << kernels << ")\n";
       return 0;
     }
     if (args[0] == "c3") return runC3(std::vector<std::string>(args.begin() + 1, args.end()));
