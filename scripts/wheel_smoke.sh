@@ -11,8 +11,8 @@
 # Usage: scripts/wheel_smoke.sh dist/lm_resiliency-<version>-<tags>.whl
 # Exit status 0 when every check passed. PYTHON (default .venv/bin/python) reads the ELF files.
 # Where no package index can be reached (the GPU machine), LMR_SMOKE_SYSTEM_TORCH=1 makes the venv
-# see the system's torch and numpy instead of installing them, and LMR_SMOKE_GPU_TESTS=1 then runs
-# the GPU-marked tests of tests/python with the installed wheel.
+# see the system's torch and numpy instead of installing them, and LMR_SMOKE_GPU_TESTS then runs
+# GPU-marked tests with the installed wheel: 1 for all of tests/python, or the test files to run.
 set -euo pipefail
 [ $# -eq 1 ] && [ -f "$1" ] || { echo "usage: $0 WHEEL (one .whl file)" >&2; exit 2; }
 wheel=$(realpath "$1")
@@ -31,8 +31,12 @@ echo "== $(basename "$wheel") ($(du -k "$wheel" | cut -f1) KiB), version $versio
 
 quiet() { "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }; return "${PIPESTATUS[0]}"; }
 if [ "${LMR_SMOKE_SYSTEM_TORCH:-0}" = 1 ]; then
-  echo "== fresh venv over the system's torch, then the wheel (no index)"
-  python3 -m venv --system-site-packages "$work/venv"
+  # python3's own packages through a .pth file: --system-site-packages would show the base
+  # interpreter's, not those of a venv python3 may itself be (as on the GPU machine's image).
+  echo "== fresh venv over python3's packages (its torch), then the wheel (no index)"
+  python3 -m venv "$work/venv"
+  python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
+    > "$("$work/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/system-packages.pth"
   quiet "$work/venv/bin/pip" install -q --no-index --no-deps "$wheel"
 else
   echo "== fresh venv: $torch_pin, then the wheel"
@@ -87,8 +91,11 @@ isolated() {
 echo "== checks in $work"
 env -i HOME="$work" PATH="$work/venv/bin:/usr/bin:/bin" WORK="$work" VERSION="$version" \
   OMP_NUM_THREADS=1 bash -c "$(declare -p hide); $(declare -f isolated); isolated"
-if [ "${LMR_SMOKE_GPU_TESTS:-0}" = 1 ]; then
-  echo "== the GPU tests with the wheel installed"
-  (cd "$here" && "$work/venv/bin/python" -m pytest -q -p no:cacheprovider -m gpu tests/python)
+gpu_tests=${LMR_SMOKE_GPU_TESTS:-0}
+if [ "$gpu_tests" != 0 ]; then
+  [ "$gpu_tests" = 1 ] && gpu_tests=tests/python
+  echo "== the GPU tests with the wheel installed: $gpu_tests"
+  # shellcheck disable=SC2086 # a list of test files
+  (cd "$here" && "$work/venv/bin/python" -m pytest -q -p no:cacheprovider -m gpu $gpu_tests)
 fi
 echo "== wheel smoke test passed in $(( $(date +%s) - start )) s"
