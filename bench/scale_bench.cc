@@ -84,34 +84,39 @@ void BM_ScaleCheck(benchmark::State& state, Mesh mesh) {
 
 // One CommTracker round (completeObservations over every rank's records, then observe),
 // after two untimed rounds, so every timed round confirms the slow link at the culprit.
-void BM_ScaleComm(benchmark::State& state, Mesh mesh) {
+// `keyed`: records name their group by a key and the group table comes once per group (what
+// scout/comm.py sends); otherwise every record carries its group's id and members (before).
+void BM_ScaleComm(benchmark::State& state, Mesh mesh, bool keyed) {
   const std::int64_t n = state.range(0);
   const lmr::scale::World w = lmr::scale::makeWorld(mesh, n);
-  const auto records = lmr::scale::commRecords(w, 1, kCulprit);
+  const auto round = lmr::scale::commRound(w, 1, kCulprit, keyed);
   lmr::mesh::CommTracker tracker;
   std::int64_t step = 0;
-  for (; step < 2; ++step) tracker.observe(step, lmr::mesh::completeObservations(records));
+  for (; step < 2; ++step) tracker.observe(step, lmr::mesh::completeObservations(round.by_rank, round.groups));
   lmr::mesh::CommVerdict v;
   double complete_s = 0;
   for (auto _ : state) {
     const auto start = std::chrono::steady_clock::now();
-    const auto observations = lmr::mesh::completeObservations(records);
+    const auto observations = lmr::mesh::completeObservations(round.by_rank, round.groups);
     complete_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     v = tracker.observe(step++, observations);
     benchmark::DoNotOptimize(v);
   }
   if (mesh != Mesh::kDdp && (!v.rank || *v.rank != kCulprit)) state.SkipWithError(("not named: " + v.reason).c_str());
   double gathered = 0, mine = 0, members = 0;
-  for (std::size_t r = 0; r < records.size(); ++r)
-    for (const auto& record : records[r]) {
-      const auto bytes = static_cast<double>(lmr::scale::recordBytes(record));
-      gathered += bytes;
-      if (static_cast<std::int64_t>(r) == kCulprit) mine += bytes;
+  for (std::size_t r = 0; r < round.by_rank.size(); ++r) {
+    double sent = static_cast<double>(round.table_bytes[r]);
+    for (const auto& record : round.by_rank[r]) {
+      sent += static_cast<double>(lmr::scale::recordBytes(record));
       members += static_cast<double>(record.members.size());
     }
+    gathered += sent;
+    if (static_cast<std::int64_t>(r) == kCulprit) mine = sent;
+  }
+  for (const auto& [key, entry] : round.groups) members += static_cast<double>(entry.members.size());
   state.SetComplexityN(n);
   setBytes(state, static_cast<double>(n), mine, gathered);
-  state.counters["members_gathered"] = members;  // member ids in the gathered records
+  state.counters["members_gathered"] = members;  // member ids in the gathered records and table
   state.counters["complete_us"] =
       benchmark::Counter(complete_s * 1e6, benchmark::Counter::kAvgIterations);  // of the time above
 }
@@ -140,10 +145,15 @@ BENCHMARK_CAPTURE(BM_ScaleCheck, ddp, Mesh::kDdp)->Apply(worldSizes);
 BENCHMARK_CAPTURE(BM_ScaleCheck, hsdp, Mesh::kHsdp)->Apply(worldSizes);
 BENCHMARK_CAPTURE(BM_ScaleCheck, tp_pp_dp, Mesh::kTpPpDp)->Apply(worldSizes);
 BENCHMARK_CAPTURE(BM_ScaleCheck, ep_dp, Mesh::kEpDp)->Apply(worldSizes);
-BENCHMARK_CAPTURE(BM_ScaleComm, ddp, Mesh::kDdp)->Apply(worldSizes);
-BENCHMARK_CAPTURE(BM_ScaleComm, hsdp, Mesh::kHsdp)->Apply(worldSizes);
-BENCHMARK_CAPTURE(BM_ScaleComm, tp_pp_dp, Mesh::kTpPpDp)->Apply(worldSizes);
-BENCHMARK_CAPTURE(BM_ScaleComm, ep_dp, Mesh::kEpDp)->Apply(worldSizes);
+BENCHMARK_CAPTURE(BM_ScaleComm, ddp, Mesh::kDdp, true)->Apply(worldSizes);
+BENCHMARK_CAPTURE(BM_ScaleComm, hsdp, Mesh::kHsdp, true)->Apply(worldSizes);
+BENCHMARK_CAPTURE(BM_ScaleComm, tp_pp_dp, Mesh::kTpPpDp, true)->Apply(worldSizes);
+BENCHMARK_CAPTURE(BM_ScaleComm, ep_dp, Mesh::kEpDp, true)->Apply(worldSizes);
+// Before the group table: every record with its members.
+BENCHMARK_CAPTURE(BM_ScaleComm, ddp_inline, Mesh::kDdp, false)->Apply(worldSizes);
+BENCHMARK_CAPTURE(BM_ScaleComm, hsdp_inline, Mesh::kHsdp, false)->Apply(worldSizes);
+BENCHMARK_CAPTURE(BM_ScaleComm, tp_pp_dp_inline, Mesh::kTpPpDp, false)->Apply(worldSizes);
+BENCHMARK_CAPTURE(BM_ScaleComm, ep_dp_inline, Mesh::kEpDp, false)->Apply(worldSizes);
 BENCHMARK(BM_ScaleRouting)->Arg(8)->Arg(64)->Arg(256)->Arg(1024)->Complexity()->Unit(benchmark::kMicrosecond);
 
 }  // namespace

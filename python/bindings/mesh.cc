@@ -1,4 +1,5 @@
 // Bindings of lmr::mesh's communication-straggler decisions (include/lmr/mesh/comm.h).
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/string_view.h>
@@ -14,11 +15,13 @@ namespace nb = nanobind;
 namespace lmr::python {
 
 // One record as Python sends it: (group id, members, call index, collective, bytes, wait
-// seconds, transfer seconds).
+// seconds, transfer seconds); members empty when the group id is a key of the group table.
 using RecordSpec =
     std::tuple<std::string, std::vector<std::int64_t>, std::int64_t, std::string, std::uint64_t, double, double>;
 // A fabric finding: (reporting rank, "nic" or "switch", name, detail).
 using FindingSpec = std::tuple<std::int64_t, std::string, std::string, std::string>;
+// The round's group table: key -> (group id, members).
+using GroupSpecs = std::map<std::string, std::tuple<std::string, std::vector<std::int64_t>>>;
 
 void registerMesh(nb::module_& m) {
   using mesh::CommTracker;
@@ -84,7 +87,7 @@ void registerMesh(nb::module_& m) {
       .def(
           "observe",
           [](CommTracker& t, std::int64_t step, const std::vector<std::vector<RecordSpec>>& records_by_rank,
-             const ResourceMap* map, const std::vector<FindingSpec>& fabric) {
+             const ResourceMap* map, const std::vector<FindingSpec>& fabric, const GroupSpecs& group_specs) {
             std::vector<std::vector<mesh::CollectiveRecord>> by_rank(records_by_rank.size());
             for (std::size_t r = 0; r < records_by_rank.size(); ++r)
               for (const auto& [group, members, call, collective, bytes, wait, transfer] : records_by_rank[r])
@@ -92,13 +95,17 @@ void registerMesh(nb::module_& m) {
             std::vector<mesh::FabricFinding> findings;
             for (const auto& [rank, kind, name, detail] : fabric)
               findings.push_back(mesh::FabricFinding{rank, kind, name, detail});
+            mesh::GroupTable groups;
+            for (const auto& [key, spec] : group_specs)
+              groups.emplace(key, mesh::GroupEntry{std::get<0>(spec), std::get<1>(spec)});
             nb::gil_scoped_release release;
-            return t.observe(step, mesh::completeObservations(by_rank), map, findings);
+            return t.observe(step, mesh::completeObservations(by_rank, groups), map, findings);
           },
           nb::arg("step"), nb::arg("records_by_rank"), nb::arg("resource_map").none() = nb::none(),
-          nb::arg("fabric") = std::vector<FindingSpec>{},
+          nb::arg("fabric") = std::vector<FindingSpec>{}, nb::arg("groups") = GroupSpecs{},
           "One round: every rank's collective records (group, members, call, collective, bytes, wait, "
-          "transfer), made into complete observations (lmr::mesh::completeObservations), and fabric findings "
+          "transfer; members empty where `groups` maps the group key to (group id, members)), made into "
+          "complete observations (lmr::mesh::completeObservations), and fabric findings "
           "(reporting rank, kind, name, detail) (lmr::mesh::CommTracker::observe): slow groups, late ranks, "
           "the one rank they share, and the fabric finding that narrows it.");
 }

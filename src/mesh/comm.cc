@@ -143,28 +143,45 @@ const Resources& ResourceMap::of(std::int64_t rank) const {
   return ranks_[static_cast<std::size_t>(rank)];
 }
 
-std::vector<CollectiveObservation> completeObservations(const std::vector<std::vector<CollectiveRecord>>& by_rank) {
+std::vector<CollectiveObservation> completeObservations(const std::vector<std::vector<CollectiveRecord>>& by_rank,
+                                                        const GroupTable& groups) {
   struct Call {
-    const CollectiveRecord* first = nullptr;
+    const std::string* name = nullptr;  // the group's id (the record's own, or its table entry's)
+    const std::vector<std::int64_t>* members = nullptr;
+    const std::string* collective = nullptr;
     std::map<std::int64_t, const CollectiveRecord*> by_member;
     std::uint64_t bytes = 0;
     bool consistent = true;
   };
-  std::map<std::pair<std::string, std::int64_t>, Call> calls;
+  // Calls are told apart by the records' own group field (a short key when keyed), never by a
+  // long name or a member list: each record costs O(log calls), not O(group size).
+  std::map<std::pair<std::string_view, std::int64_t>, Call> calls;
   for (std::size_t rank = 0; rank < by_rank.size(); ++rank) {
     for (const CollectiveRecord& r : by_rank[rank]) {
+      const std::string* name = &r.group;
+      const std::vector<std::int64_t>* members = &r.members;
+      if (r.members.empty()) {
+        const auto entry = groups.find(r.group);
+        if (entry == groups.end()) continue;  // its group's entry was not gathered: left out
+        name = &entry->second.name;
+        members = &entry->second.members;
+      }
       Call& c = calls[{r.group, r.call}];
-      if (c.first == nullptr) c.first = &r;
-      c.consistent = c.consistent && r.members == c.first->members && r.collective == c.first->collective;
+      if (c.name == nullptr) {
+        c.name = name;
+        c.members = members;
+        c.collective = &r.collective;
+      }
+      c.consistent = c.consistent && (members == c.members || *members == *c.members) && r.collective == *c.collective;
       c.by_member.emplace(static_cast<std::int64_t>(rank), &r);
       c.bytes = std::max(c.bytes, r.bytes);
     }
   }
   std::vector<CollectiveObservation> out;
   for (const auto& [key, c] : calls) {
-    const auto& members = c.first->members;
+    const auto& members = *c.members;
     if (!c.consistent || c.by_member.size() != members.size()) continue;
-    CollectiveObservation o{key.first, members, c.first->collective, c.bytes, {}, {}};
+    CollectiveObservation o{*c.name, members, *c.collective, c.bytes, {}, {}};
     for (std::int64_t m : members) {
       const auto it = c.by_member.find(m);
       if (it == c.by_member.end()) break;

@@ -68,7 +68,8 @@ struct CollectiveObservation {
 };
 
 // One member's timing of one call, as that member recorded it (calls of a group are
-// numbered in the order every member makes them).
+// numbered in the order every member makes them). `members` empty: `group` is a key of the
+// round's GroupTable, which names the group and lists its members.
 struct CollectiveRecord {
   std::string group;
   std::vector<std::int64_t> members;
@@ -79,12 +80,23 @@ struct CollectiveRecord {
   double transfer = 0;
 };
 
+// A process group as a round's group table lists it, so that records carry a short key
+// instead of the member list: gathered once per group (from its lowest member), a round's
+// input grows with the sum of the group sizes, not with the sum of their squares as it does
+// when every member's every record lists every member.
+struct GroupEntry {
+  std::string name;                   // the group's id in verdicts ("ranks:1,3,5,7")
+  std::vector<std::int64_t> members;  // global ranks
+};
+using GroupTable = std::map<std::string, GroupEntry>;  // key -> the group
+
 // The complete observations in every rank's records (`by_rank[r]`: what rank r recorded):
 // one per (group, call) that every member recorded alike (same members and collective),
 // timings in the members' order, bytes the most any member saw. A call some member did not
-// record (timed in another round), or recorded differently, is left out. Sorted by
-// (group, call).
-std::vector<CollectiveObservation> completeObservations(const std::vector<std::vector<CollectiveRecord>>& by_rank);
+// record (timed in another round), or recorded differently, is left out, and so is a keyed
+// record whose key `groups` does not list. Sorted by (group key, call).
+std::vector<CollectiveObservation> completeObservations(const std::vector<std::vector<CollectiveRecord>>& by_rank,
+                                                        const GroupTable& groups = {});
 
 // floor(log2(bytes)), 0 for 0 or 1 byte: groups of one class are compared.
 std::int64_t sizeClass(std::uint64_t bytes);

@@ -8,7 +8,9 @@ same call): a barrier over the group first, then the collective, waited for. The
 time is the wait for the last member to arrive (a slow computing rank makes its peers wait);
 the collective's time after it is the transfer (a slow link makes the whole group slow). On
 CUDA tensors the device is synchronised around both. At each check every rank gathers the
-records since the last one, and lmr::mesh::CommTracker compares the groups: which are slow
+records since the last one (each names its group by a short key; the group's lowest member
+sends the key's group id and members once, so a round's gather grows with the sum of the group
+sizes, not with the sum of their squares), and lmr::mesh::CommTracker compares the groups: which are slow
 (confirmed over rounds), which ranks arrived late, and the one rank every slow group shares,
 with its host (the replacement scope).
 
@@ -25,6 +27,7 @@ all-reduce, which its C++ reducer runs) come through the adapter's communication
 from __future__ import annotations
 
 import collections
+import hashlib
 import inspect
 import threading
 import time
@@ -103,7 +106,8 @@ class CollectiveTiming:
         self._thread = threading.get_ident()
         self._rank = dist.get_rank()
         self._counts: dict[str, int] = {}
-        self._groups: dict[int, tuple[str, tuple[int, ...]]] = {}  # id(group) -> (group id, members)
+        self._groups: dict[int, tuple[str, str, tuple[int, ...]]] = {}  # id(group) -> (key, group id, members)
+        self._led: dict[str, tuple[str, tuple[int, ...]]] = {}  # key -> (group id, members) of groups I lead
         self._records: collections.deque = collections.deque(maxlen=capacity)
         self._originals: dict[str, Any] = {}
         self._wrappers: dict[str, Any] = {}
@@ -129,30 +133,39 @@ class CollectiveTiming:
                 setattr(dist, name, fn)
 
     def take(self) -> list[tuple]:
-        """The records since the last take: (group id, members, call index, collective,
-        bytes, wait seconds, transfer seconds)."""
+        """The records since the last take: (group key, (), call index, collective, bytes,
+        wait seconds, transfer seconds); `group_table` resolves the keys."""
         out = list(self._records)
         self._records.clear()
         return out
 
-    def _group(self, group: Any) -> tuple[str, tuple[int, ...]]:
+    def group_table(self, records: list[tuple]) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """key -> (group id, members) for the groups of `records` that this rank leads (is
+        the lowest member of): every member computes the same key, one sends the entry."""
+        return {r[0]: self._led[r[0]] for r in records if r[0] in self._led}
+
+    def _group(self, group: Any) -> tuple[str, str, tuple[int, ...]]:
         pg = group if group is not None else dist.group.WORLD
         known = self._groups.get(id(pg))
         if known is None:
             members = tuple(dist.get_process_group_ranks(pg))
-            known = self._groups[id(pg)] = ("ranks:" + ",".join(map(str, members)), members)
+            gid = "ranks:" + ",".join(map(str, members))
+            key = hashlib.blake2b(gid.encode(), digest_size=8).hexdigest()
+            known = self._groups[id(pg)] = (key, gid, members)
+            if members and self._rank == min(members):
+                self._led[key] = (gid, members)
         return known
 
     def _sample(self, group: Any) -> Optional[tuple]:
-        """(group id, members, call index) when this call of `group` is timed, else None.
-        Counts the call for its group."""
+        """(group key, call index) when this call of `group` is timed, else None. Counts the
+        call for its group."""
         if id(group) in self._excluded:
             return None
-        gid, members = self._group(group)
+        key, _, members = self._group(group)
         if self._rank not in members:  # torch makes the call a no-op here
             return None
-        n = self._counts[gid] = self._counts.get(gid, 0) + 1
-        return (gid, members, n) if n % self.every == 0 else None
+        n = self._counts[key] = self._counts.get(key, 0) + 1
+        return (key, n) if n % self.every == 0 else None
 
     def _run(self, collective: str, group: Any, tensor: Any, fn: Any, on_thread: bool) -> Any:
         """Runs `fn()`, the collective, timed when it is sampled. `on_thread`: only on the
@@ -197,8 +210,7 @@ class CollectiveTiming:
         timed.__doc__ = getattr(fn, "__doc__", None)
         return timed
 
-    def _timed(self, fn: Any, collective: str, tensor: Any, group: Any, gid: str, members: tuple[int, ...],
-               n: int) -> Any:
+    def _timed(self, fn: Any, collective: str, tensor: Any, group: Any, key: str, n: int) -> Any:
         cuda = isinstance(tensor, torch.Tensor) and tensor.is_cuda
         if cuda:
             torch.cuda.synchronize(tensor.device)
@@ -214,7 +226,7 @@ class CollectiveTiming:
             torch.cuda.synchronize(tensor.device)
         done = time.perf_counter()
         nbytes = tensor.numel() * tensor.element_size() if isinstance(tensor, torch.Tensor) else 0
-        self._records.append((gid, members, n, collective, nbytes, arrived - start, done - arrived))
+        self._records.append((key, (), n, collective, nbytes, arrived - start, done - arrived))
         return out
 
 
@@ -282,6 +294,12 @@ class CommRounds:
         except Exception as e:  # noqa: BLE001 - the gather in conclude must still happen
             return [], describe(e)
 
+    def _table(self, records: list) -> tuple[dict, Optional[str]]:
+        try:
+            return self.timing.group_table(records), None
+        except Exception as e:  # noqa: BLE001 - the gather in conclude must still happen
+            return {}, describe(e)
+
     def cut(self) -> None:
         """Ends the round's window at this boundary (where its check starts): the timings
         since the last round are this one's, however late it concludes. A pipelined check
@@ -298,20 +316,24 @@ class CommRounds:
         verdict on every rank, with a warning."""
         window, self._window = self._window, None
         mine, error = window if window is not None else self._take()
+        table, table_error = self._table(mine)
         gathered: list[Any] = [None] * self._world
         try:
-            dist.all_gather_object(gathered, (mine, error, self._findings()), group=self._votes)
+            dist.all_gather_object(gathered, (mine, table, error or table_error, self._findings()),
+                                   group=self._votes)
         except Exception as e:  # noqa: BLE001 - never out of the user's step
             return self._inconclusive(step, f"the gather of collective timings failed: {describe(e)}")
         try:
-            errors = [f"rank {r}: {e}" for r, (_, e, _) in enumerate(gathered) if e is not None]
+            errors = [f"rank {r}: {e}" for r, (_, _, e, _) in enumerate(gathered) if e is not None]
             if errors:
                 raise RuntimeError("; ".join(errors))
-            fabric = [(r, kind, name, detail) for r, (_, _, found) in enumerate(gathered) for kind, name, detail in found]
-            v = self._tracker.observe(step, [records for records, _, _ in gathered], self.map, fabric)
+            fabric = [(r, kind, name, detail) for r, (_, _, _, found) in enumerate(gathered)
+                      for kind, name, detail in found]
+            groups = {key: entry for _, led, _, _ in gathered for key, entry in led.items()}
+            v = self._tracker.observe(step, [records for records, _, _, _ in gathered], self.map, fabric, groups)
         except Exception as e:  # noqa: BLE001 - the same input on every rank: the same outcome
             return self._inconclusive(step, describe(e))
-        timed = dict(collections.Counter(r[3] for records, _, _ in gathered for r in records))
+        timed = dict(collections.Counter(r[3] for records, _, _, _ in gathered for r in records))
         resources = None if v.resources is None else {"host": v.resources.host, "nic": v.resources.nic,
                                                       "switch": v.resources.switch}
         return {"step": step, "status": "Attributed" if v.rank is not None else "Agree", "reason": v.reason,

@@ -390,6 +390,40 @@ TEST(CommStragglers, CompleteObservationsComeFromCallsEveryMemberRecorded) {
   EXPECT_TRUE(completeObservations({}).empty());
 }
 
+TEST(CommStragglers, KeyedRecordsTakeTheirGroupFromTheTable) {
+  const auto rec = [](std::string key, std::int64_t call, double transfer) {
+    return CollectiveRecord{std::move(key), {}, call, "all_reduce", 64, 0.0, transfer};
+  };
+  std::vector<std::vector<CollectiveRecord>> by_rank(3);
+  by_rank[0] = {rec("k1", 1, 1.0), rec("k9", 1, 5.0)};
+  by_rank[1] = {rec("k1", 1, 1.5), rec("k9", 1, 5.5)};
+  by_rank[2] = {rec("k2", 1, 2.0)};
+  const GroupTable groups{{"k1", GroupEntry{"ranks:0,1", {0, 1}}}, {"k2", GroupEntry{"ranks:2", {2}}}};
+  const auto out = completeObservations(by_rank, groups);
+  ASSERT_EQ(out.size(), 2u);  // k9 is in no table entry (its leader's entry never came): left out
+  EXPECT_EQ(out[0].group, "ranks:0,1");
+  EXPECT_EQ(out[0].members, (std::vector<std::int64_t>{0, 1}));
+  EXPECT_EQ(out[0].transfer, (std::vector<double>{1.0, 1.5}));
+  EXPECT_EQ(out[1].group, "ranks:2");
+  // Without the table nothing keyed is complete; a record with its own members mixes in.
+  EXPECT_TRUE(completeObservations(by_rank).empty());
+  by_rank[2].push_back(CollectiveRecord{"ranks:2", {2}, 7, "broadcast", 8, 0.0, 3.0});
+  ASSERT_EQ(completeObservations(by_rank, groups).size(), 3u);
+  // The tracker sees the table's names: a slow keyed group is reported by its id.
+  CommTracker t(CommOptions{.confirmation_rounds = 1, .confirmation_checks = 1});
+  std::vector<std::vector<CollectiveRecord>> round(8);
+  GroupTable pairs;
+  for (std::int64_t g = 0; g < 4; ++g) {
+    const std::string key = "p" + std::to_string(g);
+    pairs[key] = GroupEntry{"ranks:" + std::to_string(2 * g) + "," + std::to_string(2 * g + 1), {2 * g, 2 * g + 1}};
+    for (std::int64_t m : {2 * g, 2 * g + 1})
+      round[static_cast<std::size_t>(m)].push_back(rec(key, 1, g == 2 ? 0.5 : 0.01));
+  }
+  const CommVerdict v = t.observe(1, completeObservations(round, pairs));
+  EXPECT_EQ(v.observations, 4u);
+  EXPECT_EQ(v.candidate_groups, (std::vector<std::string>{"ranks:4,5"}));
+}
+
 TEST(CommStragglers, ADecidedCheckNeedsABitmapEntryPerPeer) {
   replay::StragglerTracker t(replay::StragglerOptions{});
   consensus::TimingResult check;

@@ -1,7 +1,9 @@
 #include "scale_evidence.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <functional>
 
 #include "lmr/moe/alltoall.h"
 
@@ -114,9 +116,10 @@ std::string routingVoteOf(std::int64_t ranks, std::int64_t me, std::int64_t bad_
   return vote;
 }
 
-std::vector<std::vector<mesh::CollectiveRecord>> commRecords(const World& w, std::int64_t step,
-                                                             std::int64_t slow_rank) {
-  std::vector<std::vector<mesh::CollectiveRecord>> out(static_cast<std::size_t>(w.size()));
+CommRound commRound(const World& w, std::int64_t step, std::int64_t slow_rank, bool keyed) {
+  CommRound out;
+  out.by_rank.resize(static_cast<std::size_t>(w.size()));
+  out.table_bytes.assign(static_cast<std::size_t>(w.size()), 0);
   const auto& dims = w.layout.dims();
   for (std::size_t d = 0; d < dims.size(); ++d) {
     if (dims[d].size < 2 || dims[d].name == "pp") continue;
@@ -138,9 +141,19 @@ std::vector<std::vector<mesh::CollectiveRecord>> commRecords(const World& w, std
       const double transfer =
           0.010 + 0.0002 * static_cast<double>((static_cast<std::int64_t>(k) * 7 + step) % 5) + (slow ? 0.020 : 0.0);
       const std::string id = groupId(members);
+      std::string key = id;
+      if (keyed) {
+        char hex[17];
+        std::snprintf(hex, sizeof hex, "%016llx",
+                      static_cast<unsigned long long>(std::hash<std::string>{}(id)));  // comm.py: blake2b, 8 bytes
+        key = hex;
+        out.groups[key] = mesh::GroupEntry{id, members};
+        const std::int64_t leader = *std::min_element(members.begin(), members.end());
+        out.table_bytes[static_cast<std::size_t>(leader)] += key.size() + id.size() + 8 * members.size();
+      }
       for (std::int64_t m : members)
-        out[static_cast<std::size_t>(m)].push_back(
-            mesh::CollectiveRecord{id, members, step, collective, bytes, 0.0001, transfer});
+        out.by_rank[static_cast<std::size_t>(m)].push_back(mesh::CollectiveRecord{
+            key, keyed ? std::vector<std::int64_t>{} : members, step, collective, bytes, 0.0001, transfer});
     }
   }
   return out;

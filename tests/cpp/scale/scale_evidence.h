@@ -54,15 +54,22 @@ std::size_t voteBytes(const replay::CheckVote& vote);
 // those matrices (scale_test checks it) without building the ranks^3 matrix entries.
 std::string routingVoteOf(std::int64_t ranks, std::int64_t me, std::int64_t bad_sender);
 
-// One round of collective records, by rank, as scout/comm.py gathers them at a check: every
-// group along each dimension that runs collectives (dp_replicate all_reduce (DDP: the
-// ddp_bucket), dp_shard reduce_scatter, tp all_reduce, ep all_to_all; pp runs point-to-point
-// sends, which are not timed) times call `step` on each member. Group ids are comm.py's
-// "ranks:<members>". Groups holding `slow_rank` transfer 20 ms slower (a slow link or NIC).
-std::vector<std::vector<mesh::CollectiveRecord>> commRecords(const World& world, std::int64_t step,
-                                                             std::int64_t slow_rank);
+// One round of collective records, by rank: every group along each dimension that runs
+// collectives (dp_replicate all_reduce (DDP: the ddp_bucket), dp_shard reduce_scatter, tp
+// all_reduce, ep all_to_all; pp runs point-to-point sends, which are not timed) times call
+// `step` on each member. Groups holding `slow_rank` transfer 20 ms slower (a slow link or NIC).
+// Keyed (as scout/comm.py sends them): records name their group by a 16-character key and
+// carry no members; the group's lowest member sends its table entry (comm.py's id
+// "ranks:<members>" and the members). Not keyed (as comm.py sent them before): every record
+// carries the id and the members, and the table is empty.
+struct CommRound {
+  std::vector<std::vector<mesh::CollectiveRecord>> by_rank;
+  mesh::GroupTable groups;
+  std::vector<std::size_t> table_bytes;  // by rank: the table entries it sends
+};
+CommRound commRound(const World& world, std::int64_t step, std::int64_t slow_rank, bool keyed);
 
-// Bytes of a record's payload (group id, 8 per member, collective, call, bytes, two timings).
+// Bytes of a record's payload (group id or key, 8 per member, collective, call, bytes, two timings).
 std::size_t recordBytes(const mesh::CollectiveRecord& record);
 
 }  // namespace lmr::scale

@@ -77,10 +77,17 @@ TEST_P(ScaleMesh, CommTrackerNamesTheRankOnTheSlowLink) {
   std::vector<std::string> hosts;
   for (std::int64_t r = 0; r < w.size(); ++r) hosts.push_back("node-" + std::to_string(r / 8));
   const mesh::ResourceMap map = mesh::ResourceMap::fromHosts(hosts);
-  mesh::CommTracker tracker;
-  mesh::CommVerdict v;
-  for (int step = 1; step <= 3; ++step)
-    v = tracker.observe(step, mesh::completeObservations(commRecords(w, step, kCulprit)), &map);
+  mesh::CommTracker tracker, inline_tracker;
+  mesh::CommVerdict v, inline_v;
+  for (int step = 1; step <= 3; ++step) {
+    const CommRound keyed = commRound(w, step, kCulprit, true), plain = commRound(w, step, kCulprit, false);
+    v = tracker.observe(step, mesh::completeObservations(keyed.by_rank, keyed.groups), &map);
+    inline_v = inline_tracker.observe(step, mesh::completeObservations(plain.by_rank), &map);
+  }
+  // Records keyed by the group table decide as records carrying their members did.
+  EXPECT_EQ(v.slow_groups, inline_v.slow_groups);
+  EXPECT_EQ(v.observations, inline_v.observations);
+  EXPECT_EQ(v.rank, inline_v.rank);
   EXPECT_TRUE(v.late_ranks.empty());
   if (mesh() == Mesh::kDdp) {
     // One process group: nothing to compare it with, so no group is ever slow (by design).
