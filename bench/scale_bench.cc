@@ -139,6 +139,31 @@ void BM_ScaleRouting(benchmark::State& state) {
   setBytes(state, static_cast<double>(n), vote, vote * static_cast<double>(n));
 }
 
+// One stall round's decision, as every daemon of an N-rank peer group runs it: diagnose over
+// the N views, then the report's JSON (what the daemons write and the store carries). The
+// counters add the round's store traffic and sockets, counted from the protocol
+// (lmr::scale::oobRoundCost), not measured.
+void BM_ScaleDiagnose(benchmark::State& state, lmr::scale::Stall stall) {
+  const std::int64_t n = state.range(0);
+  const auto views = lmr::scale::stallViews(n, stall, kCulprit);
+  lmr::oob::FaultReport report;
+  std::size_t report_bytes = 0;
+  for (auto _ : state) {
+    report = lmr::oob::diagnose(views);
+    report_bytes = lmr::oob::toJson(report).dump().size();
+    benchmark::DoNotOptimize(report_bytes);
+  }
+  if (report.ranks != std::vector<std::int64_t>{kCulprit}) state.SkipWithError(("not named: " + report.kind).c_str());
+  const auto cost = lmr::scale::oobRoundCost(n, report_bytes);
+  state.SetComplexityN(n);
+  setBytes(state, static_cast<double>(n), static_cast<double>(lmr::oob::kViewBytes),
+           static_cast<double>(lmr::oob::kViewBytes) * static_cast<double>(n));
+  state.counters["report_bytes"] = static_cast<double>(report_bytes);
+  state.counters["store_requests"] = cost.store_requests;
+  state.counters["store_bytes"] = cost.store_bytes;
+  state.counters["sockets_per_daemon"] = cost.sockets_per_daemon;
+}
+
 BENCHMARK(BM_ScaleExact)->Apply(worldSizes);
 BENCHMARK(BM_ScaleTiming)->Apply(worldSizes);
 BENCHMARK_CAPTURE(BM_ScaleCheck, ddp, Mesh::kDdp)->Apply(worldSizes);
@@ -154,6 +179,9 @@ BENCHMARK_CAPTURE(BM_ScaleComm, ddp_inline, Mesh::kDdp, false)->Apply(worldSizes
 BENCHMARK_CAPTURE(BM_ScaleComm, hsdp_inline, Mesh::kHsdp, false)->Apply(worldSizes);
 BENCHMARK_CAPTURE(BM_ScaleComm, tp_pp_dp_inline, Mesh::kTpPpDp, false)->Apply(worldSizes);
 BENCHMARK_CAPTURE(BM_ScaleComm, ep_dp_inline, Mesh::kEpDp, false)->Apply(worldSizes);
+BENCHMARK_CAPTURE(BM_ScaleDiagnose, process_stall, lmr::scale::Stall::kProcess)->Apply(worldSizes);
+BENCHMARK_CAPTURE(BM_ScaleDiagnose, desync, lmr::scale::Stall::kDesync)->Apply(worldSizes);
+BENCHMARK_CAPTURE(BM_ScaleDiagnose, dataloader_stall, lmr::scale::Stall::kDataloader)->Apply(worldSizes);
 BENCHMARK(BM_ScaleRouting)->Arg(8)->Arg(64)->Arg(256)->Arg(1024)->Complexity()->Unit(benchmark::kMicrosecond);
 
 }  // namespace

@@ -16,12 +16,6 @@ std::string key(const Snapshot& s) {
          std::to_string(c.group) + "|" + std::to_string(c.meta) + "|" + std::to_string(c.sequence);
 }
 
-std::int64_t median(std::vector<std::int64_t> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 FaultReport attributed(const std::string& kind, const std::vector<const RankView*>& present,
                        const std::vector<bool>& bad) {
   FaultReport r;
@@ -48,17 +42,26 @@ std::int64_t typical(const RankView& v, bool dataloader) {
 }
 
 // I/O stalls: in flight past the absolute, relative (peers' median) and persistence thresholds.
+// The peers' median for each rank comes from one sorted copy of everyone's typical duration
+// (the median of all but rank i is the sorted list's element at (n-1)/2, one further along
+// when i sits at or before it), and only for ranks past the absolute and persistence
+// thresholds: linear after the sort, where a median per rank over the others was quadratic.
 std::optional<FaultReport> ioStall(const std::vector<const RankView*>& p, const DiagnosisOptions& o, bool dataloader) {
+  std::vector<std::int64_t> sorted;
+  sorted.reserve(p.size());
+  for (const RankView* v : p) sorted.push_back(typical(*v, dataloader));
+  std::sort(sorted.begin(), sorted.end());
   std::vector<bool> bad(p.size(), false);
   for (std::size_t i = 0; i < p.size(); ++i) {
     const std::int64_t mine = dataloader ? p[i]->dataloader_ns : p[i]->checkpoint_ns;
     const std::int64_t watched = dataloader ? p[i]->dataloader_observed_ns : p[i]->checkpoint_observed_ns;
-    std::vector<std::int64_t> others;
-    for (std::size_t j = 0; j < p.size(); ++j)
-      if (j != i) others.push_back(typical(*p[j], dataloader));
-    const double reference = static_cast<double>(std::max<std::int64_t>(median(others), 1));
-    bad[i] = mine > o.io_absolute_ns && static_cast<double>(mine) > o.io_relative * reference &&
-             watched >= o.io_persistence_ns;
+    if (mine <= o.io_absolute_ns || watched < o.io_persistence_ns || p.size() < 2) continue;
+    const auto at = static_cast<std::size_t>(
+        std::lower_bound(sorted.begin(), sorted.end(), typical(*p[i], dataloader)) - sorted.begin());
+    const std::size_t m = (p.size() - 1) / 2;
+    const std::int64_t others_median = m < at ? sorted[m] : sorted[m + 1];
+    const double reference = static_cast<double>(std::max<std::int64_t>(others_median, 1));
+    bad[i] = static_cast<double>(mine) > o.io_relative * reference;
   }
   if (!strictMinority(bad)) return std::nullopt;
   return attributed(dataloader ? report_kind::kDataloaderStall : report_kind::kCheckpointIoStall, p, bad);

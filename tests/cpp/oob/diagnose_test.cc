@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <random>
+
 #include "lmr/oob/diagnose.h"
 
 namespace lmr::oob {
@@ -29,6 +32,56 @@ TEST(Diagnose, SkippedCollectiveIsADesyncOfTheMinority) {
   EXPECT_EQ(r.ranks, (std::vector<std::int64_t>{2}));
   EXPECT_EQ(r.hosts, (std::vector<std::string>{"node-1"}));
   EXPECT_EQ(r.scope, "rank");
+}
+
+// The I/O rule as first written: each rank against the median of the others' typical
+// durations, computed afresh per rank (quadratic; diagnose now sorts once).
+std::vector<std::int64_t> ioStalledByMedianOfOthers(const std::vector<RankView>& v, const DiagnosisOptions& o) {
+  const auto typical = [](const RankView& r) {
+    return r.dataloader_ns > 0 ? r.dataloader_ns : r.snapshot.dataloader_last_ns;
+  };
+  std::vector<std::int64_t> out;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    std::vector<std::int64_t> others;
+    for (std::size_t j = 0; j < v.size(); ++j)
+      if (j != i) others.push_back(typical(v[j]));
+    std::sort(others.begin(), others.end());
+    const std::int64_t median = others.empty() ? 0 : others[others.size() / 2];
+    if (v[i].dataloader_ns > o.io_absolute_ns &&
+        static_cast<double>(v[i].dataloader_ns) >
+            o.io_relative * static_cast<double>(std::max<std::int64_t>(median, 1)) &&
+        v[i].dataloader_observed_ns >= o.io_persistence_ns)
+      out.push_back(v[i].rank);
+  }
+  return out;
+}
+
+TEST(Diagnose, IoStallsMatchTheMedianOfTheOthersOnRandomGroups) {
+  std::mt19937_64 random(7);
+  const DiagnosisOptions o;
+  int attributed = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const int n = 2 + static_cast<int>(random() % 9);
+    auto v = waitingInAllReduce(n);
+    for (auto& r : v) {  // durations from a few values, so ties and even-sized groups are common
+      const std::int64_t choices[] = {0, kS / 100, 2 * kS, 6 * kS, 30 * kS};
+      r.snapshot.dataloader_last_ns = choices[random() % 5];
+      if (random() % 3 == 0) {
+        r.snapshot.in_collective = false;
+        r.dataloader_ns = choices[random() % 5];
+        r.dataloader_observed_ns = choices[random() % 5];
+      }
+    }
+    const auto expected = ioStalledByMedianOfOthers(v, o);
+    const auto report = diagnose(v, o);
+    const bool minority = !expected.empty() && 2 * expected.size() < v.size();
+    EXPECT_EQ(report.kind == "dataloader_stall", minority) << trial;
+    if (minority) {
+      EXPECT_EQ(report.ranks, expected) << trial;
+      ++attributed;
+    }
+  }
+  EXPECT_GT(attributed, 20);  // the random groups exercise the rule, not only its absence
 }
 
 TEST(Diagnose, RankOutsideCollectivesIsAProcessStall) {

@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "lmr/moe/alltoall.h"
+#include "lmr/oob/wire.h"
 
 namespace lmr::scale {
 
@@ -157,6 +158,48 @@ CommRound commRound(const World& w, std::int64_t step, std::int64_t slow_rank, b
     }
   }
   return out;
+}
+
+std::vector<oob::RankView> stallViews(std::int64_t n, Stall stall, std::int64_t culprit) {
+  constexpr std::int64_t kS = 1'000'000'000;
+  std::vector<oob::RankView> views(static_cast<std::size_t>(n));
+  for (std::int64_t r = 0; r < n; ++r) {
+    oob::RankView& v = views[static_cast<std::size_t>(r)];
+    v.rank = r;
+    v.present = true;
+    v.host = "node-" + std::to_string(r / 8);
+    v.snapshot.step = 120;
+    v.snapshot.in_collective = true;
+    v.snapshot.collective = {1, 0, 0x9e3779b97f4a7c15ull, 5, 4000};
+    v.snapshot.dataloader_last_ns = kS / 100;
+    v.stalled_ns = 31 * kS;
+  }
+  oob::RankView& bad = views[static_cast<std::size_t>(culprit)];
+  switch (stall) {
+    case Stall::kProcess: bad.snapshot.in_collective = false; break;
+    case Stall::kDesync: bad.snapshot.collective.sequence += 1; break;
+    case Stall::kDataloader:
+      bad.snapshot.in_collective = false;
+      bad.dataloader_ns = 30 * kS;
+      bad.dataloader_observed_ns = 29 * kS;
+      break;
+  }
+  return views;
+}
+
+OobRoundCost oobRoundCost(std::int64_t n, std::size_t report_bytes) {
+  const double d = static_cast<double>(n);
+  const double member_list = 6.0 * d;  // "0,1,2,...": up to 5 digits and a comma per member
+  OobRoundCost c;
+  // latest: n reads; here/<r>/<i>: n sets; waitAll over the n keys by every daemon (at least
+  // one request per key: it polls the missing ones again); members/<r>: one claim, n reads;
+  // Gloo: n address sets, n (n - 1) reads; report/<r>: one set (every daemon computes the same
+  // report; only a late daemon reads it).
+  c.store_requests = d + d + d * d + 1 + d + d + d * (d - 1) + 1;
+  c.store_bytes = member_list * (d + 1) + 64.0 * d * d + static_cast<double>(report_bytes);
+  c.sockets_per_daemon = d - 1;
+  c.view_bytes_received = static_cast<double>(oob::kViewBytes) * (d - 1);
+  return c;
 }
 
 std::size_t recordBytes(const mesh::CollectiveRecord& r) {

@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "lmr/mesh/comm.h"
+#include "lmr/oob/diagnose.h"
+#include "lmr/oob/wire.h"
 #include "lmr/replay/verdict.h"
 #include "scale_world.h"
 
@@ -68,6 +70,27 @@ struct CommRound {
   std::vector<std::size_t> table_bytes;  // by rank: the table entries it sends
 };
 CommRound commRound(const World& world, std::int64_t step, std::int64_t slow_rank, bool keyed);
+
+// A stall as every daemon of an n-rank peer group sees it (lmr::oob::diagnose's input): the
+// group waits 31 s in one all_reduce, except `culprit`, which computes outside any collective
+// (kProcess), waits in the next collective (kDesync: it skipped one), or has a DataLoader
+// next() in flight for 30 s while its peers' take 10 ms (kDataloader). Hosts hold 8 ranks.
+enum class Stall { kProcess, kDesync, kDataloader };
+std::vector<oob::RankView> stallViews(std::int64_t n, Stall stall, std::int64_t culprit);
+
+// A stall round's traffic at the daemons' one store and sockets, counted from the protocol
+// (tools/lmr-oobd/observer.cc and gather.cc), for an n-daemon peer group: every daemon marks
+// itself present and waits on the n presence keys, one claims the member list and all read it,
+// Gloo's full-mesh rendezvous has each daemon publish its address and read the n - 1 others,
+// then one allgather of fixed-size view records and one report set. A lower bound: waiting
+// polls the keys still missing.
+struct OobRoundCost {
+  double store_requests = 0;     // at the store, over the round
+  double store_bytes = 0;        // payload through the store
+  double sockets_per_daemon = 0;  // TCP connections of one daemon's mesh
+  double view_bytes_received = 0;  // allgather: what one daemon receives
+};
+OobRoundCost oobRoundCost(std::int64_t n, std::size_t report_bytes);
 
 // Bytes of a record's payload (group id or key, 8 per member, collective, call, bytes, two timings).
 std::size_t recordBytes(const mesh::CollectiveRecord& record);
