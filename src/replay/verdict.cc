@@ -172,14 +172,27 @@ CheckVerdict decideCheck(const PeerLayout& layout, std::int64_t step, const std:
   for (const CheckVote& vote : votes)
     for (const auto& [name, _] : vote.surfaces)
       if (!failedRecipe(name)) names.insert(name);
+  // The names are visited in order, and every vote's surfaces are a map in the same order: one
+  // cursor per vote walks it alongside, so a peer's entry for the current name is found by
+  // stepping past the names before it (each entry passed once per check) instead of a search
+  // per (name, peer).
+  using Entry = std::map<std::string, std::string>::const_iterator;
+  std::vector<Entry> cursor(n);
+  for (std::size_t i = 0; i < n; ++i) cursor[i] = votes[i].surfaces.begin();
   for (const std::string& name : names) {
     const SurfaceName surface = parseSurface(name);
+    const auto entryOf = [&](std::size_t i) -> const std::string* {
+      Entry& it = cursor[i];
+      const Entry end = votes[i].surfaces.end();
+      while (it != end && it->first < name) ++it;
+      return it != end && it->first == name ? &it->second : nullptr;
+    };
     const auto evidenceOf = [&](std::size_t i) {
-      auto it = votes[i].surfaces.find(name);
-      return it == votes[i].surfaces.end() ? std::string() : it->second;
+      const std::string* e = entryOf(i);
+      return e == nullptr ? std::string() : *e;
     };
     const auto voted = [&](const std::vector<std::size_t>& group) {
-      return std::any_of(group.begin(), group.end(), [&](std::size_t i) { return votes[i].surfaces.count(name) > 0; });
+      return std::any_of(group.begin(), group.end(), [&](std::size_t i) { return entryOf(i) != nullptr; });
     };
     SurfaceVerdict s;
     s.bitmap.assign(n, false);
