@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 
 from lm_resiliency.errors import InvalidArgumentError
+from lm_resiliency.frameworks.base import instance_of
 from lm_resiliency.frameworks.pytorch import PyTorchAdapter, _replaces, replay_torch_update, watch_load_state_dicts
 from lm_resiliency.handle import Handle
 
@@ -35,12 +36,11 @@ _DATA_PARALLEL = ("NO", "MULTI_CPU", "MULTI_GPU")
 
 def _is_accelerated(optimizer: Any) -> bool:
     """An AcceleratedOptimizer (not imported: Accelerate is optional)."""
-    return any(c.__name__ == "AcceleratedOptimizer" and c.__module__.startswith("accelerate.")
-               for c in type(optimizer).__mro__)
+    return instance_of(optimizer, "accelerate", "AcceleratedOptimizer")
 
 
 def _is_engine(model: Any) -> bool:
-    return any(c.__name__ == "DeepSpeedEngine" for c in type(model).__mro__)
+    return instance_of(model, "deepspeed", "DeepSpeedEngine")
 
 
 class AccelerateAdapter(PyTorchAdapter):

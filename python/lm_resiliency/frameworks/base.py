@@ -25,6 +25,14 @@ MeshDim = tuple[str, int, str]
 COMPONENTS = ("embedding", "transformer_block", "output", "expert")
 
 
+def instance_of(obj: Any, packages: str | tuple[str, ...], *names: str) -> bool:
+    """Whether one of `obj`'s classes is called one of `names` and comes from one of
+    `packages` (a framework's top-level modules, e.g. "deepspeed"), without importing the
+    framework: adapters recognise the objects of frameworks that may not be installed."""
+    packages = (packages,) if isinstance(packages, str) else packages
+    return any(c.__name__ in names and c.__module__.split(".", 1)[0] in packages for c in type(obj).__mro__)
+
+
 def check_group_layout(what: str, group: Any, size: int, stride: int, order: str) -> None:
     """Raises InvalidArgumentError unless `group` (a process group) is this rank's `size`
     neighbours `stride` ranks apart: the group a row-major layout (`order`, fastest first)

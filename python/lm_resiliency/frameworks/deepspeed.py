@@ -38,7 +38,7 @@ import torch.nn as nn
 
 from lm_resiliency.errors import InvalidArgumentError
 from lm_resiliency.frameworks import checkpoint_files as files
-from lm_resiliency.frameworks.base import FrameworkAdapter, MeshDim, check_group_layout
+from lm_resiliency.frameworks.base import FrameworkAdapter, MeshDim, check_group_layout, instance_of
 from lm_resiliency.frameworks.pytorch import ModuleStructure, _replaces, replay_torch_update
 from lm_resiliency.handle import Handle, Handles
 from lm_resiliency.rank_state import atomic_save, data_getter, data_setter, load_file, rank_and_world, rng_state, set_rng_state
@@ -48,13 +48,8 @@ __all__ = ["DeepSpeedAdapter", "MASTER"]
 MASTER = "fp32_master"  # the optimizer-state key of a parameter's fp32 master fragment
 
 
-def _is_a(obj: Any, name: str) -> bool:
-    """Whether `obj` is an instance of DeepSpeed's class `name`, without importing DeepSpeed."""
-    return any(c.__name__ == name and c.__module__.startswith("deepspeed.") for c in type(obj).__mro__)
-
-
 def _is_engine(obj: Any) -> bool:
-    return _is_a(obj, "DeepSpeedEngine")
+    return instance_of(obj, "deepspeed", "DeepSpeedEngine")
 
 
 class _PipelineStructure:
@@ -149,7 +144,7 @@ class DeepSpeedAdapter(FrameworkAdapter):
         super().__init__(model, model.optimizer)
         self.engine = model
         self.stage = int(model.zero_optimization_stage())
-        self.pipeline = _is_a(model.module, "PipelineModule")
+        self.pipeline = instance_of(model.module, "deepspeed", "PipelineModule")
         self.structure: Any = _PipelineStructure(model.module) if self.pipeline else ModuleStructure(model.module)
         # A torch optimizer over the working parameters (ZeRO 0, fp32): replicas and a
         # replayable update, as plain PyTorch. Otherwise DeepSpeed partitions the master.

@@ -19,15 +19,21 @@ import torch
 import torch.nn as nn
 
 from lm_resiliency.errors import InvalidArgumentError
+from lm_resiliency.frameworks.base import instance_of
 from lm_resiliency.frameworks.pytorch import PyTorchAdapter, _replaces, _unwrap
 from lm_resiliency.handle import Handle
 
 __all__ = ["LightningAdapter", "fabric_objects", "training_objects"]
 
 
+# Where Lightning's classes live: the unified package and the standalone ones.
+_LIGHTNING = ("lightning", "pytorch_lightning", "lightning_fabric")
+
+
 def named(obj: Any, *names: str) -> bool:
-    """Whether one of `obj`'s classes is called one of `names` (Lightning is not imported)."""
-    return any(c.__name__ in names for c in type(obj).__mro__)
+    """Whether one of `obj`'s classes is Lightning's class called one of `names` (Lightning
+    is not imported)."""
+    return instance_of(obj, _LIGHTNING, *names)
 
 
 class LightningAdapter(PyTorchAdapter):
@@ -93,6 +99,6 @@ def fabric_objects(fabric: Any, model: Any, optimizer: Any) -> tuple[Any, Any]:
         raise InvalidArgumentError("Fabric's strategy=\"fsdp\" is FSDP version 1, which LM Resiliency does not support: "
                                    "use ModelParallelStrategy with fully_shard (FSDP2)")
     inner = model._forward_module
-    if named(inner, "DeepSpeedEngine"):
+    if instance_of(inner, "deepspeed", "DeepSpeedEngine"):
         return inner, None  # the engine holds its optimizer (DeepSpeedAdapter)
     return inner, optimizer.optimizer

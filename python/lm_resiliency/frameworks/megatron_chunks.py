@@ -8,10 +8,12 @@ from typing import Any
 
 import torch.nn as nn
 
+from lm_resiliency.frameworks.base import instance_of
+
 
 def is_a(obj: Any, name: str) -> bool:
     """Whether `obj` is an instance of Megatron's class `name`, without importing Megatron."""
-    return any(c.__name__ == name and c.__module__.startswith("megatron.") for c in type(obj).__mro__)
+    return instance_of(obj, "megatron", name)
 
 
 def chunks_of(model: Any) -> list:

@@ -30,7 +30,7 @@ import torch
 import torch.nn as nn
 
 from lm_resiliency.errors import InvalidArgumentError, UnsupportedError
-from lm_resiliency.frameworks.base import FrameworkAdapter, MeshDim, ModelParallelPart
+from lm_resiliency.frameworks.base import FrameworkAdapter, MeshDim, ModelParallelPart, instance_of
 from lm_resiliency.frameworks.pytorch import (ModuleStructure, PyTorchAdapter, part_holding, replay_torch_update,
                                               watch_load_state_dicts)
 from lm_resiliency.handle import Handle
@@ -40,7 +40,7 @@ __all__ = ["TorchTitanAdapter"]
 
 def _is_trainer(obj: Any) -> bool:
     """Whether `obj` is a TorchTitan Trainer, without importing TorchTitan."""
-    return any(c.__name__ == "Trainer" and c.__module__.startswith("torchtitan.") for c in type(obj).__mro__)
+    return instance_of(obj, "torchtitan", "Trainer")
 
 
 class TorchTitanAdapter(PyTorchAdapter):
