@@ -45,7 +45,7 @@ import os
 import signal
 import time
 from datetime import timedelta
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from torch.distributed import Store, TCPStore
 from torch.distributed.elastic.rendezvous import (RendezvousHandler, RendezvousInfo, RendezvousParameters,
@@ -58,7 +58,7 @@ from lm_resiliency.rank_state import RDZV_BACKEND_ENV, RDZV_MIN_NODES_ENV, node_
 
 log = logging.getLogger("lm_resiliency.rendezvous")
 
-__all__ = ["BACKEND", "EXCLUDED_EXIT_CODE", "ExcludingRendezvousHandler", "create_handler", "registration",
+__all__ = ["BACKEND", "EXCLUDED_EXIT_CODE", "ExcludingRendezvousHandler", "create_handler",
            "serve_store"]
 
 BACKEND = "lmr-c10d"
@@ -237,11 +237,6 @@ def create_handler(params: RendezvousParameters) -> RendezvousHandler:
     if handler.excluded():  # a quarantined node started again: it never joins
         handler._leave_if_excluded()
     return handler
-
-
-def registration() -> Callable[[RendezvousParameters], RendezvousHandler]:
-    """What torchrun's ``torchrun.handlers`` entry point loads: the creator of lmr-c10d handlers."""
-    return create_handler
 
 
 def serve_store(argv: Optional[list[str]] = None) -> None:

@@ -56,6 +56,24 @@ def test_torchrun_finds_the_handler_through_its_entry_point(tmp_path):
     assert handler.shutdown() and handler.is_closed()
 
 
+def test_the_entry_point_loads_while_the_rendezvous_module_is_half_imported(monkeypatch):
+    # torch 2.6 loads every torchrun.handlers entry point when its rendezvous package is first
+    # imported, which can be from inside lm_resiliency.rendezvous's own import: the entry point
+    # must load then, and reach the real creator when torchrun calls it.
+    import importlib.metadata
+    import sys
+    import types
+
+    import lm_resiliency.rendezvous as real
+
+    (entry,) = [e for e in importlib.metadata.entry_points(group="torchrun.handlers") if e.name == BACKEND]
+    with monkeypatch.context() as half:
+        half.setitem(sys.modules, "lm_resiliency.rendezvous", types.ModuleType("lm_resiliency.rendezvous"))
+        create = entry.load()()
+    monkeypatch.setattr(real, "create_handler", lambda params: ("created", params))
+    assert create("params") == ("created", "params")
+
+
 def _store(port):
     from torch.distributed import TCPStore
 
