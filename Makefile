@@ -125,9 +125,9 @@ bench: build
 	$(PY) bench/oob_latency.py
 	$(PY) bench/moe_overhead.py --rounds 3 --steps 10
 
-# The wheels (docs/install.md): pip wheel from a build tree, auditwheel's manylinux repair (it
-# fails on any library outside the manylinux allowlist), then the smoke test in a fresh venv with
-# nothing but the pinned torch. The CPU wheel reuses the build tree (packaging only); the CUDA
+# The wheels (docs/install.md): pip wheel from a build tree, auditwheel's manylinux repair (the
+# tag), then scripts/wheel_smoke.sh: no ELF file may need a library outside the manylinux
+# allowlist, and the wheel must work in a fresh venv with nothing but the pinned torch. The CPU wheel reuses the build tree (packaging only); the CUDA
 # wheel (signature kernels for sm_80 and sm_90, the host path where no GPU is visible) has its own.
 WHEEL_DIR := dist
 CUDA_WHEEL_ARCHS := 80;90
