@@ -139,10 +139,11 @@ void BM_ScaleRouting(benchmark::State& state) {
   setBytes(state, static_cast<double>(n), vote, vote * static_cast<double>(n));
 }
 
-// One stall round's decision, as every daemon of an N-rank peer group runs it: diagnose over
-// the N views, then the report's JSON (what the daemons write and the store carries). The
-// counters add the round's store traffic and sockets, counted from the protocol
-// (lmr::scale::oobRoundCost), not measured.
+// One stall round's decision, as every leading daemon of an N-rank peer group runs it:
+// diagnose over the N views, then the report's JSON (what the daemons write and the store
+// carries). The counters add the round's store traffic and sockets, counted from the
+// protocol (lmr::scale::oobRoundCost), not measured: one daemon per host (`_1l`, a
+// one-level round) and eight (`_2l`). BM_OobRound (oob_round_bench.cc) runs real rounds.
 void BM_ScaleDiagnose(benchmark::State& state, lmr::scale::Stall stall) {
   const std::int64_t n = state.range(0);
   const auto views = lmr::scale::stallViews(n, stall, kCulprit);
@@ -154,14 +155,16 @@ void BM_ScaleDiagnose(benchmark::State& state, lmr::scale::Stall stall) {
     benchmark::DoNotOptimize(report_bytes);
   }
   if (report.ranks != std::vector<std::int64_t>{kCulprit}) state.SkipWithError(("not named: " + report.kind).c_str());
-  const auto cost = lmr::scale::oobRoundCost(n, report_bytes);
   state.SetComplexityN(n);
   setBytes(state, static_cast<double>(n), static_cast<double>(lmr::oob::kViewBytes),
            static_cast<double>(lmr::oob::kViewBytes) * static_cast<double>(n));
   state.counters["report_bytes"] = static_cast<double>(report_bytes);
-  state.counters["store_requests"] = cost.store_requests;
-  state.counters["store_bytes"] = cost.store_bytes;
-  state.counters["sockets_per_daemon"] = cost.sockets_per_daemon;
+  for (const auto& [suffix, per_host] : {std::pair{"_1l", 1}, std::pair{"_2l", 8}}) {
+    const auto cost = lmr::scale::oobRoundCost(n, report_bytes, per_host);
+    state.counters[std::string("store_requests") + suffix] = cost.store_requests;
+    state.counters[std::string("store_bytes") + suffix] = cost.store_bytes;
+    state.counters[std::string("sockets_per_leader") + suffix] = cost.sockets_per_leader;
+  }
 }
 
 BENCHMARK(BM_ScaleExact)->Apply(worldSizes);

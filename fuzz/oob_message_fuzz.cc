@@ -1,8 +1,8 @@
 // libFuzzer target: what a daemon reads from its peers during a stall round
 // (lmr/oob/wire.h, lmr/oob/report.h): round membership, round numbers, host names, the
 // gathered views (raw, and re-tagged with the job's token so the field checks are
-// reached) and the stored report a late daemon adopts. Only lmr::Error may leave a reader;
-// an accepted view satisfies every documented bound. Run with `make fuzz`.
+// reached), a node leader's share of views and the stored report a late daemon adopts. Only lmr::Error may leave a
+// reader; an accepted view satisfies every documented bound. Run with `make fuzz`.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -24,7 +24,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string_view rest = in.substr(2);
   const auto n = static_cast<std::int64_t>(static_cast<std::uint8_t>(in[1])) + 1;
   try {
-    switch (static_cast<std::uint8_t>(in[0]) % 6) {
+    switch (static_cast<std::uint8_t>(in[0]) % 7) {
       case 0: {
         const auto members = parseMembers(rest, n);
         for (std::size_t i = 0; i < members.size(); ++i)
@@ -46,6 +46,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         if (back.rank != n || back.stalled_ns < 0 || back.in_collective > 1 ||
             std::memchr(back.host, '\0', sizeof(back.host)) == nullptr)
           __builtin_trap();
+        break;
+      }
+      case 5: {  // a leader's share: whole slots, ascending indices in range, used slots first
+        const std::size_t slots = rest.size() / kNodeSlotBytes;
+        const auto views = decodeNodeViews(rest, slots, n);
+        for (std::size_t i = 0; i < views.size(); ++i)
+          if (views[i].index < 0 || views[i].index >= n || views[i].view.size() != kViewBytes ||
+              (i > 0 && views[i].index <= views[i - 1].index))
+            __builtin_trap();
+        if (encodeNodeViews(views, slots) != rest) __builtin_trap();
         break;
       }
       default: toJson(parseReport(rest, "fuzz"));

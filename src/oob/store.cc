@@ -24,7 +24,7 @@ namespace lmr::oob {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr auto kPollPeriod = std::chrono::milliseconds(5);
+constexpr auto kLastPoll = std::chrono::milliseconds(80);
 
 std::string sysError(const std::string& what) { return what + ": " + std::strerror(errno); }
 
@@ -76,24 +76,30 @@ void setTimeouts(int fd, std::chrono::milliseconds timeout) {
 
 }  // namespace
 
+bool Backoff::pause() {
+  const auto left = deadline_ - Clock::now();
+  if (left <= Clock::duration::zero()) return false;
+  std::this_thread::sleep_for(std::min<Clock::duration>(period_, left));
+  period_ = std::min(period_ * 2, kLastPoll);
+  return true;
+}
+
 std::string Store::get(const std::string& key, Clock::time_point deadline) {
-  for (;;) {
+  for (Backoff wait(deadline);;) {
     if (auto v = tryGet(key)) return *v;
-    if (Clock::now() >= deadline) throw TimeoutError("rendezvous key \"" + key + "\" did not appear in time");
-    std::this_thread::sleep_for(kPollPeriod);
+    if (!wait.pause()) throw TimeoutError("rendezvous key \"" + key + "\" did not appear in time");
   }
 }
 
 std::vector<bool> Store::waitAll(const std::vector<std::string>& keys, Clock::time_point deadline) {
   std::vector<bool> have(keys.size(), false);
-  for (;;) {
+  for (Backoff wait(deadline);;) {
     bool all = true;
     for (std::size_t i = 0; i < keys.size(); ++i) {
       if (!have[i]) have[i] = tryGet(keys[i]).has_value();
       all = all && have[i];
     }
-    if (all || Clock::now() >= deadline) return have;
-    std::this_thread::sleep_for(kPollPeriod);
+    if (all || !wait.pause()) return have;
   }
 }
 
@@ -147,7 +153,10 @@ TcpStoreServer::TcpStoreServer(int port, const std::string& bind_address, std::s
     ::close(listen_fd_);
     throw InvalidArgument("the rendezvous bind address must be an IPv4 address, got \"" + bind_address + "\"");
   }
-  if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(listen_fd_, 128) != 0) {
+  // Every daemon of a stalled group connects at about the same moment: a short queue drops
+  // their SYNs and each costs a one-second retransmit (128 did at 256 daemons). The kernel
+  // caps the length at net.core.somaxconn.
+  if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(listen_fd_, 65535) != 0) {
     const std::string message = sysError("cannot listen on " + bind_address + ":" + std::to_string(port));
     ::close(listen_fd_);
     throw IoError(message);

@@ -265,4 +265,45 @@ ViewRecord decodeView(std::string_view token, std::string_view context, std::str
   return v;
 }
 
+std::string encodeNodeViews(const std::vector<NodeView>& views, std::size_t slots) {
+  if (views.size() > slots)
+    throw InvalidArgument(std::to_string(views.size()) + " views do not fit " + std::to_string(slots) + " slots");
+  std::string out(slots * kNodeSlotBytes, '\0');
+  for (std::size_t s = 0; s < slots; ++s) {
+    char* slot = out.data() + s * kNodeSlotBytes;
+    const std::int64_t index = s < views.size() ? views[s].index : -1;
+    std::memcpy(slot, &index, sizeof(index));
+    if (s >= views.size()) continue;
+    if (views[s].view.size() != kViewBytes)
+      throw InvalidArgument("a view of " + std::to_string(views[s].view.size()) + " bytes");
+    std::memcpy(slot + 8, views[s].view.data(), kViewBytes);
+  }
+  return out;
+}
+
+std::vector<NodeView> decodeNodeViews(std::string_view bytes, std::size_t slots, std::int64_t n) {
+  if (bytes.size() != slots * kNodeSlotBytes)
+    throw PeerFailure("a malformed node share (" + std::to_string(bytes.size()) + " bytes, not " +
+                      std::to_string(slots * kNodeSlotBytes) + ")");
+  std::vector<NodeView> out;
+  bool ended = false;
+  for (std::size_t s = 0; s < slots; ++s) {
+    const std::string_view slot = bytes.substr(s * kNodeSlotBytes, kNodeSlotBytes);
+    std::int64_t index = 0;
+    std::memcpy(&index, slot.data(), sizeof(index));
+    if (index == -1) {
+      if (slot.substr(8).find_first_not_of('\0') != std::string_view::npos)
+        throw PeerFailure("a malformed node share: data in unused slot " + std::to_string(s));
+      ended = true;
+      continue;
+    }
+    if (ended || index < 0 || index >= n || (!out.empty() && index <= out.back().index))
+      throw PeerFailure("a malformed node share: member index " + std::to_string(index) + " in slot " +
+                        std::to_string(s) + " (ascending indices of a group of " + std::to_string(n) +
+                        ", used slots first)");
+    out.push_back({index, std::string(slot.substr(8))});
+  }
+  return out;
+}
+
 }  // namespace lmr::oob

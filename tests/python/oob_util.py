@@ -74,7 +74,7 @@ def free_port():
 
 
 class Job:
-    def __init__(self, scenario, tmp_path, world=4, name="job", env=None):
+    def __init__(self, scenario, tmp_path, world=4, name="job", env=None, nodes=None):
         self.out = str(tmp_path / f"{name}-out")
         self.state = str(tmp_path / "state") if env is None or "STATE" not in env else env["STATE"]
         os.makedirs(self.out, exist_ok=True)
@@ -83,7 +83,9 @@ class Job:
                     PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
         base.update({k: v for k, v in (env or {}).items() if k != "STATE"})
         argv = [os.path.join(HERE, "oob_workers.py"), scenario, self.state, self.out]
-        self.procs = [_Rank(argv, dict(base, RANK=str(rank), LOCAL_RANK=str(rank)),
+        # `nodes`: each rank's LMR_NODE_ID (several nodes on this host, as several agents would be).
+        node_env = [{} if nodes is None else {"LMR_NODE_ID": nodes[rank]} for rank in range(world)]
+        self.procs = [_Rank(argv, dict(base, RANK=str(rank), LOCAL_RANK=str(rank), **node_env[rank]),
                             os.path.join(self.out, f"log-{rank}.txt")) for rank in range(world)]
 
     def wait_for(self, predicate, timeout, what):

@@ -72,6 +72,21 @@ def test_skipped_all_reduce_is_a_collective_desync(tmp_path):
 
 @needs_daemon
 @pytest.mark.distributed
+def test_daemons_of_two_nodes_meet_through_their_leaders(tmp_path):
+    # Two nodes of two ranks (LMR_NODE_ID, as two torchrun agents would have): a node's
+    # daemons gather to its first one, only the two leaders meet over Gloo, and the report
+    # names the node of the rank that skipped a collective.
+    job, report = stalled_job("desync", tmp_path, nodes=["node-a", "node-a", "node-b", "node-b"])
+    job.kill()
+    check(report, "collective_desync", [2])
+    assert report["hosts"] == ["node-b"]
+    assert sorted({e["host"] for e in report["evidence"]}) == ["node-a", "node-b"]
+    for rank in range(4):
+        assert [r["report_id"] for r in job.hook_reports(rank)] == [report["report_id"]]
+
+
+@needs_daemon
+@pytest.mark.distributed
 def test_kit_hang_fault_is_localized_as_a_process_stall(tmp_path):
     job, report = stalled_job("sleep", tmp_path)
     occurrence = job.info(1)["occurrence_id"]

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <map>
 
 #include "gather.h"
@@ -100,6 +101,24 @@ Observer::Observer(ObserverOptions options, oob::Store& store, const std::string
   prefix_ = "oob-" + digest + "/";
   stem_ = "scout-fault-" + digest + "-g" + std::to_string(options_.generation);
   device_ = makeDevice(options_.gloo_hostname, options_.gloo_iface);
+  partition();
+}
+
+void Observer::partition() {
+  const auto n = static_cast<std::int64_t>(options_.group_ranks.size());
+  nodes_.clear();
+  node_of_.assign(static_cast<std::size_t>(n), 0);
+  std::map<std::string, std::int64_t> node_of_host;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const bool known = hosts_.size() == static_cast<std::size_t>(n) && !hosts_[static_cast<std::size_t>(i)].empty();
+    std::int64_t node = static_cast<std::int64_t>(nodes_.size());  // an unknown host: alone
+    if (known) node = node_of_host.try_emplace(hosts_[static_cast<std::size_t>(i)], node).first->second;
+    if (node == static_cast<std::int64_t>(nodes_.size())) nodes_.emplace_back();
+    nodes_[static_cast<std::size_t>(node)].push_back(i);
+    node_of_[static_cast<std::size_t>(i)] = node;
+  }
+  slots_ = 1;
+  for (const auto& node : nodes_) slots_ = std::max(slots_, node.size());
 }
 
 Observer::~Observer() = default;
@@ -116,6 +135,7 @@ void Observer::setUp(Clock::time_point deadline) {
                          " did not register in time");
     }
   }
+  partition();
 }
 
 std::int64_t Observer::thresholdNs(const oob::Snapshot& s) const {
@@ -141,37 +161,7 @@ std::optional<std::string> Observer::poll() {
   }
 }
 
-std::optional<std::string> Observer::round(const oob::Snapshot& snapshot, std::int64_t now) {
-  const auto t0 = Clock::now();
-  std::int64_t latest = 0;
-  if (auto v = store_.tryGet(key("latest"))) latest = oob::parseRound(*v);
-  if (latest >= next_round_) {
-    // Rounds were decided without this daemon: it came late to the current one.
-    handled_progress_ns_ = snapshot.progress_ns;
-    return adopt(latest);
-  }
-  const std::int64_t k = next_round_;
-  const std::string r = std::to_string(k);
-  const auto n = static_cast<std::int64_t>(options_.group_ranks.size());
-  store_.set(key("here/" + r + "/" + std::to_string(options_.index)), "");
-  std::optional<std::string> members_text = store_.tryGet(key("members/" + r));
-  if (!members_text) {
-    std::vector<std::string> keys;
-    for (std::int64_t i = 0; i < n; ++i) keys.push_back(key("here/" + r + "/" + std::to_string(i)));
-    const std::vector<bool> here = store_.waitAll(keys, t0 + options_.join);
-    std::vector<std::int64_t> present;
-    for (std::int64_t i = 0; i < n; ++i)
-      if (here[static_cast<std::size_t>(i)]) present.push_back(i);
-    if (store_.claim(key("members/" + r), oob::formatMembers(present))) store_.set(key("latest"), r);
-    members_text = store_.get(key("members/" + r), t0 + options_.join + options_.gather);
-  }
-  const std::vector<std::int64_t> members = oob::parseMembers(*members_text, n);
-  const auto me = std::find(members.begin(), members.end(), options_.index);
-  if (me == members.end()) {
-    handled_progress_ns_ = snapshot.progress_ns;
-    return adopt(k);
-  }
-
+oob::RankView Observer::ownView(const oob::Snapshot& snapshot, std::int64_t now) const {
   oob::RankView mine;
   mine.rank = options_.group_ranks[static_cast<std::size_t>(options_.index)];
   mine.present = true;
@@ -182,12 +172,92 @@ std::optional<std::string> Observer::round(const oob::Snapshot& snapshot, std::i
   if (snapshot.checkpoint_since_ns != 0) mine.checkpoint_ns = now - snapshot.checkpoint_since_ns;
   mine.dataloader_observed_ns = snapshot.dataloader_since_ns != 0 ? now - dataloader_seen_ : 0;
   mine.checkpoint_observed_ns = snapshot.checkpoint_since_ns != 0 ? now - checkpoint_seen_ : 0;
+  return mine;
+}
 
-  const int index = static_cast<int>(me - members.begin());
+std::optional<std::string> Observer::round(const oob::Snapshot& snapshot, std::int64_t now) {
+  const auto t0 = Clock::now();
+  std::int64_t latest = 0;
+  if (auto v = store_.tryGet(key("latest"))) latest = oob::parseRound(*v);
+  if (latest >= next_round_) {
+    // Rounds were decided without this daemon: it came late to the current one.
+    handled_progress_ns_ = snapshot.progress_ns;
+    return adopt(latest, Clock::now() + options_.gather);
+  }
+  const std::int64_t k = next_round_;
+  const std::string r = std::to_string(k);
+  const auto n = static_cast<std::int64_t>(options_.group_ranks.size());
+  const std::int64_t node = node_of_[static_cast<std::size_t>(options_.index)];
+  const std::string view_prefix = key("view/" + r + "/");
+  const oob::RankView mine = ownView(snapshot, now);
+  const std::string my_view =
+      oob::encodeView(options_.token, view_prefix + std::to_string(options_.index), toRecord(mine));
+  store_.set(view_prefix + std::to_string(options_.index), my_view);
+
+  // Level 1: who of this host's daemons came.
+  const std::string node_key = key("node/" + r + "/" + std::to_string(node));
+  std::optional<std::string> node_text = store_.tryGet(node_key);
+  if (!node_text) {
+    const std::vector<std::int64_t>& local = nodes_[static_cast<std::size_t>(node)];
+    std::vector<std::string> keys;
+    for (std::int64_t i : local) keys.push_back(view_prefix + std::to_string(i));
+    const std::vector<bool> here = store_.waitAll(keys, t0 + options_.join);
+    std::vector<std::int64_t> present;
+    for (std::size_t j = 0; j < local.size(); ++j)
+      if (here[j]) present.push_back(local[j]);
+    store_.claim(node_key, oob::formatMembers(present));
+    node_text = store_.get(node_key, t0 + options_.join + options_.gather);
+  }
+  const std::vector<std::int64_t> here = oob::parseMembers(*node_text, n);
+  for (std::int64_t i : here)
+    if (node_of_[static_cast<std::size_t>(i)] != node)
+      throw PeerFailure("the node list of round " + r + " names member " + std::to_string(i) + " of another host");
+  const auto report_deadline = Clock::now() + options_.join + 2 * options_.gather;
+  if (std::find(here.begin(), here.end(), options_.index) == here.end()) {
+    handled_progress_ns_ = snapshot.progress_ns;
+    return adopt(k, report_deadline);
+  }
+  if (here.front() != options_.index) {  // the node's leader gathers for it
+    auto path = adopt(k, report_deadline, /*member=*/true);
+    handled_progress_ns_ = snapshot.progress_ns;
+    return path;
+  }
+  std::vector<oob::NodeView> share;
+  for (std::int64_t i : here)
+    share.push_back({i, i == options_.index ? my_view : store_.get(view_prefix + std::to_string(i), report_deadline)});
+  return lead(k, share, snapshot, mine);
+}
+
+std::optional<std::string> Observer::lead(std::int64_t k, const std::vector<oob::NodeView>& share,
+                                          const oob::Snapshot& snapshot, const oob::RankView& mine) {
+  const auto t1 = Clock::now();
+  const std::string r = std::to_string(k);
+  const auto n = static_cast<std::int64_t>(options_.group_ranks.size());
+  const auto nodes = static_cast<std::int64_t>(nodes_.size());
+  const std::int64_t node = node_of_[static_cast<std::size_t>(options_.index)];
+  store_.set(key("lead/" + r + "/" + std::to_string(node)), "");
+  std::optional<std::string> members_text = store_.tryGet(key("members/" + r));
+  if (!members_text) {
+    std::vector<std::string> keys;
+    for (std::int64_t m = 0; m < nodes; ++m) keys.push_back(key("lead/" + r + "/" + std::to_string(m)));
+    const std::vector<bool> here = store_.waitAll(keys, t1 + options_.join);
+    std::vector<std::int64_t> present;
+    for (std::int64_t m = 0; m < nodes; ++m)
+      if (here[static_cast<std::size_t>(m)]) present.push_back(m);
+    if (store_.claim(key("members/" + r), oob::formatMembers(present))) store_.set(key("latest"), r);
+    members_text = store_.get(key("members/" + r), t1 + options_.join + options_.gather);
+  }
+  const std::vector<std::int64_t> members = oob::parseMembers(*members_text, nodes);
+  const auto me = std::find(members.begin(), members.end(), node);
+  if (me == members.end()) {
+    handled_progress_ns_ = snapshot.progress_ns;
+    return adopt(k, Clock::now() + options_.gather);
+  }
+
   const std::string mesh = key("mesh/" + r + "/");
   const std::vector<std::string> records =
-      allgather(store_, mesh, index, static_cast<int>(members.size()),
-                oob::encodeView(options_.token, mesh, toRecord(mine)), Clock::now() + options_.gather, device_);
+      allgather(store_, mesh, static_cast<int>(me - members.begin()), static_cast<int>(members.size()),
+                oob::encodeNodeViews(share, slots_), Clock::now() + options_.gather, device_);
 
   std::vector<oob::RankView> views(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i) {
@@ -196,12 +266,18 @@ std::optional<std::string> Observer::round(const oob::Snapshot& snapshot, std::i
   }
   std::int64_t quiet_ns = -1;
   std::map<std::uint64_t, int> steps;
+  const std::string view_prefix = key("view/" + r + "/");
   for (std::size_t m = 0; m < members.size(); ++m) {
-    const std::int64_t rank = options_.group_ranks[static_cast<std::size_t>(members[m])];
-    views[static_cast<std::size_t>(members[m])] = fromRecord(oob::decodeView(options_.token, mesh, records[m], rank));
-    const oob::RankView& v = views[static_cast<std::size_t>(members[m])];
-    quiet_ns = quiet_ns < 0 ? v.stalled_ns : std::min(quiet_ns, v.stalled_ns);
-    ++steps[v.snapshot.step];
+    for (const oob::NodeView& nv : oob::decodeNodeViews(records[m], slots_, n)) {
+      if (node_of_[static_cast<std::size_t>(nv.index)] != members[m])
+        throw PeerFailure("the views of node " + std::to_string(members[m]) + " in round " + r + " include member " +
+                          std::to_string(nv.index) + " of another host");
+      const std::int64_t rank = options_.group_ranks[static_cast<std::size_t>(nv.index)];
+      oob::RankView& v = views[static_cast<std::size_t>(nv.index)];
+      v = fromRecord(oob::decodeView(options_.token, view_prefix + std::to_string(nv.index), nv.view, rank));
+      quiet_ns = quiet_ns < 0 ? v.stalled_ns : std::min(quiet_ns, v.stalled_ns);
+      ++steps[v.snapshot.step];
+    }
   }
   oob::ScoutFaultReport report = oob::ScoutFaultReport::of(oob::diagnose(views, options_.diagnosis));
   report.report_id = stem_ + "-r" + r;
@@ -214,25 +290,39 @@ std::optional<std::string> Observer::round(const oob::Snapshot& snapshot, std::i
       std::max_element(steps.begin(), steps.end(), [](auto& a, auto& b) { return a.second < b.second; })->first);
   report.threshold_s = static_cast<double>(thresholdNs(snapshot)) / kNsPerSec;
   // The group went quiet when its last rank stopped; the report exists now.
-  const double since_snapshot = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double since_snapshot =
+      static_cast<double>(oob::nowNs() - (snapshot.progress_ns + mine.stalled_ns)) / kNsPerSec;
   report.detection_latency_s = static_cast<double>(quiet_ns) / kNsPerSec + since_snapshot;
   report.written_by = mine.rank;
   const std::string text = oob::toJson(report).dump(2) + "\n";
-  if (index == 0) store_.set(key("report/" + r), text);
+  // The file first: a daemon of this host that shares the state directory finds it there
+  // and reads nothing from the store; the others (and late ones) read the copy the first
+  // leader stores (one copy: a report grows with the group).
+  const std::string path = writeReport(k, text);
+  if (me == members.begin()) store_.set(key("report/" + r), text);
   handled_progress_ns_ = snapshot.progress_ns;
   next_round_ = k + 1;
-  return writeReport(k, text);
+  return path;
 }
 
-std::optional<std::string> Observer::adopt(std::int64_t k) {
-  next_round_ = k + 1;
+std::optional<std::string> Observer::adopt(std::int64_t k, Clock::time_point deadline, bool member) {
   std::string text;
-  try {
-    text = store_.get(key("report/" + std::to_string(k)), Clock::now() + options_.gather);
-  } catch (const TimeoutError&) {
+  for (oob::Backoff wait(deadline);;) {
+    if (std::filesystem::exists(reportPath(k))) {  // a daemon sharing this directory wrote it
+      next_round_ = k + 1;
+      return reportPath(k);
+    }
+    if (auto stored = store_.tryGet(key("report/" + std::to_string(k)))) {
+      text = std::move(*stored);
+      break;
+    }
+    if (wait.pause()) continue;
+    if (member) throw PeerFailure("this host's leading daemon wrote no report of round " + std::to_string(k));
+    next_round_ = k + 1;
     LMR_LOG(kWarn, "oobd", "round ", k, " was decided without this daemon and wrote no report");
     return std::nullopt;
   }
+  next_round_ = k + 1;
   // The report is written as this daemon's own: it must be this round's, of this group.
   oob::ScoutFaultReport report;
   try {
@@ -253,8 +343,12 @@ Mutex& reportFileLock() {
   return mu;
 }
 
+std::string Observer::reportPath(std::int64_t k) const {
+  return options_.state_dir + "/" + stem_ + "-r" + std::to_string(k) + ".json";
+}
+
 std::string Observer::writeReport(std::int64_t k, const std::string& text) {
-  const std::string path = options_.state_dir + "/" + stem_ + "-r" + std::to_string(k) + ".json";
+  const std::string path = reportPath(k);
   {
     MutexLock lock(reportFileLock());
     files::replaceFile(path, text);

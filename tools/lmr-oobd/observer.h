@@ -1,15 +1,27 @@
 // The observer inside lmr-oobd: watches one training rank's progress record and, once its
 // visible progress stopped for the threshold, runs one stall round with the daemons of the
-// same peer group:
+// same peer group, in two levels so that no daemon talks to every other:
 //
-//  1. join: write "here/<round>/<rank>" to the store, wait (bounded) for the others;
-//  2. membership: the first daemon done waiting claims "members/<round>" with the ranks that
-//     answered; everyone uses that list, so daemons that did not answer are named, not
-//     waited on; a daemon that arrives after the decision adopts that round's report;
-//  3. gather: the members allgather fixed-size views through Gloo (gather.h);
-//  4. decide: every member runs oob::diagnose on the same views and writes the same
+//  1. node: every daemon stores its view under "view/<round>/<index>" and waits (bounded)
+//     for the views of the group's other daemons on its host; the first done waiting claims
+//     "node/<round>/<node>" with the ones that came. The first of that list leads the node;
+//     the others wait for the round's report and write it as theirs. A daemon that came after
+//     the claim adopts the round's report.
+//  2. leaders: the node leaders meet as the daemons of a one-level round did: each marks its
+//     node present ("lead/<round>/<node>") and waits (bounded) for the other nodes; the first
+//     done waiting claims "members/<round>" with the nodes that answered, so daemons that did
+//     not are named, not waited on; a leader that came after that adopts the report.
+//  3. gather: the leaders allgather their nodes' views through Gloo (gather.h), as fixed
+//     slots (lmr/oob/wire.h, encodeNodeViews); each view keeps its own daemon's tag.
+//  4. decide: every leader runs oob::diagnose on the same views, writes the same
 //     SCOUTFaultReport to its state directory (atomic replace, so a shared directory is
-//     fine); the first member also stores it for late daemons.
+//     fine); the first leader also stores it ("report/<round>"). The other
+//     daemons find the file when they share their leader's directory (one per job and host,
+//     as the hang monitor sets it up) and read the stored copy otherwise.
+//
+// With one daemon per host every daemon leads its node and the round is one level. Per
+// round the store sees O(N x daemons per host + nodes^2) requests and a leader opens
+// nodes - 1 sockets, instead of N^2 and N - 1 (docs/scale.md).
 //
 // One report per stall: a new round starts only after the rank made progress again.
 // Nothing touches the network between stalls. Not thread-safe: one thread calls poll().
@@ -28,6 +40,7 @@
 #include "lmr/oob/diagnose.h"
 #include "lmr/oob/progress.h"
 #include "lmr/oob/store.h"
+#include "lmr/oob/wire.h"
 
 namespace gloo::transport {
 class Device;
@@ -80,9 +93,20 @@ class Observer {
 
  private:
   std::optional<std::string> round(const oob::Snapshot& snapshot, std::int64_t now);
+  // Level 2 for a node leader: `share` holds its node's views of round `k`.
+  std::optional<std::string> lead(std::int64_t k, const std::vector<oob::NodeView>& share,
+                                  const oob::Snapshot& snapshot, const oob::RankView& mine);
+  oob::RankView ownView(const oob::Snapshot& snapshot, std::int64_t now) const;
   std::int64_t thresholdNs(const oob::Snapshot& s) const;
-  std::optional<std::string> adopt(std::int64_t round);
+  // Round k's report for this daemon: the file, when a daemon sharing the state directory
+  // wrote it, or else the stored copy, checked and written as this daemon's. A `member` of
+  // the round (its host's leader gathers for it) that finds none by `deadline` throws
+  // PeerFailure, so the round is tried again; a late daemon logs and gives up on the round.
+  std::optional<std::string> adopt(std::int64_t round, std::chrono::steady_clock::time_point deadline,
+                                   bool member = false);
+  void partition();  // nodes_ from hosts_
   std::string writeReport(std::int64_t round, const std::string& text);
+  std::string reportPath(std::int64_t round) const;
   std::string key(const std::string& suffix) const { return prefix_ + suffix; }
 
   ObserverOptions options_;
@@ -91,6 +115,11 @@ class Observer {
   std::shared_ptr<gloo::transport::Device> device_;
   std::string prefix_, stem_;
   std::vector<std::string> hosts_;  // per group member, from set-up
+  // The group's members by host, hosts in order of their first member (before set-up,
+  // every member alone); node_of_[i] is member i's position in nodes_.
+  std::vector<std::vector<std::int64_t>> nodes_;
+  std::vector<std::int64_t> node_of_;
+  std::size_t slots_ = 1;  // the most members on one host
   std::int64_t next_round_ = 1;
   std::int64_t handled_progress_ns_ = -1;  // the stall already reported
   std::int64_t retry_after_ns_ = 0;

@@ -20,6 +20,20 @@
 
 namespace lmr::oob {
 
+// How a waiter polls: first after 5 ms, then twice as long each time up to 80 ms, never
+// past its deadline, so a few hundred daemons waiting on one key (a host's daemons on
+// their leader's report) do not saturate the one store thread their leaders need.
+class Backoff {
+ public:
+  explicit Backoff(std::chrono::steady_clock::time_point deadline) : deadline_(deadline) {}
+  // Sleeps one period (less when the deadline is nearer); false once the deadline passed.
+  bool pause();
+
+ private:
+  std::chrono::steady_clock::time_point deadline_;
+  std::chrono::milliseconds period_{5};
+};
+
 class Store {
  public:
   virtual ~Store() = default;

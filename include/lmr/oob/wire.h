@@ -112,4 +112,19 @@ std::string encodeView(std::string_view token, std::string_view context, const V
 ViewRecord decodeView(std::string_view token, std::string_view context, std::string_view bytes,
                       std::int64_t expected_rank);
 
+// A node leader's share of a two-level round's gather (tools/lmr-oobd/observer.h): its
+// node's present members as `slots` fixed slots of (member index, i64 native order; the
+// member's encoded view, kViewBytes), unused slots with index -1 and zero bytes, so every
+// leader sends the same size. Views travel as their daemons tagged them; the reader checks
+// each with decodeView.
+inline constexpr std::size_t kNodeSlotBytes = 8 + kViewBytes;
+struct NodeView {
+  std::int64_t index = 0;
+  std::string view;  // kViewBytes, as encodeView made it
+};
+std::string encodeNodeViews(const std::vector<NodeView>& views, std::size_t slots);
+// Throws PeerFailure for a wrong size, an index outside [0, n) (or -1 in a used slot), a
+// used slot after an unused one, indices not ascending, or an unused slot with data.
+std::vector<NodeView> decodeNodeViews(std::string_view bytes, std::size_t slots, std::int64_t n);
+
 }  // namespace lmr::oob

@@ -24,8 +24,9 @@ namespace {
 using namespace std::chrono_literals;
 
 struct Group {
+  // `per_host` daemons share each host name (hosts take consecutive members).
   explicit Group(int n, const std::string& tag, bool tcp = false,
-                 std::chrono::milliseconds warmup = std::chrono::milliseconds(300)) {
+                 std::chrono::milliseconds warmup = std::chrono::milliseconds(300), int per_host = 1) {
     dir =
         (std::filesystem::temp_directory_path() / ("lmr-observer-" + tag + "-" + std::to_string(::getpid()))).string();
     std::filesystem::remove_all(dir);
@@ -47,7 +48,7 @@ struct Group {
       o.group_ranks.resize(static_cast<std::size_t>(n));
       for (int i = 0; i < n; ++i) o.group_ranks[static_cast<std::size_t>(i)] = 10 + i;  // global ranks
       o.index = r;
-      o.host = "host-" + std::to_string(r);
+      o.host = "host-" + std::to_string(r / per_host);
       o.threshold = 300ms;
       o.warmup_threshold = warmup;
       o.join = 500ms;
@@ -201,6 +202,7 @@ TEST(Observer, AStoredReportOfAnotherGroupIsNotAdopted) {
   auto forged = load(first[0]);
   forged["report_id"] = "scout-fault-000000000000-g0-r1";
   forged["ranks"] = nlohmann::json::array({10});
+  std::filesystem::remove(*first[0]);  // rank 12's daemon keeps its reports elsewhere
   g.store->set(g.observers[0]->keyPrefix() + "report/1", forged.dump());
   EXPECT_FALSE(g.run({2}, 1500ms)[2]);
   g.store->set(g.observers[0]->keyPrefix() + "report/1", "{not json");
@@ -293,6 +295,105 @@ TEST(Observer, SetUpNamesTheDaemonThatNeverRegistered) {
     EXPECT_NE(std::string(e.what()).find("rank 12"), std::string::npos) << e.what();
   }
   a.join();
+}
+
+// ---- two-level rounds: several daemons per host ----------------------------------------------
+
+// The keys of `store_dir` (a FileStore names each file by its key's hex) under `prefix`.
+std::vector<std::string> keysUnder(const std::string& store_dir, const std::string& prefix) {
+  std::vector<std::string> out;
+  for (const auto& entry : std::filesystem::directory_iterator(store_dir)) {
+    const std::string hex = entry.path().filename().string();
+    std::string k;
+    for (std::size_t i = 0; i + 1 < hex.size(); i += 2)
+      k += static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16));
+    if (k.rfind(prefix, 0) == 0) out.push_back(k);
+  }
+  return out;
+}
+
+TEST(Observer, OnHostsOfSeveralDaemonsOnlyTheirLeadersMeet) {
+  Group g(12, "two-level", /*tcp=*/false, 300ms, /*per_host=*/4);  // 3 hosts of 4
+  g.setUpAll();
+  everyoneWaitsInAllReduce(g);
+  g.writers[6]->stepCompleted(12);  // rank 16 (host-1, not its leader) stopped outside a collective
+  const auto paths = g.run({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
+  const auto first = load(paths[0]);
+  EXPECT_EQ(first["kind"], "process_stall");
+  EXPECT_EQ(first["ranks"], nlohmann::json::array({16}));
+  EXPECT_EQ(first["hosts"], nlohmann::json::array({"host-1"}));
+  EXPECT_TRUE(first["missing_ranks"].empty());
+  for (const auto& p : paths) {
+    const auto r = load(p);
+    EXPECT_EQ(r["report_id"], first["report_id"]);
+    EXPECT_EQ(r["ranks"], first["ranks"]);
+  }
+  // Three daemons built the Gloo mesh (one address key each), not twelve; each host's
+  // membership was claimed once.
+  const std::string prefix = g.observers[0]->keyPrefix();
+  EXPECT_EQ(keysUnder(g.dir + "/rendezvous", prefix + "mesh/1/rank_").size(), 3u);
+  EXPECT_EQ(keysUnder(g.dir + "/rendezvous", prefix + "node/1/").size(), 3u);
+  EXPECT_EQ(keysUnder(g.dir + "/rendezvous", prefix + "lead/1/").size(), 3u);
+}
+
+TEST(Observer, AHostWhoseFirstDaemonNeverCameIsLedByTheNext) {
+  Group g(8, "leader-gone", /*tcp=*/true, 300ms, /*per_host=*/4);
+  g.setUpAll();
+  everyoneWaitsInAllReduce(g);
+  const auto paths = g.run({0, 1, 2, 3, 5, 6, 7});  // the daemon of rank 14 (host-1's first) never answers
+  for (int d : {0, 1, 2, 3, 5, 6, 7}) {
+    const auto r = load(paths[static_cast<std::size_t>(d)]);
+    EXPECT_EQ(r["kind"], "unresponsive_rank");
+    EXPECT_EQ(r["missing_ranks"], nlohmann::json::array({14}));
+    EXPECT_EQ(r["hosts"], nlohmann::json::array({"host-1"}));
+    EXPECT_EQ(r["round"], 1);
+  }
+  // It turns up late: it adopts the round's report.
+  EXPECT_EQ(load(g.run({4})[4])["report_id"], load(paths[0])["report_id"]);
+}
+
+TEST(Observer, AHostWhoseDaemonsNeverCameIsNamedWhole) {
+  Group g(9, "host-gone", /*tcp=*/false, 300ms, /*per_host=*/3);
+  g.setUpAll();
+  everyoneWaitsInAllReduce(g);
+  const auto start = std::chrono::steady_clock::now();
+  const auto paths = g.run({0, 1, 2, 6, 7, 8});  // host-1 (ranks 13 to 15) is gone
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 4s);
+  for (int d : {0, 1, 2, 6, 7, 8}) {
+    const auto r = load(paths[static_cast<std::size_t>(d)]);
+    EXPECT_EQ(r["missing_ranks"], nlohmann::json::array({13, 14, 15}));
+    EXPECT_EQ(r["hosts"], nlohmann::json::array({"host-1", "host-1", "host-1"}));
+  }
+}
+
+// A host's daemons wait for its leader's report; when none comes (the leader died after it
+// was named), the round fails on them and the next one reports.
+TEST(Observer, ADaemonWhoseLeaderNeverReportsTriesAFreshRound) {
+  Group g(2, "leader-silent", /*tcp=*/false, 300ms, /*per_host=*/2);
+  g.setUpAll();
+  everyoneWaitsInAllReduce(g);
+  g.store->set(g.observers[0]->keyPrefix() + "node/1/0", "0,1");  // round 1: daemon 0 leads, then dies
+  const auto paths = g.run({1});
+  const auto r = load(paths[1]);
+  EXPECT_EQ(r["round"], 2);
+  EXPECT_EQ(r["missing_ranks"], nlohmann::json::array({10}));
+}
+
+TEST(Observer, ANodeListNamingAnotherHostsDaemonIsNeverUsed) {
+  Group g(4, "node-forged", /*tcp=*/false, 300ms, /*per_host=*/2);
+  g.setUpAll();
+  everyoneWaitsInAllReduce(g);
+  g.writers[3]->stepCompleted(12);
+  g.store->set(g.observers[0]->keyPrefix() + "node/1/0", "0,2");  // daemon 2 is host-1's
+  const auto paths = g.run({0, 1, 2, 3});
+  // host-0 drops round 1 and reports alone in round 2; host-1's round 1 goes on without it.
+  // Nobody is blamed from the forged list.
+  for (const auto& p : paths) {
+    const auto r = load(p);
+    EXPECT_TRUE(r["ranks"] == nlohmann::json::array({13}) || r["ranks"].empty()) << r.dump();
+  }
+  EXPECT_EQ(load(paths[0])["round"], 2);
+  EXPECT_EQ(load(paths[2])["round"], 1);
 }
 
 }  // namespace

@@ -144,6 +144,28 @@ TEST(Wire, ViewsCarryTheTokenAndTheirRound) {
   rejects([](ViewRecord& w) { std::strcpy(w.host, "a b"); });
 }
 
+TEST(Wire, ANodesShareOfViewsKeepsItsSlotsStrict) {
+  ViewRecord v;
+  v.rank = 12;
+  const std::string view = encodeView(kWireToken, "c", v);
+  const std::string share = encodeNodeViews({{2, view}, {5, view}}, 3);
+  ASSERT_EQ(share.size(), 3 * kNodeSlotBytes);
+  const auto back = decodeNodeViews(share, 3, 8);
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(back[1].index, 5);
+  EXPECT_EQ(back[1].view, view);
+  EXPECT_THROW(encodeNodeViews({{1, view}, {2, view}}, 1), InvalidArgument);  // more views than slots
+  EXPECT_THROW(decodeNodeViews(share, 2, 8), PeerFailure);                     // another size
+  EXPECT_THROW(decodeNodeViews(share, 3, 5), PeerFailure);                     // index 5 of a group of 5
+  EXPECT_THROW(decodeNodeViews(encodeNodeViews({{5, view}, {2, view}}, 3), 3, 8), PeerFailure);  // not ascending
+  std::string damaged = share;
+  damaged[2 * kNodeSlotBytes + 20] = 'x';  // data in the unused slot
+  EXPECT_THROW(decodeNodeViews(damaged, 3, 8), PeerFailure);
+  std::string gap = encodeNodeViews({{2, view}}, 3);
+  std::memcpy(gap.data() + 2 * kNodeSlotBytes, share.data(), kNodeSlotBytes);  // a used slot after an unused one
+  EXPECT_THROW(decodeNodeViews(gap, 3, 8), PeerFailure);
+}
+
 // A raw client on the server's port: garbage, a request without the token, an oversized
 // length; each is dropped (counted, logged), nothing is stored, and the server still
 // answers the job's own clients.

@@ -1,4 +1,5 @@
 #include "scale_evidence.h"
+#include <cmath>
 
 #include <algorithm>
 #include <cstdio>
@@ -187,18 +188,21 @@ std::vector<oob::RankView> stallViews(std::int64_t n, Stall stall, std::int64_t 
   return views;
 }
 
-OobRoundCost oobRoundCost(std::int64_t n, std::size_t report_bytes) {
+OobRoundCost oobRoundCost(std::int64_t n, std::size_t report_bytes, std::int64_t per_host) {
   const double d = static_cast<double>(n);
-  const double member_list = 6.0 * d;  // "0,1,2,...": up to 5 digits and a comma per member
+  const double m = static_cast<double>(std::min(per_host, n));
+  const double l = std::ceil(d / m);  // hosts: one leader each
+  const double view = static_cast<double>(oob::kViewBytes);
   OobRoundCost c;
-  // latest: n reads; here/<r>/<i>: n sets; waitAll over the n keys by every daemon (at least
-  // one request per key: it polls the missing ones again); members/<r>: one claim, n reads;
-  // Gloo: n address sets, n (n - 1) reads; report/<r>: one set (every daemon computes the same
-  // report; only a late daemon reads it).
-  c.store_requests = d + d + d * d + 1 + d + d + d * (d - 1) + 1;
-  c.store_bytes = member_list * (d + 1) + 64.0 * d * d + static_cast<double>(report_bytes);
-  c.sockets_per_daemon = d - 1;
-  c.view_bytes_received = static_cast<double>(oob::kViewBytes) * (d - 1);
+  // Every daemon: latest, its view (set), the host list (read before waiting, claim, read
+  // after), the m view keys of its host. Leaders: the other views of their host, their mark,
+  // members (read, claim, read), the l marks, Gloo's l address sets and l (l - 1) reads;
+  // one latest set and one report set.
+  c.store_requests = d * (5 + m) + (d - l) + l * 4 + l * l + l + l * (l - 1) + 2;
+  c.store_bytes =
+      view * (d + (d - l)) + 6.0 * m * 2 * d + 6.0 * l * (l + 1) + 64.0 * l * l + static_cast<double>(report_bytes);
+  c.sockets_per_leader = l - 1;
+  c.view_bytes_received = static_cast<double>(oob::kNodeSlotBytes) * m * (l - 1);
   return c;
 }
 

@@ -79,18 +79,22 @@ enum class Stall { kProcess, kDesync, kDataloader };
 std::vector<oob::RankView> stallViews(std::int64_t n, Stall stall, std::int64_t culprit);
 
 // A stall round's traffic at the daemons' one store and sockets, counted from the protocol
-// (tools/lmr-oobd/observer.cc and gather.cc), for an n-daemon peer group: every daemon marks
-// itself present and waits on the n presence keys, one claims the member list and all read it,
-// Gloo's full-mesh rendezvous has each daemon publish its address and read the n - 1 others,
-// then one allgather of fixed-size view records and one report set. A lower bound: waiting
-// polls the keys still missing.
+// (tools/lmr-oobd/observer.cc and gather.cc), for an n-daemon peer group with `per_host`
+// daemons on each host: every daemon stores its view and waits on its host's others, one
+// claims the host's list and all read it; the hosts' leaders read their hosts' views, mark
+// their hosts present and wait on the others, one claims the host list and all read it;
+// Gloo's full-mesh rendezvous has each leader publish its address and read the others',
+// then one allgather of the hosts' views; each leader writes the report file and the first
+// stores it. per_host = 1 is a one-level round. A lower bound: waiting polls the
+// keys still missing; the other daemons of a host find the report in the state directory
+// they share with their leader (one store request each otherwise, and the report's bytes).
 struct OobRoundCost {
-  double store_requests = 0;     // at the store, over the round
-  double store_bytes = 0;        // payload through the store
-  double sockets_per_daemon = 0;  // TCP connections of one daemon's mesh
-  double view_bytes_received = 0;  // allgather: what one daemon receives
+  double store_requests = 0;       // at the store, over the round
+  double store_bytes = 0;          // payload through the store
+  double sockets_per_leader = 0;   // TCP connections of one leader's mesh (others: none)
+  double view_bytes_received = 0;  // allgather: what one leader receives
 };
-OobRoundCost oobRoundCost(std::int64_t n, std::size_t report_bytes);
+OobRoundCost oobRoundCost(std::int64_t n, std::size_t report_bytes, std::int64_t per_host = 1);
 
 // Bytes of a record's payload (group id or key, 8 per member, collective, call, bytes, two timings).
 std::size_t recordBytes(const mesh::CollectiveRecord& record);

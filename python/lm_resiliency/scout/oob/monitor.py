@@ -28,6 +28,7 @@ from lm_resiliency._core import write_text_atomic
 from lm_resiliency.errors import InvalidArgumentError, PeerFailureError
 from lm_resiliency.attach import HANG_DETECTION, attach
 from lm_resiliency.orchestration import OrchestrationHooks
+from lm_resiliency.rank_state import node_id
 from lm_resiliency import progress as pub_mod
 from lm_resiliency.scout.oob.config import HangDetectionConfig, rendezvous_endpoint
 from lm_resiliency.scout.oob.daemon import Daemon, find_daemon
@@ -46,6 +47,18 @@ def _is_loopback(addr: str) -> bool:
         return False
 
 
+def _daemon_host() -> str:
+    """The node this rank's daemon names in reports and groups with in a stall round (the
+    daemons of one node meet through one leader): ``LMR_NODE_ID`` as exclusion uses it, else
+    the host name; a node id the daemons cannot carry (1 to 63 printable characters, no
+    spaces) falls back to the host name, with a warning."""
+    node = node_id()
+    if 0 < len(node) < 64 and node.isprintable() and " " not in node and node.isascii():
+        return node
+    _log.warning("LMR_NODE_ID %r is not a host name the hang daemons can carry (1 to 63 printable ASCII "
+                "characters, no spaces): they use the host name", node)
+    return socket.gethostname()
+
 class HangMonitor:
     def __init__(self, model: Any, optimizer: Any = None, config: Optional[HangDetectionConfig] = None,
                  hooks: Optional[OrchestrationHooks] = None, completed_iterations: int = 0) -> None:
@@ -61,7 +74,7 @@ class HangMonitor:
         distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if distributed else 0
         self.world = dist.get_world_size() if distributed else 1
-        self.host = socket.gethostname()
+        self.host = _daemon_host()
         self.run_id = self.config.resolved_run_id()
         self.generation = self.config.resolved_generation()
         self.state_dir = self.config.resolved_state_dir()
