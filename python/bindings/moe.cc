@@ -108,7 +108,9 @@ void registerMoe(nb::module_& m) {
       nb::arg("counts"), nb::arg("granularity"),
       "Each token count's execution regime (lmr::moe::regimeTokens): rounded up by at most a quarter.");
   m.def("moe_default_matrices", &moe::defaultMatrices, nb::arg("ranks"), nb::arg("rows"),
-        "The default bounded AllToAll replay policy: the balanced matrix, then the cyclic permutations.");
+        nb::arg("max_shifts") = moe::kDefaultShifts,
+        "The default bounded AllToAll replay policy: the balanced matrix, then up to max_shifts cyclic "
+        "permutations spread over the group.");
   m.def(
       "moe_validate_matrix",
       [](const moe::Matrix& matrix, std::int64_t ranks, const std::string& what) {

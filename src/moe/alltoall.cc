@@ -1,5 +1,7 @@
 #include "lmr/moe/alltoall.h"
 
+#include <algorithm>
+
 #include "lmr/common/error.h"
 
 namespace lmr::moe {
@@ -24,15 +26,24 @@ void validateMatrix(const Matrix& m, std::int64_t ranks, const std::string& what
   if (!any) throw InvalidArgument(what + " sends nothing");
 }
 
-std::vector<Matrix> defaultMatrices(std::int64_t ranks, std::int64_t rows) {
+std::vector<std::int64_t> defaultShifts(std::int64_t ranks, std::int64_t max_shifts) {
   if (ranks < 1) throw InvalidArgument("an expert-parallel group needs at least one rank");
+  if (max_shifts < 1) throw InvalidArgument("AllToAll replay needs at least one cyclic shift (max_shifts >= 1)");
+  const std::int64_t count = std::min(ranks, max_shifts);
+  std::vector<std::int64_t> out;
+  for (std::int64_t j = 0; j < count; ++j) out.push_back(j * ranks / count);
+  return out;
+}
+
+std::vector<Matrix> defaultMatrices(std::int64_t ranks, std::int64_t rows, std::int64_t max_shifts) {
   if (rows < 1) throw InvalidArgument("AllToAll replay needs at least one token per segment");
+  const std::vector<std::int64_t> shifts = defaultShifts(ranks, max_shifts);
   const auto n = static_cast<std::size_t>(ranks);
   std::vector<Matrix> out;
   out.emplace_back(n, std::vector<std::int64_t>(n, rows));
-  for (std::size_t k = 0; k < n; ++k) {
+  for (std::int64_t k : shifts) {
     Matrix m(n, std::vector<std::int64_t>(n, 0));
-    for (std::size_t i = 0; i < n; ++i) m[i][(i + k) % n] = rows;
+    for (std::size_t i = 0; i < n; ++i) m[i][(i + static_cast<std::size_t>(k)) % n] = rows;
     out.push_back(std::move(m));
   }
   return out;

@@ -123,9 +123,14 @@ def test_alltoall_policies():
     m = ObservedAllToAllPolicy(rows=2, max_rows=10).matrices(2, observed)
     assert m[:3] == BoundedAllToAllPolicy(2).matrices(2, []) and m[3] == [[1, 10], [1, 0]]
     assert ObservedAllToAllPolicy().matrices(2, []) == BoundedAllToAllPolicy().matrices(2, [])
+    # A large group replays 8 shifts spread over it, not one per rank; max_shifts bounds it.
+    assert len(BoundedAllToAllPolicy(1).matrices(64, [])) == 9
+    assert len(BoundedAllToAllPolicy(1, max_shifts=2).matrices(5, [])) == 3
     for bad in (0, -1, True, 1.5):
         with pytest.raises(ValueError):
             BoundedAllToAllPolicy(bad)
+        with pytest.raises(ValueError, match="max_shifts"):
+            BoundedAllToAllPolicy(2, max_shifts=bad)
     with pytest.raises(InvalidArgumentError, match="alltoall_policy must be an AllToAllReplayPolicy"):
         ReplayHarnessConfig(alltoall_policy=lambda ep, observed: [])
     with pytest.raises(InvalidArgumentError, match=r"P\.matrices\(\)\[1\]\[0\]\[1\] is negative"):

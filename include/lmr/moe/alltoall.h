@@ -27,10 +27,18 @@ using Matrix = std::vector<std::vector<std::int64_t>>;
 // non-negative counts, at least one of them positive.
 void validateMatrix(const Matrix& m, std::int64_t ranks, const std::string& what = "matrix");
 
-// The default bounded policy: one balanced matrix (every pair `rows` tokens) and the `ranks`
-// cyclic permutations (rank i sends `rows` tokens to rank (i + k) mod ranks, k = 0 the
-// local copy), in that order. Every sender reaches every receiver twice.
-std::vector<Matrix> defaultMatrices(std::int64_t ranks, std::int64_t rows);
+// The default bounded policy: one balanced matrix (every pair `rows` tokens), then cyclic
+// permutations (rank i sends `rows` tokens to rank (i + k) mod ranks) for the shifts k of
+// defaultShifts, in that order. Every sender reaches every receiver at least once, and
+// itself and `max_shifts` - 1 others again, so a rank that corrupts what it sends (or
+// receives) is blamed by a strict majority of its segments. Votes and the verdict's work grow
+// with ranks x (1 + shifts) per receiver: linear in the group for a fixed `max_shifts`
+// (all shifts, as before, would make the group's votes cubic).
+inline constexpr std::int64_t kDefaultShifts = 8;
+std::vector<Matrix> defaultMatrices(std::int64_t ranks, std::int64_t rows, std::int64_t max_shifts = kDefaultShifts);
+// Every shift 0 .. ranks - 1 when ranks <= max_shifts; else max_shifts of them spread evenly
+// (k = j x ranks / max_shifts: the local copy, then farther and farther peers).
+std::vector<std::int64_t> defaultShifts(std::int64_t ranks, std::int64_t max_shifts = kDefaultShifts);
 
 // One receiver's vote characters.
 inline constexpr char kNoSegment = '-';

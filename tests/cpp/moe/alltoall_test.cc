@@ -20,6 +20,16 @@ TEST(MoeAllToAll, DefaultMatricesReachEveryReceiverTwice) {
   EXPECT_THROW(defaultMatrices(2, 0), InvalidArgument);
 }
 
+TEST(MoeAllToAll, LargeGroupsReplayABoundedSetOfShiftsSpreadOverTheGroup) {
+  EXPECT_EQ(defaultShifts(8), (std::vector<std::int64_t>{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(defaultShifts(64), (std::vector<std::int64_t>{0, 8, 16, 24, 32, 40, 48, 56}));
+  EXPECT_EQ(defaultShifts(10, 4), (std::vector<std::int64_t>{0, 2, 5, 7}));
+  const auto ms = defaultMatrices(64, 1);
+  ASSERT_EQ(ms.size(), 9u);  // the balanced matrix and 8 shifts, not 65 matrices
+  EXPECT_EQ(ms[2][3][11], 1);  // shift 8
+  EXPECT_THROW(defaultShifts(4, 0), InvalidArgument);
+}
+
 TEST(MoeAllToAll, MatricesAreValidatedWithTheEntryNamed) {
   try {
     validateMatrix({{1, 2}, {3, -1}}, 2, "policy.matrices[4]");
@@ -56,7 +66,7 @@ std::vector<std::string> groupVotes(std::int64_t n, std::int64_t sender, std::in
 }
 
 TEST(MoeAllToAll, SenderAndReceiverFaultsAreLocalizedInEveryGroupSize) {
-  for (std::int64_t n = 2; n <= 8; ++n) {
+  for (std::int64_t n : {2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 33}) {
     for (std::int64_t r = 0; r < n; ++r) {
       for (bool as_sender : {true, false}) {
         const RoutingVerdict v = decideRouting(groupVotes(n, as_sender ? r : -1, as_sender ? -1 : r));

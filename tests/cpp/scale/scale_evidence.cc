@@ -106,14 +106,15 @@ std::size_t voteBytes(const replay::CheckVote& vote) {
 
 std::string routingVoteOf(std::int64_t ranks, std::int64_t me, std::int64_t bad_sender) {
   const auto n = static_cast<std::size_t>(ranks);
-  std::string vote(n * (n + 1), moe::kNoSegment);
+  const std::vector<std::int64_t> shifts = moe::defaultShifts(ranks);
+  std::string vote(n * (shifts.size() + 1), moe::kNoSegment);
   const auto mark = [&](std::size_t at, std::size_t sender) {
     vote[at] = static_cast<std::int64_t>(sender) == bad_sender ? moe::kCorrupted : moe::kIntact;
   };
   for (std::size_t i = 0; i < n; ++i) mark(i, i);  // the balanced matrix: every sender
-  for (std::size_t k = 0; k < n; ++k) {            // shift k: only (me - k) mod n sends to me
-    const auto sender = static_cast<std::size_t>(((me - static_cast<std::int64_t>(k)) % ranks + ranks) % ranks);
-    mark((k + 1) * n + sender, sender);
+  for (std::size_t s = 0; s < shifts.size(); ++s) {  // shift k: only (me - k) mod n sends to me
+    const auto sender = static_cast<std::size_t>(((me - shifts[s]) % ranks + ranks) % ranks);
+    mark((s + 1) * n + sender, sender);
   }
   return vote;
 }

@@ -51,9 +51,9 @@ Check checkOf(const World& world, std::size_t g, const Plant& plant, std::int64_
 std::size_t voteBytes(const replay::CheckVote& vote);
 
 // Receiver `me`'s routing vote in an expert-parallel group of `ranks` under the default
-// policy (moe::defaultMatrices: balanced, then the `ranks` cyclic shifts), when position
-// `bad_sender` corrupts every segment it sends (-1: nobody). Equal to moe::routingVote over
-// those matrices (scale_test checks it) without building the ranks^3 matrix entries.
+// policy (moe::defaultMatrices: balanced, then the cyclic shifts of moe::defaultShifts), when
+// position `bad_sender` corrupts every segment it sends (-1: nobody). Equal to
+// moe::routingVote over those matrices (scale_test checks it) without building them.
 std::string routingVoteOf(std::int64_t ranks, std::int64_t me, std::int64_t bad_sender);
 
 // One round of collective records, by rank: every group along each dimension that runs

@@ -138,7 +138,7 @@ TEST(ScaleRouting, TheCheckNamesTheRankCorruptingItsAllToAllOnEpMeshesOfEverySiz
 }
 
 TEST(ScaleRouting, TheFastVoteIsTheVoteOverTheDefaultMatrices) {
-  for (std::int64_t n : {1, 2, 3, 8}) {
+  for (std::int64_t n : {1, 2, 3, 8, 9, 64}) {
     const std::vector<moe::Matrix> matrices = moe::defaultMatrices(n, 4);
     for (std::int64_t bad = -1; bad < n; ++bad)
       for (std::int64_t me = 0; me < n; ++me) {
