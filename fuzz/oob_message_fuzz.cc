@@ -1,8 +1,9 @@
 // libFuzzer target: what a daemon reads from its peers during a stall round
-// (lmr/oob/wire.h, lmr/oob/report.h): round membership, round numbers, host names, the
-// gathered views (raw, and re-tagged with the job's token so the field checks are
-// reached), a node leader's share of views and the stored report a late daemon adopts. Only lmr::Error may leave a
-// reader; an accepted view satisfies every documented bound. Run with `make fuzz`.
+// (lmr/oob/wire.h, lmr/oob/report.h): round membership, round numbers, host names and
+// tables, the gathered views (raw, and re-tagged with the job's token so the field checks
+// are reached), a node leader's share of views and the stored report a late daemon adopts.
+// Only lmr::Error may leave a reader; an accepted view satisfies every documented bound.
+// Run with `make fuzz`.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -35,7 +36,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       case 1:
         if (const std::int64_t r = parseRound(rest); r < 1 || std::to_string(r) != rest) __builtin_trap();
         break;
-      case 2: parseHost(rest); break;
+      case 2:
+        if (!rest.empty() && rest[0] == 'T') {  // a host table: a round trip
+          const auto hosts = parseHosts(rest.substr(1), n);
+          if (static_cast<std::int64_t>(hosts.size()) != n || parseHosts(formatHosts(hosts), n) != hosts)
+            __builtin_trap();
+        } else {
+          parseHost(rest);
+        }
+        break;
       case 3:  // a view off the network: it cannot carry the job's token
         decodeView(kToken, "oob-x/mesh/1/", rest, n);
         __builtin_trap();

@@ -1,6 +1,9 @@
 #include "lmr/oob/wire.h"
 
+#include <algorithm>
 #include <cstring>
+#include <map>
+#include <set>
 #include <type_traits>
 
 #include "lmr/common/error.h"
@@ -232,6 +235,50 @@ std::int64_t parseRound(std::string_view text) {
 std::string parseHost(std::string_view text) {
   if (!printableName(text)) throw PeerFailure("a malformed host name \"" + shown(text) + "\"");
   return std::string(text);
+}
+
+std::string formatHosts(const std::vector<std::string>& hosts) {
+  std::map<std::string, std::size_t> id;
+  std::string names, indices;
+  for (const std::string& h : hosts) {
+    const auto [it, fresh] = id.try_emplace(h, id.size());
+    if (fresh) names += h + "\n";
+    if (!indices.empty()) indices += ',';
+    indices += std::to_string(it->second);
+  }
+  return std::to_string(id.size()) + "\n" + names + indices;
+}
+
+std::vector<std::string> parseHosts(std::string_view text, std::int64_t n) {
+  const auto bad = [&](const std::string& what) { return PeerFailure("a malformed host table: " + what); };
+  std::vector<std::string_view> lines;
+  for (std::size_t at = 0;;) {
+    const std::size_t end = text.find('\n', at);
+    lines.push_back(text.substr(at, end == std::string_view::npos ? std::string_view::npos : end - at));
+    if (end == std::string_view::npos) break;
+    at = end + 1;
+  }
+  const auto distinct = decimal(lines[0], n);
+  if (!distinct || *distinct < 1 || static_cast<std::size_t>(*distinct) + 2 != lines.size())
+    throw bad("it must state 1 to " + std::to_string(n) + " names, a line each, then one line of indices");
+  std::vector<std::string> names;
+  std::set<std::string_view> seen;
+  for (std::int64_t i = 1; i <= *distinct; ++i) {
+    names.push_back(parseHost(lines[static_cast<std::size_t>(i)]));
+    if (!seen.insert(lines[static_cast<std::size_t>(i)]).second) throw bad("host \"" + names.back() + "\" twice");
+  }
+  std::vector<std::string> out;
+  std::vector<bool> used(names.size(), false);
+  for (const std::string& item : splitCommaList(lines.back())) {
+    const auto v = decimal(item, *distinct - 1);
+    if (!v) throw bad("member " + std::to_string(out.size()) + "'s host \"" + shown(item) + "\"");
+    used[static_cast<std::size_t>(*v)] = true;
+    out.push_back(names[static_cast<std::size_t>(*v)]);
+  }
+  if (static_cast<std::int64_t>(out.size()) != n)
+    throw bad(std::to_string(out.size()) + " members, the group has " + std::to_string(n));
+  if (std::find(used.begin(), used.end(), false) != used.end()) throw bad("a name no member has");
+  return out;
 }
 
 std::string encodeView(std::string_view token, std::string_view context, const ViewRecord& view) {

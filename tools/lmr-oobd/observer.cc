@@ -124,16 +124,48 @@ void Observer::partition() {
 Observer::~Observer() = default;
 
 void Observer::setUp(Clock::time_point deadline) {
-  const auto n = options_.group_ranks.size();
+  const auto n = static_cast<std::int64_t>(options_.group_ranks.size());
   store_.set(key("ready/" + std::to_string(options_.index)), options_.host);
-  hosts_.assign(n, "");
-  for (std::size_t i = 0; i < n; ++i) {
-    try {
-      hosts_[i] = oob::parseHost(store_.get(key("ready/" + std::to_string(i)), deadline));
-    } catch (const TimeoutError&) {
-      throw TimeoutError("the lmr-oobd daemon of rank " + std::to_string(options_.group_ranks[i]) +
-                         " did not register in time");
+  const auto unregistered = [&](std::int64_t i) {
+    return TimeoutError("the lmr-oobd daemon of rank " +
+                        std::to_string(options_.group_ranks[static_cast<std::size_t>(i)]) +
+                        " did not register in time");
+  };
+  if (options_.index == 0) {
+    // The first daemon reads everyone's host once and publishes the table (in chunks under
+    // the store's value bound); the others read the table, not each other's keys: N
+    // requests instead of N².
+    hosts_.assign(static_cast<std::size_t>(n), "");
+    for (std::int64_t i = 0; i < n; ++i) {
+      try {
+        hosts_[static_cast<std::size_t>(i)] = oob::parseHost(store_.get(key("ready/" + std::to_string(i)), deadline));
+      } catch (const TimeoutError&) {
+        throw unregistered(i);
+      }
     }
+    const std::string table = oob::formatHosts(hosts_);
+    constexpr std::size_t kChunk = oob::kMaxStoreValue / 2;
+    std::size_t chunks = 0;
+    for (std::size_t at = 0; at < table.size(); at += kChunk, ++chunks)
+      store_.set(key("hosts/" + std::to_string(chunks)), table.substr(at, kChunk));
+    store_.set(key("hosts"), std::to_string(chunks));  // last: the chunks are there once it is
+  } else {
+    std::string count;
+    try {
+      count = store_.get(key("hosts"), deadline);
+    } catch (const TimeoutError&) {
+      for (std::int64_t i = 0; i < n; ++i)
+        if (!store_.tryGet(key("ready/" + std::to_string(i)))) throw unregistered(i);
+      throw TimeoutError("the lmr-oobd daemon of rank " + std::to_string(options_.group_ranks[0]) +
+                         " did not publish its group's hosts in time");
+    }
+    const std::int64_t chunks = oob::parseRound(count);  // a positive count, parsed strictly
+    std::string table;
+    for (std::int64_t c = 0; c < chunks; ++c) table += store_.get(key("hosts/" + std::to_string(c)), deadline);
+    hosts_ = oob::parseHosts(table, n);
+    if (hosts_[static_cast<std::size_t>(options_.index)] != options_.host)
+      throw PeerFailure("the group's host table names this daemon's host \"" +
+                        hosts_[static_cast<std::size_t>(options_.index)] + "\", not \"" + options_.host + "\"");
   }
   partition();
 }

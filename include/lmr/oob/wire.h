@@ -88,6 +88,12 @@ std::string formatMembers(const std::vector<std::int64_t>& members);
 std::int64_t parseRound(std::string_view text);
 // "ready/<index>": a host name, 1..63 printable bytes without spaces. Throws PeerFailure.
 std::string parseHost(std::string_view text);
+// "hosts/<chunk>" (concatenated): every member's host, names stated once: the number of
+// distinct names, a line each, then each member's name as an index into them, comma-separated:
+// "2\nnode-a\nnode-b\n0,0,1,1". Strict: n members, distinct well-formed names, every name used.
+// Throws PeerFailure.
+std::string formatHosts(const std::vector<std::string>& hosts);
+std::vector<std::string> parseHosts(std::string_view text, std::int64_t n);
 
 // ---- the views gathered in a stall round --------------------------------------------------------
 

@@ -6,7 +6,9 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -23,10 +25,40 @@ namespace {
 
 using namespace std::chrono_literals;
 
+// A store that remembers which thread read which key (the daemons are threads here).
+class ReadRecordingStore : public oob::Store {
+ public:
+  explicit ReadRecordingStore(std::unique_ptr<oob::Store> inner) : inner_(std::move(inner)) {}
+  void set(const std::string& key, const std::string& value) override { inner_->set(key, value); }
+  bool claim(const std::string& key, const std::string& value) override { return inner_->claim(key, value); }
+  std::optional<std::string> tryGet(const std::string& key) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      reads_.emplace_back(std::this_thread::get_id(), key);
+    }
+    return inner_->tryGet(key);
+  }
+  // The threads that read a key containing `part`.
+  std::set<std::thread::id> readers(const std::string& part) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::set<std::thread::id> out;
+    for (const auto& [thread, key] : reads_)
+      if (key.find(part) != std::string::npos) out.insert(thread);
+    return out;
+  }
+
+ private:
+  std::unique_ptr<oob::Store> inner_;
+  std::mutex mu_;
+  std::vector<std::pair<std::thread::id, std::string>> reads_;
+};
+
 struct Group {
-  // `per_host` daemons share each host name (hosts take consecutive members).
+  // `per_host` daemons share each host name (hosts take consecutive members); `record`
+  // wraps the store in a ReadRecordingStore (`recorder`).
   explicit Group(int n, const std::string& tag, bool tcp = false,
-                 std::chrono::milliseconds warmup = std::chrono::milliseconds(300), int per_host = 1) {
+                 std::chrono::milliseconds warmup = std::chrono::milliseconds(300), int per_host = 1,
+                 bool record = false) {
     dir =
         (std::filesystem::temp_directory_path() / ("lmr-observer-" + tag + "-" + std::to_string(::getpid()))).string();
     std::filesystem::remove_all(dir);
@@ -38,6 +70,11 @@ struct Group {
       store = std::make_unique<oob::TcpStore>(o);
     } else {
       store = std::make_unique<oob::FileStore>(dir + "/rendezvous");
+    }
+    if (record) {
+      auto wrapped = std::make_unique<ReadRecordingStore>(std::move(store));
+      recorder = wrapped.get();
+      store = std::move(wrapped);
     }
     for (int r = 0; r < n; ++r) {
       const std::string name = oob::segmentName(tag, 0, ::getpid(), "world", r);
@@ -87,6 +124,7 @@ struct Group {
   std::string dir;
   std::unique_ptr<oob::TcpStoreServer> server;
   std::unique_ptr<oob::Store> store;
+  ReadRecordingStore* recorder = nullptr;
   std::vector<std::unique_ptr<oob::ProgressWriter>> writers;
   std::vector<std::unique_ptr<Observer>> observers;
 };
@@ -94,6 +132,19 @@ struct Group {
 nlohmann::json load(const std::optional<std::string>& path) {
   EXPECT_TRUE(path.has_value());
   return nlohmann::json::parse(files::readFile(*path).value());
+}
+
+// The keys of `store_dir` (a FileStore names each file by its key's hex) under `prefix`.
+std::vector<std::string> keysUnder(const std::string& store_dir, const std::string& prefix) {
+  std::vector<std::string> out;
+  for (const auto& entry : std::filesystem::directory_iterator(store_dir)) {
+    const std::string hex = entry.path().filename().string();
+    std::string k;
+    for (std::size_t i = 0; i + 1 < hex.size(); i += 2)
+      k += static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16));
+    if (k.rfind(prefix, 0) == 0) out.push_back(k);
+  }
+  return out;
 }
 
 void everyoneWaitsInAllReduce(Group& g, std::uint64_t sequence = 7) {
@@ -285,6 +336,28 @@ TEST(Observer, HealthyProgressStartsNoRound) {
   EXPECT_EQ(g.server->requests(), before);  // no store traffic at all
 }
 
+// Set-up used to have every daemon read every other's host (N² requests at one store);
+// now the first daemon reads them and publishes the table, which the others read.
+TEST(Observer, SetUpReadsEveryHostOnceAndPublishesTheTable) {
+  Group g(12, "host-table", /*tcp=*/false, 300ms, /*per_host=*/4, /*record=*/true);
+  std::vector<std::thread::id> ids(12);
+  std::vector<std::thread> threads;
+  for (int d = 0; d < 12; ++d)
+    threads.emplace_back([&, d] {
+      ids[static_cast<std::size_t>(d)] = std::this_thread::get_id();
+      g.observers[static_cast<std::size_t>(d)]->setUp(std::chrono::steady_clock::now() + 5s);
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(g.recorder->readers("/ready/"), std::set<std::thread::id>{ids[0]});
+  EXPECT_EQ(g.recorder->readers("/hosts").size(), 11u);
+  // The table is what the rounds group by: host-1's daemons meet through one leader.
+  everyoneWaitsInAllReduce(g);
+  g.writers[6]->stepCompleted(12);
+  const auto paths = g.run({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
+  EXPECT_EQ(load(paths[5])["ranks"], nlohmann::json::array({16}));
+  EXPECT_EQ(keysUnder(g.dir + "/rendezvous", g.observers[0]->keyPrefix() + "mesh/1/rank_").size(), 3u);
+}
+
 TEST(Observer, SetUpNamesTheDaemonThatNeverRegistered) {
   Group g(3, "setup");
   std::thread a([&] { EXPECT_THROW(g.observers[0]->setUp(std::chrono::steady_clock::now() + 300ms), TimeoutError); });
@@ -298,19 +371,6 @@ TEST(Observer, SetUpNamesTheDaemonThatNeverRegistered) {
 }
 
 // ---- two-level rounds: several daemons per host ----------------------------------------------
-
-// The keys of `store_dir` (a FileStore names each file by its key's hex) under `prefix`.
-std::vector<std::string> keysUnder(const std::string& store_dir, const std::string& prefix) {
-  std::vector<std::string> out;
-  for (const auto& entry : std::filesystem::directory_iterator(store_dir)) {
-    const std::string hex = entry.path().filename().string();
-    std::string k;
-    for (std::size_t i = 0; i + 1 < hex.size(); i += 2)
-      k += static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16));
-    if (k.rfind(prefix, 0) == 0) out.push_back(k);
-  }
-  return out;
-}
 
 TEST(Observer, OnHostsOfSeveralDaemonsOnlyTheirLeadersMeet) {
   Group g(12, "two-level", /*tcp=*/false, 300ms, /*per_host=*/4);  // 3 hosts of 4

@@ -114,6 +114,16 @@ TEST(Wire, MembershipRoundsAndHostsAreParsedStrictly) {
     EXPECT_THROW(parseHost(bad), PeerFailure);
 }
 
+TEST(Wire, TheHostTableStatesEachNameOnce) {
+  const std::vector<std::string> hosts{"node-a", "node-a", "node-b", "node-a"};
+  EXPECT_EQ(formatHosts(hosts), "2\nnode-a\nnode-b\n0,0,1,0");
+  EXPECT_EQ(parseHosts(formatHosts(hosts), 4), hosts);
+  for (const char* bad :
+       {"", "1\nnode-a\n0,0,0", "2\nnode-a\nnode-a\n0,1,0,0", "2\nnode-a\nnode-b\n0,0,0,0", "1\nnode-a\n0,0,1,0",
+        "1\nnode a\n0,0,0,0", "0\n\n", "1\nnode-a\n0,0,,0", "5\nnode-a\n0,0,0,0", "1\nnode-a\n0,0,0,0\n"})
+    EXPECT_THROW(parseHosts(bad, 4), PeerFailure) << bad;
+}
+
 TEST(Wire, ViewsCarryTheTokenAndTheirRound) {
   ViewRecord v;
   v.rank = 12;
