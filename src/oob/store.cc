@@ -103,6 +103,23 @@ std::vector<bool> Store::waitAll(const std::vector<std::string>& keys, Clock::ti
   }
 }
 
+void setChunked(Store& store, const std::string& key, const std::string& value) {
+  constexpr std::size_t kChunk = kMaxStoreValue / 2;
+  std::size_t chunks = 0;
+  for (std::size_t at = 0; at < value.size() || chunks == 0; at += kChunk, ++chunks)
+    store.set(key + "/" + std::to_string(chunks), value.substr(at, kChunk));
+  store.set(key, std::to_string(chunks));
+}
+
+std::optional<std::string> tryGetChunked(Store& store, const std::string& key, Clock::time_point deadline) {
+  const std::optional<std::string> count = store.tryGet(key);
+  if (!count) return std::nullopt;
+  const std::int64_t chunks = parseRound(*count);  // a positive count, parsed strictly
+  std::string value;
+  for (std::int64_t c = 0; c < chunks; ++c) value += store.get(key + "/" + std::to_string(c), deadline);
+  return value;
+}
+
 // ---- FileStore ----------------------------------------------------------------------------
 
 FileStore::FileStore(std::string directory) : directory_(std::move(directory)) {

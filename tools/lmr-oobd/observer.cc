@@ -143,26 +143,17 @@ void Observer::setUp(Clock::time_point deadline) {
         throw unregistered(i);
       }
     }
-    const std::string table = oob::formatHosts(hosts_);
-    constexpr std::size_t kChunk = oob::kMaxStoreValue / 2;
-    std::size_t chunks = 0;
-    for (std::size_t at = 0; at < table.size(); at += kChunk, ++chunks)
-      store_.set(key("hosts/" + std::to_string(chunks)), table.substr(at, kChunk));
-    store_.set(key("hosts"), std::to_string(chunks));  // last: the chunks are there once it is
+    oob::setChunked(store_, key("hosts"), oob::formatHosts(hosts_));
   } else {
-    std::string count;
-    try {
-      count = store_.get(key("hosts"), deadline);
-    } catch (const TimeoutError&) {
+    std::optional<std::string> table;
+    for (oob::Backoff wait(deadline); !(table = oob::tryGetChunked(store_, key("hosts"), deadline));) {
+      if (wait.pause()) continue;
       for (std::int64_t i = 0; i < n; ++i)
         if (!store_.tryGet(key("ready/" + std::to_string(i)))) throw unregistered(i);
       throw TimeoutError("the lmr-oobd daemon of rank " + std::to_string(options_.group_ranks[0]) +
                          " did not publish its group's hosts in time");
     }
-    const std::int64_t chunks = oob::parseRound(count);  // a positive count, parsed strictly
-    std::string table;
-    for (std::int64_t c = 0; c < chunks; ++c) table += store_.get(key("hosts/" + std::to_string(c)), deadline);
-    hosts_ = oob::parseHosts(table, n);
+    hosts_ = oob::parseHosts(*table, n);
     if (hosts_[static_cast<std::size_t>(options_.index)] != options_.host)
       throw PeerFailure("the group's host table names this daemon's host \"" +
                         hosts_[static_cast<std::size_t>(options_.index)] + "\", not \"" + options_.host + "\"");
@@ -226,43 +217,82 @@ std::optional<std::string> Observer::round(const oob::Snapshot& snapshot, std::i
       oob::encodeView(options_.token, view_prefix + std::to_string(options_.index), toRecord(mine));
   store_.set(view_prefix + std::to_string(options_.index), my_view);
 
-  // Level 1: who of this host's daemons came.
+  // Level 1: who of this host's daemons came (waiting stops once one of them decided).
   const std::string node_key = key("node/" + r + "/" + std::to_string(node));
-  std::optional<std::string> node_text = store_.tryGet(node_key);
-  if (!node_text) {
-    const std::vector<std::int64_t>& local = nodes_[static_cast<std::size_t>(node)];
-    std::vector<std::string> keys;
-    for (std::int64_t i : local) keys.push_back(view_prefix + std::to_string(i));
-    const std::vector<bool> here = store_.waitAll(keys, t0 + options_.join);
+  const std::vector<std::int64_t>& local = nodes_[static_cast<std::size_t>(node)];
+  std::optional<std::string> node_text;
+  std::vector<bool> came(local.size(), false);
+  for (oob::Backoff wait(t0 + options_.join); !(node_text = store_.tryGet(node_key));) {
+    bool all = true;
+    for (std::size_t j = 0; j < local.size(); ++j) {
+      if (!came[j]) came[j] = store_.tryGet(view_prefix + std::to_string(local[j])).has_value();
+      all = all && came[j];
+    }
+    if (!all && wait.pause()) continue;
     std::vector<std::int64_t> present;
     for (std::size_t j = 0; j < local.size(); ++j)
-      if (here[j]) present.push_back(local[j]);
+      if (came[j]) present.push_back(local[j]);
     store_.claim(node_key, oob::formatMembers(present));
-    node_text = store_.get(node_key, t0 + options_.join + options_.gather);
   }
   const std::vector<std::int64_t> here = oob::parseMembers(*node_text, n);
   for (std::int64_t i : here)
     if (node_of_[static_cast<std::size_t>(i)] != node)
       throw PeerFailure("the node list of round " + r + " names member " + std::to_string(i) + " of another host");
-  const auto report_deadline = Clock::now() + options_.join + 2 * options_.gather;
-  if (std::find(here.begin(), here.end(), options_.index) == here.end()) {
+  // A leader started at most `join` after this daemon, waits up to 2 x join for the other
+  // nodes, then gathers within `gather` twice (the membership, the views).
+  const auto report_deadline = t0 + 3 * options_.join + 2 * options_.gather;
+  const auto position = static_cast<std::size_t>(std::find(here.begin(), here.end(), options_.index) - here.begin());
+  if (position == here.size()) {  // came after the node's list was fixed
     handled_progress_ns_ = snapshot.progress_ns;
     return adopt(k, report_deadline);
   }
-  if (here.front() != options_.index) {  // the node's leader gathers for it
-    auto path = adopt(k, report_deadline, /*member=*/true);
-    handled_progress_ns_ = snapshot.progress_ns;
-    return path;
+
+  // The node's leader is whoever claims it: the list's first at once; the next one after a
+  // grace period per place when nobody has (the first died after storing its view).
+  const std::string leader_key = key("leader/" + r + "/" + std::to_string(node));
+  const std::string abort_key = key("abort/" + r + "/" + std::to_string(node));
+  bool leading = position == 0 && store_.claim(leader_key, std::to_string(options_.index));
+  if (!leading) {
+    const auto grace = std::min<Clock::duration>(options_.join / 2, std::chrono::milliseconds(500));
+    const auto take_over_at = Clock::now() + grace * static_cast<int>(position);
+    bool tried = position == 0;
+    for (oob::Backoff wait(report_deadline);;) {
+      if (auto path = reportIfReady(k)) {
+        handled_progress_ns_ = snapshot.progress_ns;
+        return path;
+      }
+      if (store_.tryGet(abort_key)) throw PeerFailure("this host's leading daemon gave up round " + r);
+      if (!tried && Clock::now() >= take_over_at) {
+        tried = true;
+        if ((leading = store_.claim(leader_key, std::to_string(options_.index)))) {
+          LMR_LOG(kWarn, "oobd", "round ", k, ": this host's first daemon did not lead it; this one does");
+          break;
+        }
+      }
+      if (!wait.pause()) throw PeerFailure("this host's leading daemon wrote no report of round " + r);
+    }
   }
-  std::vector<oob::NodeView> share;
+  std::vector<oob::NodeView> share;  // every listed daemon stored its view before the list
   for (std::int64_t i : here)
-    share.push_back({i, i == options_.index ? my_view : store_.get(view_prefix + std::to_string(i), report_deadline)});
-  return lead(k, share, snapshot, mine);
+    share.push_back({i, i == options_.index
+                            ? my_view
+                            : store_.get(view_prefix + std::to_string(i), Clock::now() + options_.gather)});
+  try {
+    return lead(k, t0, share, snapshot, mine);
+  } catch (const Error&) {
+    try {  // the node's other daemons stop waiting and try the next round with it
+      store_.set(abort_key, "");
+    } catch (const Error&) {
+    }
+    throw;
+  }
 }
 
-std::optional<std::string> Observer::lead(std::int64_t k, const std::vector<oob::NodeView>& share,
+std::optional<std::string> Observer::lead(std::int64_t k, Clock::time_point t0, const std::vector<oob::NodeView>& share,
                                           const oob::Snapshot& snapshot, const oob::RankView& mine) {
-  const auto t1 = Clock::now();
+  // Leaders wait for the other nodes until 2 x join after their round began: a node whose
+  // list took the whole first `join` (a daemon missing) still comes in time.
+  const auto t1 = t0 + options_.join;
   const std::string r = std::to_string(k);
   const auto n = static_cast<std::int64_t>(options_.group_ranks.size());
   const auto nodes = static_cast<std::int64_t>(nodes_.size());
@@ -283,7 +313,7 @@ std::optional<std::string> Observer::lead(std::int64_t k, const std::vector<oob:
   const auto me = std::find(members.begin(), members.end(), node);
   if (me == members.end()) {
     handled_progress_ns_ = snapshot.progress_ns;
-    return adopt(k, Clock::now() + options_.gather);
+    return adopt(k, Clock::now() + 2 * options_.gather);
   }
 
   const std::string mesh = key("mesh/" + r + "/");
@@ -331,34 +361,42 @@ std::optional<std::string> Observer::lead(std::int64_t k, const std::vector<oob:
   // and reads nothing from the store; the others (and late ones) read the copy the first
   // leader stores (one copy: a report grows with the group).
   const std::string path = writeReport(k, text);
-  if (me == members.begin()) store_.set(key("report/" + r), text);
   handled_progress_ns_ = snapshot.progress_ns;
   next_round_ = k + 1;
+  if (me == members.begin()) {
+    try {
+      oob::setChunked(store_, key("report/" + r), text);
+    } catch (const Error& e) {  // this daemon's report stands; daemons that need the copy retry
+      LMR_LOG(kError, "oobd", "cannot store the report of round ", k, ": ", e.what());
+    }
+  }
   return path;
 }
 
-std::optional<std::string> Observer::adopt(std::int64_t k, Clock::time_point deadline, bool member) {
-  std::string text;
+std::optional<std::string> Observer::adopt(std::int64_t k, Clock::time_point deadline) {
+  next_round_ = k;  // a failure below makes poll() move on to k + 1
   for (oob::Backoff wait(deadline);;) {
-    if (std::filesystem::exists(reportPath(k))) {  // a daemon sharing this directory wrote it
+    if (auto path = reportIfReady(k)) {
       next_round_ = k + 1;
-      return reportPath(k);
-    }
-    if (auto stored = store_.tryGet(key("report/" + std::to_string(k)))) {
-      text = std::move(*stored);
-      break;
+      return path;
     }
     if (wait.pause()) continue;
-    if (member) throw PeerFailure("this host's leading daemon wrote no report of round " + std::to_string(k));
     next_round_ = k + 1;
     LMR_LOG(kWarn, "oobd", "round ", k, " was decided without this daemon and wrote no report");
     return std::nullopt;
   }
-  next_round_ = k + 1;
+}
+
+std::optional<std::string> Observer::reportIfReady(std::int64_t k) {
+  std::error_code error;
+  if (std::filesystem::exists(reportPath(k), error)) return reportPath(k);  // a daemon sharing this directory
+  const std::optional<std::string> text =
+      oob::tryGetChunked(store_, key("report/" + std::to_string(k)), Clock::now() + options_.gather);
+  if (!text) return std::nullopt;
   // The report is written as this daemon's own: it must be this round's, of this group.
   oob::ScoutFaultReport report;
   try {
-    report = oob::parseReport(text, "the stored report of round " + std::to_string(k));
+    report = oob::parseReport(*text, "the stored report of round " + std::to_string(k));
   } catch (const InvalidArgument& e) {
     throw PeerFailure(std::string("a malformed stored report: ") + e.what());
   }

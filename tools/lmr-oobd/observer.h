@@ -2,20 +2,24 @@
 // visible progress stopped for the threshold, runs one stall round with the daemons of the
 // same peer group, in two levels so that no daemon talks to every other:
 //
-//  1. node: every daemon stores its view under "view/<round>/<index>" and waits (bounded)
-//     for the views of the group's other daemons on its host; the first done waiting claims
-//     "node/<round>/<node>" with the ones that came. The first of that list leads the node;
-//     the others wait for the round's report and write it as theirs. A daemon that came after
-//     the claim adopts the round's report.
+//  1. node: every daemon stores its view under "view/<round>/<index>" and waits (until
+//     join after it began, or until one of them decided) for the views of the group's other
+//     daemons on its host; the first done waiting claims "node/<round>/<node>" with the ones
+//     that came. The first of that list claims "leader/<round>/<node>" and leads; the others
+//     wait for the round's report and write it as theirs, and the next one claims the lead
+//     after a grace period when nobody has (the first died after storing its view). A leader
+//     whose round fails marks "abort/<round>/<node>", so its host's daemons give the round up
+//     with it. A daemon that came after the claim adopts the round's report.
 //  2. leaders: the node leaders meet as the daemons of a one-level round did: each marks its
-//     node present ("lead/<round>/<node>") and waits (bounded) for the other nodes; the first
-//     done waiting claims "members/<round>" with the nodes that answered, so daemons that did
-//     not are named, not waited on; a leader that came after that adopts the report.
+//     node present ("lead/<round>/<node>") and waits (until 2 x join after it began) for the
+//     other nodes; the first done waiting claims "members/<round>" with the nodes that
+//     answered, so daemons that did not are named, not waited on; a leader that came after
+//     that adopts the report.
 //  3. gather: the leaders allgather their nodes' views through Gloo (gather.h), as fixed
 //     slots (lmr/oob/wire.h, encodeNodeViews); each view keeps its own daemon's tag.
 //  4. decide: every leader runs oob::diagnose on the same views, writes the same
 //     SCOUTFaultReport to its state directory (atomic replace, so a shared directory is
-//     fine); the first leader also stores it ("report/<round>"). The other
+//     fine); the first leader also stores it ("report/<round>", in chunks). The other
 //     daemons find the file when they share their leader's directory (one per job and host,
 //     as the hang monitor sets it up) and read the stored copy otherwise.
 //
@@ -93,17 +97,17 @@ class Observer {
 
  private:
   std::optional<std::string> round(const oob::Snapshot& snapshot, std::int64_t now);
-  // Level 2 for a node leader: `share` holds its node's views of round `k`.
-  std::optional<std::string> lead(std::int64_t k, const std::vector<oob::NodeView>& share,
-                                  const oob::Snapshot& snapshot, const oob::RankView& mine);
+  // Level 2 for a node leader: `share` holds its node's views of round `k`, begun at `t0`.
+  std::optional<std::string> lead(std::int64_t k, std::chrono::steady_clock::time_point t0,
+                                  const std::vector<oob::NodeView>& share, const oob::Snapshot& snapshot,
+                                  const oob::RankView& mine);
   oob::RankView ownView(const oob::Snapshot& snapshot, std::int64_t now) const;
   std::int64_t thresholdNs(const oob::Snapshot& s) const;
-  // Round k's report for this daemon: the file, when a daemon sharing the state directory
-  // wrote it, or else the stored copy, checked and written as this daemon's. A `member` of
-  // the round (its host's leader gathers for it) that finds none by `deadline` throws
-  // PeerFailure, so the round is tried again; a late daemon logs and gives up on the round.
-  std::optional<std::string> adopt(std::int64_t round, std::chrono::steady_clock::time_point deadline,
-                                   bool member = false);
+  // A late daemon's wait for round k's report (reportIfReady); gives up with a log line.
+  std::optional<std::string> adopt(std::int64_t round, std::chrono::steady_clock::time_point deadline);
+  // Round k's report for this daemon, when there is one: the file, when a daemon sharing the
+  // state directory wrote it, or else the stored copy, checked and written as this daemon's.
+  std::optional<std::string> reportIfReady(std::int64_t round);
   void partition();  // nodes_ from hosts_
   std::string writeReport(std::int64_t round, const std::string& text);
   std::string reportPath(std::int64_t round) const;

@@ -48,6 +48,14 @@ class Store {
   std::vector<bool> waitAll(const std::vector<std::string>& keys, std::chrono::steady_clock::time_point deadline);
 };
 
+// A value of any size as chunks under the store's value bound: "<key>/<c>" holds chunk c and
+// `key` the number of chunks, written last, so a reader that finds `key` finds every chunk.
+void setChunked(Store& store, const std::string& key, const std::string& value);
+// The whole value, or nothing while `key` is absent. Throws PeerFailure for a malformed count
+// and TimeoutError when a chunk does not appear by `deadline`.
+std::optional<std::string> tryGetChunked(Store& store, const std::string& key,
+                                         std::chrono::steady_clock::time_point deadline);
+
 // One file per key in `directory` (created if needed, mode 0700); values written atomically.
 class FileStore : public Store {
  public:

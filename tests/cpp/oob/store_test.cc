@@ -8,6 +8,7 @@
 
 #include "lmr/common/error.h"
 #include "lmr/oob/store.h"
+#include "lmr/oob/wire.h"
 
 namespace lmr::oob {
 namespace {
@@ -62,6 +63,28 @@ TEST(Store, TcpStoreSetGetClaim) {
   TcpStore s(o);
   exercise(s);
   EXPECT_GT(server.requests(), 5u);
+}
+
+// A value over the store's bound (a host table or a report of thousands of ranks) travels in
+// chunks over the TCP store, which refuses it whole.
+TEST(Store, ChunkedValuesPassTheValueBound) {
+  TcpStoreServer server(0, "127.0.0.1", kToken);
+  TcpStoreOptions o;
+  o.token = kToken;
+  o.port = server.port();
+  TcpStore s(o);
+  std::string big(kMaxStoreValue + kMaxStoreValue / 2 + 7, 'r');
+  for (std::size_t i = 0; i < big.size(); i += 4099) big[i] = static_cast<char>('a' + i % 26);
+  EXPECT_THROW(s.set("whole", big), Error);
+  const auto later = Clock::now() + std::chrono::seconds(5);
+  EXPECT_FALSE(tryGetChunked(s, "report/1", later));
+  setChunked(s, "report/1", big);
+  EXPECT_EQ(*s.tryGet("report/1"), "4");  // chunks of half the bound
+  EXPECT_EQ(*tryGetChunked(s, "report/1", later), big);
+  setChunked(s, "empty", "");
+  EXPECT_EQ(*tryGetChunked(s, "empty", later), "");
+  s.set("bad", "three");
+  EXPECT_THROW(tryGetChunked(s, "bad", later), PeerFailure);
 }
 
 // Claims from many threads: exactly one wins, on both stores.
