@@ -4,12 +4,15 @@
 // BM_OobRound/<N>/<daemons per host>: 1 per host is the one-level round (every daemon
 // meets every other); 8 per host is the two-level round (only hosts' leaders meet).
 // Reported: wall time from the first daemon's look at a stalled record to the last report,
-// the store's requests per round (counted by the server) and per daemon.
+// the store's requests per round (counted by the server) and per daemon. With
+// LMR_BENCH_DEBUG=1 the first report that does not name the stalled rank is printed.
 #include <benchmark/benchmark.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -85,8 +88,13 @@ struct Daemons {
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     bool named = true;
     const std::string culprit = "\"ranks\": [\n    " + std::to_string(kCulprit) + "\n  ]";
-    for (const auto& p : out)
+    for (const auto& p : out) {
       named = named && p && lmr::files::readFile(*p).value_or("").find(culprit) != std::string::npos;
+      if (!named && std::getenv("LMR_BENCH_DEBUG")) {
+        std::fprintf(stderr, "%s\n", p ? lmr::files::readFile(*p).value_or("?").c_str() : "(no report)");
+        break;
+      }
+    }
     return {seconds, named};
   }
 

@@ -259,6 +259,7 @@ std::optional<std::string> Observer::round(const oob::Snapshot& snapshot, std::i
     for (oob::Backoff wait(report_deadline);;) {
       if (auto path = reportIfReady(k)) {
         handled_progress_ns_ = snapshot.progress_ns;
+        next_round_ = k + 1;
         return path;
       }
       if (store_.tryGet(abort_key)) throw PeerFailure("this host's leading daemon gave up round " + r);

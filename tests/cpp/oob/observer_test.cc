@@ -396,6 +396,18 @@ TEST(Observer, OnHostsOfSeveralDaemonsOnlyTheirLeadersMeet) {
   EXPECT_EQ(keysUnder(g.dir + "/rendezvous", prefix + "mesh/1/rank_").size(), 3u);
   EXPECT_EQ(keysUnder(g.dir + "/rendezvous", prefix + "node/1/").size(), 3u);
   EXPECT_EQ(keysUnder(g.dir + "/rendezvous", prefix + "lead/1/").size(), 3u);
+  // The next stall is round 2 for every daemon, the ones that waited for their leader too.
+  for (auto& w : g.writers) {
+    w->stepCompleted(13);
+    w->collectiveEntered({1, 0, 99, 5, 9});
+  }
+  g.writers[9]->stepCompleted(13);
+  for (const auto& p : g.run({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11})) {
+    const auto r = load(p);
+    EXPECT_EQ(r["round"], 2);
+    EXPECT_EQ(r["ranks"], nlohmann::json::array({19}));
+    EXPECT_TRUE(r["missing_ranks"].empty()) << r.dump();
+  }
 }
 
 TEST(Observer, AHostWhoseFirstDaemonNeverCameIsLedByTheNext) {

@@ -196,10 +196,11 @@ OobRoundCost oobRoundCost(std::int64_t n, std::size_t report_bytes, std::int64_t
   const double view = static_cast<double>(oob::kViewBytes);
   OobRoundCost c;
   // Every daemon: latest, its view (set), the host list (read before waiting, claim, read
-  // after), the m view keys of its host. Leaders: the other views of their host, their mark,
-  // members (read, claim, read), the l marks, Gloo's l address sets and l (l - 1) reads;
-  // one latest set and one report set.
-  c.store_requests = d * (5 + m) + (d - l) + l * 4 + l * l + l + l * (l - 1) + 2;
+  // after), the m view keys of its host. Leaders: the lead's claim, the other views of their
+  // host, their mark, members (read, claim, read), the l marks, Gloo's l address sets and
+  // l (l - 1) reads; one latest set and one report set (a count and a chunk). The others:
+  // one look at the stored report and at the abort mark (before the file is there).
+  c.store_requests = d * (5 + m) + (d - l) * 3 + l * 5 + l * l + l + l * (l - 1) + 3;
   c.store_bytes =
       view * (d + (d - l)) + 6.0 * m * 2 * d + 6.0 * l * (l + 1) + 64.0 * l * l + static_cast<double>(report_bytes);
   c.sockets_per_leader = l - 1;
