@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <utility>
 
 #include "gather.h"
 #include "lmr/common/error.h"
@@ -175,10 +176,10 @@ std::optional<std::string> Observer::poll() {
   if (s->progress_ns == handled_progress_ns_ || now < retry_after_ns_) return std::nullopt;
   try {
     return round(*s, now);
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {  // lmr::Error from peers and the store; anything else too
     // Peers or the store failed mid-round: say so and try a fresh round shortly.
     LMR_LOG(kError, "oobd", "stall round ", next_round_, " failed: ", e.what());
-    ++next_round_;
+    failed_round_ = next_round_++;
     retry_after_ns_ = oob::nowNs() + options_.join.count() * 1'000'000;
     return std::nullopt;
   }
@@ -200,12 +201,37 @@ oob::RankView Observer::ownView(const oob::Snapshot& snapshot, std::int64_t now)
 
 std::optional<std::string> Observer::round(const oob::Snapshot& snapshot, std::int64_t now) {
   const auto t0 = Clock::now();
+  if (failed_round_ > 0) {
+    // This daemon's last round failed here; if the other nodes decided it, its report is
+    // this stall's too (trying the next round alone would move this host's round numbers
+    // ahead of the group's). A round still going on, or a report that does not check, is
+    // left: the next round starts.
+    const std::int64_t k = std::exchange(failed_round_, 0);
+    std::optional<std::string> path;
+    try {
+      path = reportIfReady(k);
+    } catch (const Error& e) {
+      LMR_LOG(kWarn, "oobd", "round ", k, "'s report is not adopted: ", e.what());
+    }
+    if (path) {
+      handled_progress_ns_ = snapshot.progress_ns;
+      return path;
+    }
+  }
   std::int64_t latest = 0;
   if (auto v = store_.tryGet(key("latest"))) latest = oob::parseRound(*v);
   if (latest >= next_round_) {
-    // Rounds were decided without this daemon: it came late to the current one.
-    handled_progress_ns_ = snapshot.progress_ns;
-    return adopt(latest, Clock::now() + options_.gather);
+    // Rounds were decided without this daemon: it came late to the current one, unless
+    // that round's report is of an earlier stall (its step behind this rank's): then the
+    // group's numbers moved apart (a host ran a round alone) and this stall starts the next
+    // round. A late rank that is a step ahead of its group reports alone (inconclusive)
+    // rather than take an old stall's culprit.
+    if (reportStepOf(latest).value_or(static_cast<std::int64_t>(snapshot.step)) >=
+        static_cast<std::int64_t>(snapshot.step)) {
+      handled_progress_ns_ = snapshot.progress_ns;
+      return adopt(latest, Clock::now() + 2 * options_.gather);
+    }
+    next_round_ = latest + 1;
   }
   const std::int64_t k = next_round_;
   const std::string r = std::to_string(k);
@@ -273,12 +299,12 @@ std::optional<std::string> Observer::round(const oob::Snapshot& snapshot, std::i
       if (!wait.pause()) throw PeerFailure("this host's leading daemon wrote no report of round " + r);
     }
   }
-  std::vector<oob::NodeView> share;  // every listed daemon stored its view before the list
-  for (std::int64_t i : here)
-    share.push_back({i, i == options_.index
-                            ? my_view
-                            : store_.get(view_prefix + std::to_string(i), Clock::now() + options_.gather)});
   try {
+    std::vector<oob::NodeView> share;  // every listed daemon stored its view before the list
+    for (std::int64_t i : here)
+      share.push_back({i, i == options_.index
+                              ? my_view
+                              : store_.get(view_prefix + std::to_string(i), Clock::now() + options_.gather)});
     return lead(k, t0, share, snapshot, mine);
   } catch (const Error&) {
     try {  // the node's other daemons stop waiting and try the next round with it
@@ -299,16 +325,19 @@ std::optional<std::string> Observer::lead(std::int64_t k, Clock::time_point t0, 
   const auto nodes = static_cast<std::int64_t>(nodes_.size());
   const std::int64_t node = node_of_[static_cast<std::size_t>(options_.index)];
   store_.set(key("lead/" + r + "/" + std::to_string(node)), "");
-  std::optional<std::string> members_text = store_.tryGet(key("members/" + r));
-  if (!members_text) {
-    std::vector<std::string> keys;
-    for (std::int64_t m = 0; m < nodes; ++m) keys.push_back(key("lead/" + r + "/" + std::to_string(m)));
-    const std::vector<bool> here = store_.waitAll(keys, t1 + options_.join);
+  std::optional<std::string> members_text;
+  std::vector<bool> came(static_cast<std::size_t>(nodes), false);
+  for (oob::Backoff wait(t1 + options_.join); !(members_text = store_.tryGet(key("members/" + r)));) {
+    bool all = true;
+    for (std::size_t m = 0; m < came.size(); ++m) {
+      if (!came[m]) came[m] = store_.tryGet(key("lead/" + r + "/" + std::to_string(m))).has_value();
+      all = all && came[m];
+    }
+    if (!all && wait.pause()) continue;
     std::vector<std::int64_t> present;
-    for (std::int64_t m = 0; m < nodes; ++m)
-      if (here[static_cast<std::size_t>(m)]) present.push_back(m);
+    for (std::size_t m = 0; m < came.size(); ++m)
+      if (came[m]) present.push_back(static_cast<std::int64_t>(m));
     if (store_.claim(key("members/" + r), oob::formatMembers(present))) store_.set(key("latest"), r);
-    members_text = store_.get(key("members/" + r), t1 + options_.join + options_.gather);
   }
   const std::vector<std::int64_t> members = oob::parseMembers(*members_text, nodes);
   const auto me = std::find(members.begin(), members.end(), node);
@@ -385,6 +414,17 @@ std::optional<std::string> Observer::adopt(std::int64_t k, Clock::time_point dea
     next_round_ = k + 1;
     LMR_LOG(kWarn, "oobd", "round ", k, " was decided without this daemon and wrote no report");
     return std::nullopt;
+  }
+}
+
+std::optional<std::int64_t> Observer::reportStepOf(std::int64_t k) {
+  try {
+    std::optional<std::string> text = files::readFile(reportPath(k));
+    if (!text) text = oob::tryGetChunked(store_, key("report/" + std::to_string(k)), Clock::now() + options_.gather);
+    if (!text) return std::nullopt;
+    return oob::parseReport(*text, "the report of round " + std::to_string(k)).step;
+  } catch (const Error&) {
+    return std::nullopt;  // unreadable here: adopting it says why
   }
 }
 

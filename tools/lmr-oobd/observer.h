@@ -108,6 +108,8 @@ class Observer {
   // Round k's report for this daemon, when there is one: the file, when a daemon sharing the
   // state directory wrote it, or else the stored copy, checked and written as this daemon's.
   std::optional<std::string> reportIfReady(std::int64_t round);
+  // The step of round k's report (file or stored copy), when there is a readable one.
+  std::optional<std::int64_t> reportStepOf(std::int64_t round);
   void partition();  // nodes_ from hosts_
   std::string writeReport(std::int64_t round, const std::string& text);
   std::string reportPath(std::int64_t round) const;
@@ -125,6 +127,7 @@ class Observer {
   std::vector<std::int64_t> node_of_;
   std::size_t slots_ = 1;  // the most members on one host
   std::int64_t next_round_ = 1;
+  std::int64_t failed_round_ = 0;  // the round that failed here last (0: none)
   std::int64_t handled_progress_ns_ = -1;  // the stall already reported
   std::int64_t retry_after_ns_ = 0;
   // When this daemon first saw the DataLoader / checkpoint call now in flight.

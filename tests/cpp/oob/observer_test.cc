@@ -60,7 +60,7 @@ struct Group {
   // wraps the store in a ReadRecordingStore (`recorder`).
   explicit Group(int n, const std::string& tag, bool tcp = false,
                  std::chrono::milliseconds warmup = std::chrono::milliseconds(300), int per_host = 1,
-                 bool record = false) {
+                 bool record = false, std::chrono::milliseconds join = std::chrono::milliseconds(500)) {
     dir =
         (std::filesystem::temp_directory_path() / ("lmr-observer-" + tag + "-" + std::to_string(::getpid()))).string();
     std::filesystem::remove_all(dir);
@@ -90,7 +90,7 @@ struct Group {
       o.host = "host-" + std::to_string(r / per_host);
       o.threshold = 300ms;
       o.warmup_threshold = warmup;
-      o.join = 500ms;
+      o.join = join;
       o.gather = 2000ms;
       o.state_dir = dir;
       o.diagnosis.io_absolute_ns = 200'000'000;
@@ -256,10 +256,10 @@ TEST(Observer, AStoredReportOfAnotherGroupIsNotAdopted) {
   forged["report_id"] = "scout-fault-000000000000-g0-r1";
   forged["ranks"] = nlohmann::json::array({10});
   std::filesystem::remove(*first[0]);  // rank 12's daemon keeps its reports elsewhere
-  g.store->set(g.observers[0]->keyPrefix() + "report/1", forged.dump());
+  oob::setChunked(*g.store, g.observers[0]->keyPrefix() + "report/1", forged.dump());
   EXPECT_FALSE(g.run({2}, 1500ms)[2]);
-  g.store->set(g.observers[0]->keyPrefix() + "report/1", "{not json");
-  EXPECT_FALSE(g.run({2}, 500ms)[2]);
+  oob::setChunked(*g.store, g.observers[0]->keyPrefix() + "report/1", "{not json");
+  EXPECT_FALSE(g.run({2}, 1500ms)[2]);
 }
 
 // The rendezvous store goes away mid-run (its host died): rounds fail with a log line and
@@ -375,7 +375,7 @@ TEST(Observer, SetUpNamesTheDaemonThatNeverRegistered) {
 // ---- two-level rounds: several daemons per host ----------------------------------------------
 
 TEST(Observer, OnHostsOfSeveralDaemonsOnlyTheirLeadersMeet) {
-  Group g(12, "two-level", /*tcp=*/false, 300ms, /*per_host=*/4);  // 3 hosts of 4
+  Group g(12, "two-level", /*tcp=*/false, 300ms, /*per_host=*/4, /*record=*/false, /*join=*/1000ms);  // 3 hosts of 4
   g.setUpAll();
   everyoneWaitsInAllReduce(g);
   g.writers[6]->stepCompleted(12);  // rank 16 (host-1, not its leader) stopped outside a collective
@@ -411,7 +411,7 @@ TEST(Observer, OnHostsOfSeveralDaemonsOnlyTheirLeadersMeet) {
 }
 
 TEST(Observer, AHostWhoseFirstDaemonNeverCameIsLedByTheNext) {
-  Group g(8, "leader-gone", /*tcp=*/true, 300ms, /*per_host=*/4);
+  Group g(8, "leader-gone", /*tcp=*/true, 300ms, /*per_host=*/4, /*record=*/false, /*join=*/1000ms);
   g.setUpAll();
   everyoneWaitsInAllReduce(g);
   const auto paths = g.run({0, 1, 2, 3, 5, 6, 7});  // the daemon of rank 14 (host-1's first) never answers
@@ -427,7 +427,7 @@ TEST(Observer, AHostWhoseFirstDaemonNeverCameIsLedByTheNext) {
 }
 
 TEST(Observer, AHostWhoseDaemonsNeverCameIsNamedWhole) {
-  Group g(9, "host-gone", /*tcp=*/false, 300ms, /*per_host=*/3);
+  Group g(9, "host-gone", /*tcp=*/false, 300ms, /*per_host=*/3, /*record=*/false, /*join=*/1000ms);
   g.setUpAll();
   everyoneWaitsInAllReduce(g);
   const auto start = std::chrono::steady_clock::now();
@@ -443,7 +443,7 @@ TEST(Observer, AHostWhoseDaemonsNeverCameIsNamedWhole) {
 // A host's first daemon stored its view and was named to lead, then died: the next daemon of
 // the host takes the lead after a grace period, and the round goes on with every view.
 TEST(Observer, ALeaderThatDiedAfterItsViewIsReplacedByTheNextOnItsHost) {
-  Group g(4, "leader-died", /*tcp=*/false, 300ms, /*per_host=*/2);
+  Group g(4, "leader-died", /*tcp=*/false, 300ms, /*per_host=*/2, /*record=*/false, /*join=*/1000ms);
   g.setUpAll();
   everyoneWaitsInAllReduce(g);
   g.writers[3]->stepCompleted(12);  // rank 13 stalls outside a collective
@@ -473,7 +473,7 @@ TEST(Observer, ALeaderThatDiedAfterItsViewIsReplacedByTheNextOnItsHost) {
 // The leaders' round fails (a malformed membership): each leader marks its host's round
 // aborted, so its other daemons stop waiting and the next round has everyone again.
 TEST(Observer, AFailedLeadersRoundBringsTheirWholeHostsIntoTheNext) {
-  Group g(4, "leaders-failed", /*tcp=*/false, 300ms, /*per_host=*/2);
+  Group g(4, "leaders-failed", /*tcp=*/false, 300ms, /*per_host=*/2, /*record=*/false, /*join=*/1000ms);
   g.setUpAll();
   g.store->set(g.observers[0]->keyPrefix() + "members/1", "junk");
   everyoneWaitsInAllReduce(g);
@@ -491,12 +491,19 @@ TEST(Observer, AFailedLeadersRoundBringsTheirWholeHostsIntoTheNext) {
 // than another host (within `join`), still joins the leaders in time: only the missing
 // daemon's rank is named, never its host's others.
 TEST(Observer, AHostMissingADaemonStillMeetsTheOtherLeaders) {
-  Group g(8, "late-host", /*tcp=*/true, 300ms, /*per_host=*/4);
+  Group g(8, "late-host", /*tcp=*/true, 300ms, /*per_host=*/4, /*record=*/false, /*join=*/800ms);
   g.setUpAll();
-  everyoneWaitsInAllReduce(g);
+  const auto waitFrom = [&](int first) {  // this host's ranks enter the all-reduce now
+    for (int d = first; d < first + 4; ++d) {
+      g.writers[static_cast<std::size_t>(d)]->stepCompleted(12);
+      g.writers[static_cast<std::size_t>(d)]->collectiveEntered({1, 0, 99, 5, 7});
+    }
+  };
+  waitFrom(0);
   std::vector<std::optional<std::string>> early;
   std::thread host0([&] { early = g.run({0, 1, 2, 3}); });
   std::this_thread::sleep_for(250ms);
+  waitFrom(4);  // host-1 stops 250 ms later
   const auto late = g.run({4, 6, 7});  // rank 15's daemon never answers
   host0.join();
   for (int d : {0, 1, 2, 3, 4, 6, 7}) {
@@ -507,7 +514,7 @@ TEST(Observer, AHostMissingADaemonStillMeetsTheOtherLeaders) {
 }
 
 TEST(Observer, ANodeListNamingAnotherHostsDaemonIsNeverUsed) {
-  Group g(6, "node-forged", /*tcp=*/false, 300ms, /*per_host=*/2);
+  Group g(6, "node-forged", /*tcp=*/false, 300ms, /*per_host=*/2, /*record=*/false, /*join=*/1000ms);
   g.setUpAll();
   everyoneWaitsInAllReduce(g);
   g.writers[3]->stepCompleted(12);  // rank 13 (host-1) stalls outside a collective
@@ -525,6 +532,19 @@ TEST(Observer, ANodeListNamingAnotherHostsDaemonIsNeverUsed) {
     const auto r = load(paths[static_cast<std::size_t>(d)]);
     EXPECT_EQ(r["round"], 2);
     EXPECT_TRUE(r["ranks"].empty()) << r.dump();
+  }
+  // host-0's lone round 2 moved the numbers apart; at the next stall nobody takes that old
+  // report: everyone meets in round 3 and names the new culprit.
+  for (auto& w : g.writers) {
+    w->stepCompleted(13);
+    w->collectiveEntered({1, 0, 99, 5, 9});
+  }
+  g.writers[4]->stepCompleted(13);
+  for (const auto& p : g.run({0, 1, 2, 3, 4, 5})) {
+    const auto r = load(p);
+    EXPECT_EQ(r["round"], 3);
+    EXPECT_EQ(r["ranks"], nlohmann::json::array({14}));
+    EXPECT_TRUE(r["missing_ranks"].empty()) << r.dump();
   }
 }
 
