@@ -65,7 +65,25 @@ def main() -> int:
             if key in medians:
                 print(f"  {label}: {ns(medians[key]):.1f} ns")
     _print_scale(medians, ns)
+    _print_oob_rounds(medians)
     return 0
+
+
+def _print_oob_rounds(medians: dict) -> None:
+    """Real stall rounds (bench/oob_round_bench.cc): one level (1 daemon a host) against two
+    levels (8 a host), wall time of a round and store requests per daemon."""
+    rows: dict[int, dict[int, dict]] = {}
+    for name, b in medians.items():
+        parts = name.split("/")
+        if parts[0] == "BM_OobRound" and len(parts) > 2 and parts[1].isdigit() and parts[2].isdigit():
+            rows.setdefault(int(parts[2]), {})[int(parts[1])] = b
+    if not rows:
+        return
+    print("stall rounds of lmr-oobd daemons as threads (docs/scale.md): ms a round / store requests a daemon")
+    for per_host in sorted(rows):
+        cells = ", ".join(f"{n}: {b['real_time']:.0f} / {b.get('requests_per_daemon', 0):.0f}"
+                          for n, b in sorted(rows[per_host].items()))
+        print(f"  {per_host} daemon(s) a host: {cells}")
 
 
 def _print_scale(medians: dict, ns) -> None:
