@@ -23,6 +23,14 @@ std::string tempDir(const char* tag) {
   return p.string();
 }
 
+// A client of `server` with the job's token.
+TcpStoreOptions clientOf(const TcpStoreServer& server) {
+  TcpStoreOptions o;
+  o.token = kToken;
+  o.port = server.port();
+  return o;
+}
+
 void exercise(Store& s) {
   EXPECT_FALSE(s.tryGet("a/b"));
   s.set("a/b", std::string("x\0y", 3));
@@ -57,10 +65,7 @@ TEST(Store, FileStoreKeysAndTheDirectoryCanBeRemoved) {
 
 TEST(Store, TcpStoreSetGetClaim) {
   TcpStoreServer server(0, "127.0.0.1", kToken);
-  TcpStoreOptions o;
-  o.token = kToken;
-  o.port = server.port();
-  TcpStore s(o);
+  TcpStore s(clientOf(server));
   exercise(s);
   EXPECT_GT(server.requests(), 5u);
 }
@@ -69,10 +74,7 @@ TEST(Store, TcpStoreSetGetClaim) {
 // chunks over the TCP store, which refuses it whole.
 TEST(Store, ChunkedValuesPassTheValueBound) {
   TcpStoreServer server(0, "127.0.0.1", kToken);
-  TcpStoreOptions o;
-  o.token = kToken;
-  o.port = server.port();
-  TcpStore s(o);
+  TcpStore s(clientOf(server));
   std::string big(kMaxStoreValue + kMaxStoreValue / 2 + 7, 'r');
   for (std::size_t i = 0; i < big.size(); i += 4099) big[i] = static_cast<char>('a' + i % 26);
   EXPECT_THROW(s.set("whole", big), Error);
@@ -90,10 +92,7 @@ TEST(Store, ChunkedValuesPassTheValueBound) {
 // Claims from many threads: exactly one wins, on both stores.
 TEST(Store, ExactlyOneClaimWins) {
   TcpStoreServer server(0, "127.0.0.1", kToken);
-  TcpStoreOptions o;
-  o.token = kToken;
-  o.port = server.port();
-  TcpStore tcp(o);
+  TcpStore tcp(clientOf(server));
   FileStore file(tempDir("claim"));
   for (Store* s : {static_cast<Store*>(&tcp), static_cast<Store*>(&file)}) {
     std::atomic<int> wins{0};
