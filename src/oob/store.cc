@@ -91,9 +91,11 @@ std::string Store::get(const std::string& key, Clock::time_point deadline) {
   }
 }
 
-std::vector<bool> Store::waitAll(const std::vector<std::string>& keys, Clock::time_point deadline) {
+std::vector<bool> Store::waitAll(const std::vector<std::string>& keys, Clock::time_point deadline,
+                                 const std::string& until) {
   std::vector<bool> have(keys.size(), false);
   for (Backoff wait(deadline);;) {
+    if (!until.empty() && tryGet(until)) return have;
     bool all = true;
     for (std::size_t i = 0; i < keys.size(); ++i) {
       if (!have[i]) have[i] = tryGet(keys[i]).has_value();

@@ -185,6 +185,16 @@ std::optional<std::string> Observer::poll() {
   }
 }
 
+std::pair<std::string, bool> Observer::decide(const std::string& decided, const std::vector<std::string>& keys,
+                                              const std::vector<std::int64_t>& ids, Clock::time_point deadline) {
+  const std::vector<bool> came = store_.waitAll(keys, deadline, decided);
+  std::vector<std::int64_t> present;
+  for (std::size_t j = 0; j < ids.size(); ++j)
+    if (came[j]) present.push_back(ids[j]);
+  const bool claimed = store_.claim(decided, oob::formatMembers(present));  // no-op once decided
+  return {store_.get(decided, deadline + options_.gather), claimed};
+}
+
 oob::RankView Observer::ownView(const oob::Snapshot& snapshot, std::int64_t now) const {
   oob::RankView mine;
   mine.rank = options_.group_ranks[static_cast<std::size_t>(options_.index)];
@@ -246,21 +256,9 @@ std::optional<std::string> Observer::round(const oob::Snapshot& snapshot, std::i
   // Level 1: who of this host's daemons came (waiting stops once one of them decided).
   const std::string node_key = key("node/" + r + "/" + std::to_string(node));
   const std::vector<std::int64_t>& local = nodes_[static_cast<std::size_t>(node)];
-  std::optional<std::string> node_text;
-  std::vector<bool> came(local.size(), false);
-  for (oob::Backoff wait(t0 + options_.join); !(node_text = store_.tryGet(node_key));) {
-    bool all = true;
-    for (std::size_t j = 0; j < local.size(); ++j) {
-      if (!came[j]) came[j] = store_.tryGet(view_prefix + std::to_string(local[j])).has_value();
-      all = all && came[j];
-    }
-    if (!all && wait.pause()) continue;
-    std::vector<std::int64_t> present;
-    for (std::size_t j = 0; j < local.size(); ++j)
-      if (came[j]) present.push_back(local[j]);
-    store_.claim(node_key, oob::formatMembers(present));
-  }
-  const std::vector<std::int64_t> here = oob::parseMembers(*node_text, n);
+  std::vector<std::string> views;
+  for (std::int64_t i : local) views.push_back(view_prefix + std::to_string(i));
+  const std::vector<std::int64_t> here = oob::parseMembers(decide(node_key, views, local, t0 + options_.join).first, n);
   for (std::int64_t i : here)
     if (node_of_[static_cast<std::size_t>(i)] != node)
       throw PeerFailure("the node list of round " + r + " names member " + std::to_string(i) + " of another host");
@@ -325,21 +323,15 @@ std::optional<std::string> Observer::lead(std::int64_t k, Clock::time_point t0, 
   const auto nodes = static_cast<std::int64_t>(nodes_.size());
   const std::int64_t node = node_of_[static_cast<std::size_t>(options_.index)];
   store_.set(key("lead/" + r + "/" + std::to_string(node)), "");
-  std::optional<std::string> members_text;
-  std::vector<bool> came(static_cast<std::size_t>(nodes), false);
-  for (oob::Backoff wait(t1 + options_.join); !(members_text = store_.tryGet(key("members/" + r)));) {
-    bool all = true;
-    for (std::size_t m = 0; m < came.size(); ++m) {
-      if (!came[m]) came[m] = store_.tryGet(key("lead/" + r + "/" + std::to_string(m))).has_value();
-      all = all && came[m];
-    }
-    if (!all && wait.pause()) continue;
-    std::vector<std::int64_t> present;
-    for (std::size_t m = 0; m < came.size(); ++m)
-      if (came[m]) present.push_back(static_cast<std::int64_t>(m));
-    if (store_.claim(key("members/" + r), oob::formatMembers(present))) store_.set(key("latest"), r);
+  std::vector<std::string> marks;
+  std::vector<std::int64_t> all_nodes;
+  for (std::int64_t m = 0; m < nodes; ++m) {
+    marks.push_back(key("lead/" + r + "/" + std::to_string(m)));
+    all_nodes.push_back(m);
   }
-  const std::vector<std::int64_t> members = oob::parseMembers(*members_text, nodes);
+  const auto [members_text, claimed] = decide(key("members/" + r), marks, all_nodes, t1 + options_.join);
+  if (claimed) store_.set(key("latest"), r);
+  const std::vector<std::int64_t> members = oob::parseMembers(members_text, nodes);
   const auto me = std::find(members.begin(), members.end(), node);
   if (me == members.end()) {
     handled_progress_ns_ = snapshot.progress_ns;

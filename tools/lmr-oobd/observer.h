@@ -36,6 +36,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -102,6 +103,12 @@ class Observer {
                                   const std::vector<oob::NodeView>& share, const oob::Snapshot& snapshot,
                                   const oob::RankView& mine);
   oob::RankView ownView(const oob::Snapshot& snapshot, std::int64_t now) const;
+  // One level's decision: waits until `deadline` for `keys` (ids[j] came when keys[j]
+  // exists) or until `decided` exists, claims `decided` with the ids that came unless it is
+  // taken, and returns its value and whether this call set it.
+  std::pair<std::string, bool> decide(const std::string& decided, const std::vector<std::string>& keys,
+                                      const std::vector<std::int64_t>& ids,
+                                      std::chrono::steady_clock::time_point deadline);
   std::int64_t thresholdNs(const oob::Snapshot& s) const;
   // A late daemon's wait for round k's report (reportIfReady); gives up with a log line.
   std::optional<std::string> adopt(std::int64_t round, std::chrono::steady_clock::time_point deadline);

@@ -44,8 +44,10 @@ class Store {
 
   // Waits until `key` exists (polling) or `deadline` passes (TimeoutError naming the key).
   std::string get(const std::string& key, std::chrono::steady_clock::time_point deadline);
-  // Waits until every key exists or `deadline` passes; returns which keys exist.
-  std::vector<bool> waitAll(const std::vector<std::string>& keys, std::chrono::steady_clock::time_point deadline);
+  // Waits until every key exists, `until` (when not empty) exists, or `deadline` passes;
+  // returns which keys exist.
+  std::vector<bool> waitAll(const std::vector<std::string>& keys, std::chrono::steady_clock::time_point deadline,
+                            const std::string& until = {});
 };
 
 // A value of any size as chunks under the store's value bound: "<key>/<c>" holds chunk c and

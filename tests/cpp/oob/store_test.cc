@@ -41,6 +41,10 @@ void exercise(Store& s) {
   const auto soon = Clock::now() + std::chrono::milliseconds(50);
   EXPECT_THROW(s.get("never", soon), TimeoutError);
   EXPECT_EQ(s.waitAll({"a/b", "never"}, soon), (std::vector<bool>{true, false}));
+  // A decision made elsewhere ends the wait at once.
+  const auto start = Clock::now();
+  EXPECT_EQ(s.waitAll({"a/b", "never"}, start + std::chrono::seconds(30), "lead"), (std::vector<bool>{false, false}));
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
 }
 
 TEST(Store, FileStoreSetGetClaim) {
