@@ -10,6 +10,7 @@ import atexit
 import glob
 import json
 import os
+import random
 import signal
 import socket
 import sys
@@ -68,6 +69,22 @@ class _Rank:
 
 
 def free_port():
+    """A port free now, below the kernel's ephemeral range: a port the kernel picked (bind 0)
+    can be taken by an outgoing connection (the daemons open one per store request) before
+    the job listens on it, which failed a CI run with EADDRINUSE."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(200):
+        port = random.randrange(10000, max(low, 10001))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
