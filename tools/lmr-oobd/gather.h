@@ -1,6 +1,6 @@
-// The stall-time exchange of lmr-oobd over Gloo: a fresh full-mesh context among the
-// round's members, rendezvoused through an lmr::oob::Store, and one gloo::allgather of
-// fixed-size records, bounded by a deadline. Nothing of it outlives the call, so no socket
+// The stall-time exchange of lmr-oobd over Gloo: a fresh context among the round's members,
+// connected as a ring (each member to its two neighbours) through an lmr::oob::Store, and
+// one gloo::allgather of fixed-size records, bounded by a deadline. Nothing of it outlives the call, so no socket
 // stays open between stalls.
 #pragma once
 

@@ -329,7 +329,23 @@ std::optional<std::string> Observer::lead(std::int64_t k, Clock::time_point t0, 
     marks.push_back(key("lead/" + r + "/" + std::to_string(m)));
     all_nodes.push_back(m);
   }
-  const auto [members_text, claimed] = decide(key("members/" + r), marks, all_nodes, t1 + options_.join);
+  // Only the first kDeciders nodes' leaders wait on every node's mark and decide the list;
+  // the others wait for the list alone (one key), so this level costs O(nodes) store
+  // requests, not O(nodes^2). Should no list come by the time a decider must have claimed
+  // it (those nodes' leaders all died), a leader waits on the marks itself.
+  const std::string members_key = key("members/" + r);
+  std::pair<std::string, bool> decided;
+  const auto decide_by = t1 + options_.join;
+  if (node < kDeciders) {
+    decided = decide(members_key, marks, all_nodes, decide_by);
+  } else {
+    std::optional<std::string> listed;
+    for (oob::Backoff wait(decide_by + std::min<Clock::duration>(options_.join / 2, std::chrono::milliseconds(500)));
+         !(listed = store_.tryGet(members_key)) && wait.pause();) {
+    }
+    decided = listed ? std::pair{*listed, false} : decide(members_key, marks, all_nodes, decide_by);
+  }
+  const auto& [members_text, claimed] = decided;
   if (claimed) store_.set(key("latest"), r);
   const std::vector<std::int64_t> members = oob::parseMembers(members_text, nodes);
   const auto me = std::find(members.begin(), members.end(), node);

@@ -10,13 +10,15 @@
 //     after a grace period when nobody has (the first died after storing its view). A leader
 //     whose round fails marks "abort/<round>/<node>", so its host's daemons give the round up
 //     with it. A daemon that came after the claim adopts the round's report.
-//  2. leaders: the node leaders meet as the daemons of a one-level round did: each marks its
-//     node present ("lead/<round>/<node>") and waits (until 2 x join after it began) for the
-//     other nodes; the first done waiting claims "members/<round>" with the nodes that
-//     answered, so daemons that did not are named, not waited on; a leader that came after
-//     that adopts the report.
-//  3. gather: the leaders allgather their nodes' views through Gloo (gather.h), as fixed
-//     slots (lmr/oob/wire.h, encodeNodeViews); each view keeps its own daemon's tag.
+//  2. leaders: each node leader marks its node present ("lead/<round>/<node>"). The leaders
+//     of the first two nodes wait (until 2 x join after they began) for the other nodes'
+//     marks; the first done waiting claims "members/<round>" with the nodes that answered,
+//     so daemons that did not are named, not waited on. The other leaders wait for that list
+//     only (and for the marks themselves if it does not come). A leader that came after
+//     the list was fixed adopts the report.
+//  3. gather: the leaders allgather their nodes' views through Gloo (gather.h: a ring, two
+//     sockets a leader), as fixed slots (lmr/oob/wire.h, encodeNodeViews); each view keeps
+//     its own daemon's tag.
 //  4. decide: every leader runs oob::diagnose on the same views, writes the same
 //     SCOUTFaultReport to its state directory (atomic replace, so a shared directory is
 //     fine); the first leader also stores it ("report/<round>", in chunks). The other
@@ -24,8 +26,8 @@
 //     as the hang monitor sets it up) and read the stored copy otherwise.
 //
 // With one daemon per host every daemon leads its node and the round is one level. Per
-// round the store sees O(N x daemons per host + nodes^2) requests and a leader opens
-// nodes - 1 sockets, instead of N^2 and N - 1 (docs/scale.md).
+// round the store sees O(N x daemons per host) requests and a leader opens 2 sockets,
+// instead of N^2 and N - 1 (docs/scale.md).
 //
 // One report per stall: a new round starts only after the rank made progress again.
 // Nothing touches the network between stalls. Not thread-safe: one thread calls poll().
@@ -110,6 +112,7 @@ class Observer {
                                       const std::vector<std::int64_t>& ids,
                                       std::chrono::steady_clock::time_point deadline);
   std::int64_t thresholdNs(const oob::Snapshot& s) const;
+  static constexpr std::int64_t kDeciders = 2;  // the nodes whose leaders decide level 2's list
   // A late daemon's wait for round k's report (reportIfReady); gives up with a log line.
   std::optional<std::string> adopt(std::int64_t round, std::chrono::steady_clock::time_point deadline);
   // Round k's report for this daemon, when there is one: the file, when a daemon sharing the

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -47,6 +48,16 @@ class ReadRecordingStore : public oob::Store {
     for (const auto& [thread, key] : reads_)
       if (key.find(part) != std::string::npos) out.insert(thread);
     return out;
+  }
+  // The most distinct keys containing `part` that any one thread read.
+  std::size_t mostKeysReadByOne(const std::string& part) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::map<std::thread::id, std::set<std::string>> keys;
+    for (const auto& [thread, key] : reads_)
+      if (key.find(part) != std::string::npos) keys[thread].insert(key);
+    std::size_t most = 0;
+    for (const auto& [thread, read] : keys) most = std::max(most, read.size());
+    return most;
   }
 
  private:
@@ -357,7 +368,22 @@ TEST(Observer, SetUpReadsEveryHostOnceAndPublishesTheTable) {
   g.writers[6]->stepCompleted(12);
   const auto paths = g.run({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
   EXPECT_EQ(load(paths[5])["ranks"], nlohmann::json::array({16}));
-  EXPECT_EQ(keysUnder(g.dir + "/rendezvous", g.observers[0]->keyPrefix() + "mesh/1/rank_").size(), 3u);
+  EXPECT_EQ(keysUnder(g.dir + "/rendezvous", g.observers[0]->keyPrefix() + "mesh/1/").size(), 3u);
+}
+
+TEST(Observer, TheGatherConnectsEachDaemonToItsTwoNeighboursOnly) {
+  // A ring: each member stores one entry (its two pairs' addresses) and reads its two
+  // neighbours' entries. Gloo's full mesh stored two keys a member and had each read all the
+  // others' (quadratic in the members at the one store, and a socket to every member).
+  Group g(6, "ring", /*tcp=*/false, 300ms, /*per_host=*/1, /*record=*/true);
+  g.setUpAll();
+  everyoneWaitsInAllReduce(g);
+  g.writers[3]->stepCompleted(12);
+  const auto paths = g.run({0, 1, 2, 3, 4, 5});
+  for (const auto& p : paths) EXPECT_EQ(load(p)["ranks"], nlohmann::json::array({13}));
+  const std::string mesh = g.observers[0]->keyPrefix() + "mesh/1/";
+  EXPECT_EQ(keysUnder(g.dir + "/rendezvous", mesh).size(), 6u);
+  EXPECT_EQ(g.recorder->mostKeysReadByOne(mesh), 2u);
 }
 
 TEST(Observer, SetUpNamesTheDaemonThatNeverRegistered) {
@@ -390,10 +416,10 @@ TEST(Observer, OnHostsOfSeveralDaemonsOnlyTheirLeadersMeet) {
     EXPECT_EQ(r["report_id"], first["report_id"]);
     EXPECT_EQ(r["ranks"], first["ranks"]);
   }
-  // Three daemons built the Gloo mesh (one address key each), not twelve; each host's
+  // Three daemons built the Gloo ring (one address key each), not twelve; each host's
   // membership was claimed once.
   const std::string prefix = g.observers[0]->keyPrefix();
-  EXPECT_EQ(keysUnder(g.dir + "/rendezvous", prefix + "mesh/1/rank_").size(), 3u);
+  EXPECT_EQ(keysUnder(g.dir + "/rendezvous", prefix + "mesh/1/").size(), 3u);
   EXPECT_EQ(keysUnder(g.dir + "/rendezvous", prefix + "node/1/").size(), 3u);
   EXPECT_EQ(keysUnder(g.dir + "/rendezvous", prefix + "lead/1/").size(), 3u);
   // The next stall is round 2 for every daemon, the ones that waited for their leader too.
@@ -510,6 +536,36 @@ TEST(Observer, AHostMissingADaemonStillMeetsTheOtherLeaders) {
     const auto r = load((d < 4 ? early : late)[static_cast<std::size_t>(d)]);
     EXPECT_EQ(r["missing_ranks"], nlohmann::json::array({15})) << d;
     EXPECT_EQ(r["kind"], "unresponsive_rank");
+  }
+}
+
+TEST(Observer, OnlyTheFirstTwoNodesLeadersWaitOnEveryNodesMark) {
+  // The leaders' list is decided by the first two nodes' leaders; the others wait for the
+  // list alone, so no more than two daemons read the nodes' marks (before, every leader did:
+  // nodes^2 requests at the store).
+  Group g(8, "deciders", /*tcp=*/false, 300ms, /*per_host=*/2, /*record=*/true, /*join=*/1000ms);  // 4 hosts
+  g.setUpAll();
+  everyoneWaitsInAllReduce(g);
+  g.writers[5]->stepCompleted(12);  // rank 15 (host-2)
+  for (const auto& p : g.run({0, 1, 2, 3, 4, 5, 6, 7})) {
+    const auto r = load(p);
+    EXPECT_EQ(r["ranks"], nlohmann::json::array({15}));
+    EXPECT_TRUE(r["missing_ranks"].empty()) << r.dump();
+  }
+  EXPECT_EQ(g.recorder->readers("/lead/1/").size(), 2u);
+}
+
+TEST(Observer, WithoutTheDecidingNodesTheOtherLeadersDecideTheirList) {
+  Group g(10, "no-deciders", /*tcp=*/false, 300ms, /*per_host=*/2, /*record=*/false, /*join=*/500ms);  // 5 hosts
+  g.setUpAll();
+  everyoneWaitsInAllReduce(g);
+  g.writers[5]->stepCompleted(12);  // rank 15 (host-2)
+  const auto paths = g.run({4, 5, 6, 7, 8, 9});  // hosts 0 and 1, the deciding nodes, never come
+  for (int d : {4, 5, 6, 7, 8, 9}) {
+    const auto r = load(paths[static_cast<std::size_t>(d)]);
+    EXPECT_EQ(r["round"], 1);
+    EXPECT_EQ(r["ranks"], nlohmann::json::array({15}));
+    EXPECT_EQ(r["missing_ranks"], nlohmann::json::array({10, 11, 12, 13}));
   }
 }
 
