@@ -6,8 +6,9 @@
 
 Left: one decision's CPU time (median of the repetitions) against the world size, log-log,
 with a line of slope 1 (linear) for reference. Right: what one rank holds to decide
-(`bytes_gathered`), and for the stall round the store requests of a one-level and a
-two-level round (counted from the protocol).
+(`bytes_gathered`), what a rank other than the first receives in a communication round
+before and now (`bytes_received_other`), and for the stall round the store requests of a two-level round with
+the leaders in Gloo's full mesh (before) and in a ring (now), counted from the protocol.
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ TIMES = {
     "BM_ScaleCheck/hsdp": "check verdict, HSDP",
     "BM_ScaleCheck/tp_pp_dp": "check verdict, TP x PP x DP",
     "BM_ScaleCheck/ep_dp": "check verdict, EP x DP",
-    "BM_ScaleComm/ddp": "comm stragglers, DDP",
-    "BM_ScaleComm/hsdp": "comm stragglers, HSDP",
-    "BM_ScaleComm/ep_dp": "comm stragglers, EP x DP",
+    "BM_ScaleComm/ddp": "comm stragglers, DDP (the first rank)",
+    "BM_ScaleComm/hsdp": "comm stragglers, HSDP (the first rank)",
+    "BM_ScaleComm/ep_dp": "comm stragglers, EP x DP (the first rank)",
     "BM_ScaleDiagnose/process_stall": "stall diagnosis + report",
     "BM_ScaleRouting": "AllToAll routing (group of N)",
 }
@@ -76,14 +77,18 @@ def main() -> None:
              title="Decision time, planted culprit named at every size")
     left.legend(fontsize=7)
     left.grid(True, which="both", alpha=0.3)
-    for name in ("BM_ScaleCheck/ddp", "BM_ScaleCheck/ep_dp", "BM_ScaleComm/ddp", "BM_ScaleComm/hsdp",
-                 "BM_ScaleDiagnose/process_stall"):
+    for name in ("BM_ScaleCheck/ddp", "BM_ScaleCheck/ep_dp", "BM_ScaleDiagnose/process_stall"):
         sizes = sorted(data[name])
         right.plot(sizes, [data[name][n]["bytes_gathered"] for n in sizes], marker="o",
                    label=f"{TIMES[name]}: bytes one rank holds")
+    for name, label in (("BM_ScaleComm/hsdp_table", "all-gathered (before)"),
+                        ("BM_ScaleComm/hsdp", "decided on the first rank (now)")):
+        sizes = sorted(data[name])
+        right.plot(sizes, [data[name][n]["bytes_received_other"] for n in sizes], marker="^",
+                   label=f"comm stragglers, HSDP, {label}: bytes a rank receives")
     stall = data["BM_ScaleDiagnose/process_stall"]
     sizes = sorted(stall)
-    for suffix, label in (("_1l", "one level"), ("_2l", "two levels (8 a node)")):
+    for suffix, label in (("_2l_full_mesh", "leaders in a full mesh (before)"), ("_2l", "leaders in a ring (now)")):
         right.plot(sizes, [stall[n]["store_requests" + suffix] for n in sizes], linestyle=":", marker="s",
                    label=f"stall round: store requests, {label}")
     right.set(xscale="log", yscale="log", xlabel="ranks (N)", ylabel="bytes / requests",

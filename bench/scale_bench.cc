@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "lmr/consensus/consensus.h"
@@ -84,12 +85,16 @@ void BM_ScaleCheck(benchmark::State& state, Mesh mesh) {
 
 // One CommTracker round (completeObservations over every rank's records, then observe),
 // after two untimed rounds, so every timed round confirms the slow link at the culprit.
-// `keyed`: records name their group by a key and the group table comes once per group (what
-// scout/comm.py sends); otherwise every record carries its group's id and members (before).
-void BM_ScaleComm(benchmark::State& state, Mesh mesh, bool keyed) {
+// `form`: how records name their group (lmr::scale::RecordForm): kSized is what
+// scout/comm.py sends now, to the world's first rank, which decides and sends the verdict
+// back; kTable and kInline were all-gathered, every rank deciding. Counters: what rank 5
+// sends (bytes_per_rank), what the deciding rank holds (bytes_gathered) and receives (every
+// rank's payload padded to the largest, as torch's object collectives pad), and what every
+// other rank receives (bytes_received_other: the verdict now; the padded gather before).
+void BM_ScaleComm(benchmark::State& state, Mesh mesh, lmr::scale::RecordForm form) {
   const std::int64_t n = state.range(0);
   const lmr::scale::World w = lmr::scale::makeWorld(mesh, n);
-  const auto round = lmr::scale::commRound(w, 1, kCulprit, keyed);
+  const auto round = lmr::scale::commRound(w, 1, kCulprit, form);
   lmr::mesh::CommTracker tracker;
   std::int64_t step = 0;
   for (; step < 2; ++step) tracker.observe(step, lmr::mesh::completeObservations(round.by_rank, round.groups));
@@ -103,7 +108,7 @@ void BM_ScaleComm(benchmark::State& state, Mesh mesh, bool keyed) {
     benchmark::DoNotOptimize(v);
   }
   if (mesh != Mesh::kDdp && (!v.rank || *v.rank != kCulprit)) state.SkipWithError(("not named: " + v.reason).c_str());
-  double gathered = 0, mine = 0, members = 0;
+  double gathered = 0, mine = 0, largest = 0, members = 0;
   for (std::size_t r = 0; r < round.by_rank.size(); ++r) {
     double sent = static_cast<double>(round.table_bytes[r]);
     for (const auto& record : round.by_rank[r]) {
@@ -111,11 +116,18 @@ void BM_ScaleComm(benchmark::State& state, Mesh mesh, bool keyed) {
       members += static_cast<double>(record.members.size());
     }
     gathered += sent;
+    largest = std::max(largest, sent);
     if (static_cast<std::int64_t>(r) == kCulprit) mine = sent;
   }
   for (const auto& [key, entry] : round.groups) members += static_cast<double>(entry.members.size());
+  double verdict = 64 + static_cast<double>(v.reason.size() + 8 * v.late_ranks.size());
+  for (const auto* names : {&v.slow_groups, &v.candidate_groups})
+    for (const auto& g : *names) verdict += static_cast<double>(g.size());
+  const double padded = largest * static_cast<double>(n);
   state.SetComplexityN(n);
   setBytes(state, static_cast<double>(n), mine, gathered);
+  state.counters["bytes_received_first"] = padded;
+  state.counters["bytes_received_other"] = form == lmr::scale::RecordForm::kSized ? verdict : padded;
   state.counters["members_gathered"] = members;  // member ids in the gathered records and table
   state.counters["complete_us"] =
       benchmark::Counter(complete_s * 1e6, benchmark::Counter::kAvgIterations);  // of the time above
@@ -143,7 +155,8 @@ void BM_ScaleRouting(benchmark::State& state) {
 // diagnose over the N views, then the report's JSON (what the daemons write and the store
 // carries). The counters add the round's store traffic and sockets, counted from the
 // protocol (lmr::scale::oobRoundCost), not measured: one daemon per host (`_1l`, a
-// one-level round) and eight (`_2l`). BM_OobRound (oob_round_bench.cc) runs real rounds.
+// one-level round) and eight (`_2l`), and eight as the round was before the leaders met in a
+// ring and two of them decided their list (`_2l_full_mesh`). BM_OobRound (oob_round_bench.cc) runs real rounds.
 void BM_ScaleDiagnose(benchmark::State& state, lmr::scale::Stall stall) {
   const std::int64_t n = state.range(0);
   const auto views = lmr::scale::stallViews(n, stall, kCulprit);
@@ -159,8 +172,10 @@ void BM_ScaleDiagnose(benchmark::State& state, lmr::scale::Stall stall) {
   setBytes(state, static_cast<double>(n), static_cast<double>(lmr::oob::kViewBytes),
            static_cast<double>(lmr::oob::kViewBytes) * static_cast<double>(n));
   state.counters["report_bytes"] = static_cast<double>(report_bytes);
-  for (const auto& [suffix, per_host] : {std::pair{"_1l", 1}, std::pair{"_2l", 8}}) {
-    const auto cost = lmr::scale::oobRoundCost(n, report_bytes, per_host);
+  for (const auto& [suffix, per_host, ring] :
+       {std::tuple{"_1l", 1, true}, std::tuple{"_2l", 8, true}, std::tuple{"_2l_full_mesh", 8, false}}) {
+    const auto cost = ring ? lmr::scale::oobRoundCost(n, report_bytes, per_host)
+                           : lmr::scale::oobRoundCostFullMesh(n, report_bytes, per_host);
     state.counters[std::string("store_requests") + suffix] = cost.store_requests;
     state.counters[std::string("store_bytes") + suffix] = cost.store_bytes;
     state.counters[std::string("sockets_per_leader") + suffix] = cost.sockets_per_leader;
@@ -173,15 +188,22 @@ BENCHMARK_CAPTURE(BM_ScaleCheck, ddp, Mesh::kDdp)->Apply(worldSizes);
 BENCHMARK_CAPTURE(BM_ScaleCheck, hsdp, Mesh::kHsdp)->Apply(worldSizes);
 BENCHMARK_CAPTURE(BM_ScaleCheck, tp_pp_dp, Mesh::kTpPpDp)->Apply(worldSizes);
 BENCHMARK_CAPTURE(BM_ScaleCheck, ep_dp, Mesh::kEpDp)->Apply(worldSizes);
-BENCHMARK_CAPTURE(BM_ScaleComm, ddp, Mesh::kDdp, true)->Apply(worldSizes);
-BENCHMARK_CAPTURE(BM_ScaleComm, hsdp, Mesh::kHsdp, true)->Apply(worldSizes);
-BENCHMARK_CAPTURE(BM_ScaleComm, tp_pp_dp, Mesh::kTpPpDp, true)->Apply(worldSizes);
-BENCHMARK_CAPTURE(BM_ScaleComm, ep_dp, Mesh::kEpDp, true)->Apply(worldSizes);
+BENCHMARK_CAPTURE(BM_ScaleComm, ddp, Mesh::kDdp, lmr::scale::RecordForm::kSized)->Apply(worldSizes);
+BENCHMARK_CAPTURE(BM_ScaleComm, hsdp, Mesh::kHsdp, lmr::scale::RecordForm::kSized)->Apply(worldSizes);
+BENCHMARK_CAPTURE(BM_ScaleComm, tp_pp_dp, Mesh::kTpPpDp, lmr::scale::RecordForm::kSized)->Apply(worldSizes);
+BENCHMARK_CAPTURE(BM_ScaleComm, ep_dp, Mesh::kEpDp, lmr::scale::RecordForm::kSized)->Apply(worldSizes);
+
+// Before: keyed records and the group table, all-gathered.
+BENCHMARK_CAPTURE(BM_ScaleComm, ddp_table, Mesh::kDdp, lmr::scale::RecordForm::kTable)->Apply(worldSizes);
+BENCHMARK_CAPTURE(BM_ScaleComm, hsdp_table, Mesh::kHsdp, lmr::scale::RecordForm::kTable)->Apply(worldSizes);
+BENCHMARK_CAPTURE(BM_ScaleComm, tp_pp_dp_table, Mesh::kTpPpDp, lmr::scale::RecordForm::kTable)->Apply(worldSizes);
+BENCHMARK_CAPTURE(BM_ScaleComm, ep_dp_table, Mesh::kEpDp, lmr::scale::RecordForm::kTable)->Apply(worldSizes);
+
 // Before the group table: every record with its members.
-BENCHMARK_CAPTURE(BM_ScaleComm, ddp_inline, Mesh::kDdp, false)->Apply(worldSizes);
-BENCHMARK_CAPTURE(BM_ScaleComm, hsdp_inline, Mesh::kHsdp, false)->Apply(worldSizes);
-BENCHMARK_CAPTURE(BM_ScaleComm, tp_pp_dp_inline, Mesh::kTpPpDp, false)->Apply(worldSizes);
-BENCHMARK_CAPTURE(BM_ScaleComm, ep_dp_inline, Mesh::kEpDp, false)->Apply(worldSizes);
+BENCHMARK_CAPTURE(BM_ScaleComm, ddp_inline, Mesh::kDdp, lmr::scale::RecordForm::kInline)->Apply(worldSizes);
+BENCHMARK_CAPTURE(BM_ScaleComm, hsdp_inline, Mesh::kHsdp, lmr::scale::RecordForm::kInline)->Apply(worldSizes);
+BENCHMARK_CAPTURE(BM_ScaleComm, tp_pp_dp_inline, Mesh::kTpPpDp, lmr::scale::RecordForm::kInline)->Apply(worldSizes);
+BENCHMARK_CAPTURE(BM_ScaleComm, ep_dp_inline, Mesh::kEpDp, lmr::scale::RecordForm::kInline)->Apply(worldSizes);
 BENCHMARK_CAPTURE(BM_ScaleDiagnose, process_stall, lmr::scale::Stall::kProcess)->Apply(worldSizes);
 BENCHMARK_CAPTURE(BM_ScaleDiagnose, desync, lmr::scale::Stall::kDesync)->Apply(worldSizes);
 BENCHMARK_CAPTURE(BM_ScaleDiagnose, dataloader_stall, lmr::scale::Stall::kDataloader)->Apply(worldSizes);

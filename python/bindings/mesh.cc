@@ -15,9 +15,10 @@ namespace nb = nanobind;
 namespace lmr::python {
 
 // One record as Python sends it: (group id, members, call index, collective, bytes, wait
-// seconds, transfer seconds); members empty when the group id is a key of the group table.
-using RecordSpec =
-    std::tuple<std::string, std::vector<std::int64_t>, std::int64_t, std::string, std::uint64_t, double, double>;
+// seconds, transfer seconds, group size); members empty when the group id is a key, of the
+// group table or, with a size, of the ranks that recorded the call (lmr::mesh::CollectiveRecord).
+using RecordSpec = std::tuple<std::string, std::vector<std::int64_t>, std::int64_t, std::string, std::uint64_t, double,
+                              double, std::int64_t>;
 // A fabric finding: (reporting rank, "nic" or "switch", name, detail).
 using FindingSpec = std::tuple<std::int64_t, std::string, std::string, std::string>;
 // The round's group table: key -> (group id, members).
@@ -90,8 +91,9 @@ void registerMesh(nb::module_& m) {
              const ResourceMap* map, const std::vector<FindingSpec>& fabric, const GroupSpecs& group_specs) {
             std::vector<std::vector<mesh::CollectiveRecord>> by_rank(records_by_rank.size());
             for (std::size_t r = 0; r < records_by_rank.size(); ++r)
-              for (const auto& [group, members, call, collective, bytes, wait, transfer] : records_by_rank[r])
-                by_rank[r].push_back(mesh::CollectiveRecord{group, members, call, collective, bytes, wait, transfer});
+              for (const auto& [group, members, call, collective, bytes, wait, transfer, size] : records_by_rank[r])
+                by_rank[r].push_back(
+                    mesh::CollectiveRecord{group, members, call, collective, bytes, wait, transfer, size});
             std::vector<mesh::FabricFinding> findings;
             for (const auto& [rank, kind, name, detail] : fabric)
               findings.push_back(mesh::FabricFinding{rank, kind, name, detail});
@@ -104,7 +106,8 @@ void registerMesh(nb::module_& m) {
           nb::arg("step"), nb::arg("records_by_rank"), nb::arg("resource_map").none() = nb::none(),
           nb::arg("fabric") = std::vector<FindingSpec>{}, nb::arg("groups") = GroupSpecs{},
           "One round: every rank's collective records (group, members, call, collective, bytes, wait, "
-          "transfer; members empty where `groups` maps the group key to (group id, members)), made into "
+          "transfer, group size; members empty where `groups` maps the group key to (group id, members), "
+          "or where the group is the ranks that recorded the call, `group size` of them), made into "
           "complete observations (lmr::mesh::completeObservations), and fabric findings "
           "(reporting rank, kind, name, detail) (lmr::mesh::CommTracker::observe): slow groups, late ranks, "
           "the one rank they share, and the fabric finding that narrows it.");

@@ -6,11 +6,13 @@ package but its errors."""
 
 from __future__ import annotations
 
+import pickle
 from typing import Any, Callable, Optional
 
+import torch
 import torch.distributed as dist
 
-__all__ = ["attempt", "gather", "problems", "raise_everywhere"]
+__all__ = ["attempt", "decide_at_first", "gather", "problems", "raise_everywhere"]
 
 
 def _distributed(group: Any) -> bool:
@@ -25,6 +27,39 @@ def gather(value: Any, group: Any = None) -> list[Any]:
     out: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(out, value, group=group)
     return out
+
+
+def decide_at_first(value: Any, decide: Callable[[list[Any]], Any], group: Any = None) -> Any:
+    """``decide(values)``, run on the first rank of `group` over every rank's `value` (in rank
+    order), returned on every rank; ``decide([value])`` outside a process group. Collective.
+    Every other rank sends its value and receives the result, so what it sends and receives
+    does not grow with the group (an all-gather gives every rank every value, padded to the
+    largest). Values travel pickled over a CPU (gloo) group. When `decide` raises, every rank
+    raises RuntimeError with its text."""
+    if not _distributed(group):
+        return decide([value])
+    first = dist.get_process_group_ranks(group)[0] if group is not None else 0
+    data = pickle.dumps(value)
+    size = torch.tensor([len(data)], dtype=torch.int64)
+    dist.all_reduce(size, op=dist.ReduceOp.MAX, group=group)
+    buffer = torch.zeros(8 + int(size.item()), dtype=torch.uint8)
+    buffer[:8] = torch.tensor([len(data)], dtype=torch.int64).view(torch.uint8)
+    buffer[8:8 + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    mine = dist.get_rank(group) == 0
+    received = [torch.empty_like(buffer) for _ in range(dist.get_world_size(group))] if mine else None
+    dist.gather(buffer, received, dst=first, group=group)
+    result: list[Any] = [None]
+    if mine:
+        try:
+            values = [pickle.loads(t[8:8 + int(t[:8].view(torch.int64).item())].numpy().tobytes()) for t in received]
+            result = [("ok", decide(values))]
+        except Exception as e:  # noqa: BLE001 - raised on every rank below
+            result = [("error", f"{type(e).__name__}: {e}")]
+    dist.broadcast_object_list(result, src=first, group=group)
+    outcome, payload = result[0]
+    if outcome == "error":
+        raise RuntimeError(payload)
+    return payload
 
 
 def problems(problem: Optional[str], group: Any = None) -> dict[int, str]:

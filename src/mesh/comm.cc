@@ -147,7 +147,8 @@ std::vector<CollectiveObservation> completeObservations(const std::vector<std::v
                                                         const GroupTable& groups) {
   struct Call {
     const std::string* name = nullptr;  // the group's id (the record's own, or its table entry's)
-    const std::vector<std::int64_t>* members = nullptr;
+    const std::vector<std::int64_t>* members = nullptr;  // null: the reporters, `size` of them
+    std::int64_t size = 0;
     const std::string* collective = nullptr;
     std::map<std::int64_t, const CollectiveRecord*> by_member;
     std::uint64_t bytes = 0;
@@ -162,33 +163,55 @@ std::vector<CollectiveObservation> completeObservations(const std::vector<std::v
       const std::vector<std::int64_t>* members = &r.members;
       if (r.members.empty()) {
         const auto entry = groups.find(r.group);
-        if (entry == groups.end()) continue;  // its group's entry was not gathered: left out
-        name = &entry->second.name;
-        members = &entry->second.members;
+        if (entry != groups.end()) {
+          name = &entry->second.name;
+          members = &entry->second.members;
+        } else if (r.group_size > 0) {
+          name = nullptr;
+          members = nullptr;
+        } else {
+          continue;  // its group's entry was not gathered: left out
+        }
       }
+      const bool first = calls.find({r.group, r.call}) == calls.end();
       Call& c = calls[{r.group, r.call}];
-      if (c.name == nullptr) {
+      if (first) {
         c.name = name;
         c.members = members;
+        c.size = members == nullptr ? r.group_size : 0;
         c.collective = &r.collective;
       }
-      c.consistent = c.consistent && (members == c.members || *members == *c.members) && r.collective == *c.collective;
+      const bool same_group = members == nullptr
+                                  ? c.members == nullptr && r.group_size == c.size
+                                  : c.members != nullptr && (members == c.members || *members == *c.members);
+      c.consistent = c.consistent && same_group && r.collective == *c.collective;
       c.by_member.emplace(static_cast<std::int64_t>(rank), &r);
       c.bytes = std::max(c.bytes, r.bytes);
     }
   }
   std::vector<CollectiveObservation> out;
   for (const auto& [key, c] : calls) {
-    const auto& members = *c.members;
-    if (!c.consistent || c.by_member.size() != members.size()) continue;
-    CollectiveObservation o{*c.name, members, *c.collective, c.bytes, {}, {}};
-    for (std::int64_t m : members) {
+    if (!c.consistent) continue;
+    CollectiveObservation o{"", {}, *c.collective, c.bytes, {}, {}};
+    if (c.members == nullptr) {  // the reporters, when all `size` of them reported
+      if (static_cast<std::int64_t>(c.by_member.size()) != c.size) continue;
+      o.group = "ranks:";
+      for (const auto& [rank, record] : c.by_member) {
+        o.group += (o.members.empty() ? "" : ",") + std::to_string(rank);
+        o.members.push_back(rank);
+      }
+    } else {
+      if (c.by_member.size() != c.members->size()) continue;
+      o.group = *c.name;
+      o.members = *c.members;
+    }
+    for (std::int64_t m : o.members) {
       const auto it = c.by_member.find(m);
       if (it == c.by_member.end()) break;
       o.wait.push_back(it->second->wait);
       o.transfer.push_back(it->second->transfer);
     }
-    if (o.wait.size() == members.size()) out.push_back(std::move(o));
+    if (o.wait.size() == o.members.size()) out.push_back(std::move(o));
   }
   return out;
 }

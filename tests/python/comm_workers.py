@@ -301,6 +301,35 @@ def backward_thread_collectives():
     return counts
 
 
+def decided_at_first():
+    """agree.decide_at_first in a world of 3, the communication round's exchange: values of
+    different sizes in rank order, decided on rank 0 alone, the result on every rank; a decide
+    that raises, raised on every rank."""
+    import torch.distributed as dist
+
+    from lm_resiliency.agree import decide_at_first
+
+    rank = dist.get_rank()
+    ran_here = []
+
+    def decide(values):
+        ran_here.append(rank)
+        return {"sizes": [len(v) for v in values], "firsts": [v[:1] for v in values]}
+
+    votes = dist.new_group(backend="gloo")
+    result = decide_at_first("abc"[rank] * (1 + 1000 * rank), decide, group=votes)
+
+    def broken(values):
+        raise ValueError(f"no verdict over {len(values)} values")
+
+    try:
+        decide_at_first(rank, broken, group=votes)
+        raised = None
+    except RuntimeError as e:
+        raised = str(e)
+    return {"result": result, "ran_here": ran_here, "raised": raised}
+
+
 def failing_collective():
     """A user's collective that raises, under timing (not sampled, sampled, on a group the
     timing leaves alone): it runs once each time and its own exception reaches the caller;
@@ -328,7 +357,8 @@ def failing_collective():
     finally:
         timing.close()
         dist.all_reduce = original
-    counted = {gid: timing._counts[key] for key, gid, _ in timing._groups.values() if key in timing._counts}
+    counted = {"ranks:" + ",".join(map(str, members)): timing._counts[key]
+               for key, members in timing._groups.values() if key in timing._counts}
     return {"calls": len(calls), "seen": seen, "active_after": counted}
 
 

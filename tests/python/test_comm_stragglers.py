@@ -178,6 +178,14 @@ def test_infiniband_port_counters_report_a_nic_whose_errors_grow_or_whose_port_i
         InfinibandPortCounters(root=str(tmp_path / "nothing"))
 
 
+def test_the_round_is_decided_on_the_first_rank_and_sent_to_every_rank():
+    out = spawn(comm_workers.decided_at_first, 3)
+    for rank, r in enumerate(out):
+        assert r["result"] == {"sizes": [1, 1001, 2001], "firsts": ["a", "b", "c"]}
+        assert r["ran_here"] == ([0] if rank == 0 else [])  # nobody else holds every value
+        assert r["raised"] == "ValueError: no verdict over 3 values"
+
+
 def test_a_failing_user_collective_runs_once_and_raises_its_own_error():
     out = spawn(comm_workers.failing_collective, 1)[0]
     assert out["calls"] == 3  # once per call, never again after its failure

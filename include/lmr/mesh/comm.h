@@ -68,8 +68,14 @@ struct CollectiveObservation {
 };
 
 // One member's timing of one call, as that member recorded it (calls of a group are
-// numbered in the order every member makes them). `members` empty: `group` is a key of the
-// round's GroupTable, which names the group and lists its members.
+// numbered in the order every member makes them). The group is named one of three ways:
+// - `members` listed: `group` is its id;
+// - `members` empty, `group` a key of the round's GroupTable, which names the group and
+//   lists its members;
+// - `members` empty, `group_size` > 0 (and no table entry): `group` is a key, and the group's
+//   members are the ranks that recorded this call under it, `group_size` of them when every
+//   member did (its id is "ranks:<members>", ascending). Nothing but the key and the size
+//   travels: what scout/comm.py sends.
 struct CollectiveRecord {
   std::string group;
   std::vector<std::int64_t> members;
@@ -78,6 +84,7 @@ struct CollectiveRecord {
   std::uint64_t bytes = 0;
   double wait = 0;
   double transfer = 0;
+  std::int64_t group_size = 0;
 };
 
 // A process group as a round's group table lists it, so that records carry a short key
@@ -91,10 +98,11 @@ struct GroupEntry {
 using GroupTable = std::map<std::string, GroupEntry>;  // key -> the group
 
 // The complete observations in every rank's records (`by_rank[r]`: what rank r recorded):
-// one per (group, call) that every member recorded alike (same members and collective),
-// timings in the members' order, bytes the most any member saw. A call some member did not
-// record (timed in another round), or recorded differently, is left out, and so is a keyed
-// record whose key `groups` does not list. Sorted by (group key, call).
+// one per (group, call) that every member recorded alike (same members, or same group size,
+// and collective), timings in the members' order, bytes the most any member saw. A call
+// some member did not record (timed in another round), or recorded differently, is left out,
+// and so is a keyed record whose key `groups` does not list and that carries no group size.
+// Sorted by (group key, call).
 std::vector<CollectiveObservation> completeObservations(const std::vector<std::vector<CollectiveRecord>>& by_rank,
                                                         const GroupTable& groups = {});
 

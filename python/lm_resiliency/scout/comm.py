@@ -7,12 +7,13 @@ per group, and members call a group's collectives in the same order, so they all
 same call): a barrier over the group first, then the collective, waited for. The barrier's
 time is the wait for the last member to arrive (a slow computing rank makes its peers wait);
 the collective's time after it is the transfer (a slow link makes the whole group slow). On
-CUDA tensors the device is synchronised around both. At each check every rank gathers the
-records since the last one (each names its group by a short key; the group's lowest member
-sends the key's group id and members once, so a round's gather grows with the sum of the group
-sizes, not with the sum of their squares), and lmr::mesh::CommTracker compares the groups: which are slow
-(confirmed over rounds), which ranks arrived late, and the one rank every slow group shares,
-with its host (the replacement scope).
+CUDA tensors the device is synchronised around both. At each check every rank sends the
+records since the last one to the world's first rank (each names its group by a short key and
+its size: the group's members are the ranks that recorded the call), where
+lmr::mesh::CommTracker compares the groups: which are slow (confirmed over rounds), which ranks
+arrived late, and the one rank every slow group shares, with its host (the replacement scope).
+The verdict comes back to every rank. So a rank sends its own records and receives one
+verdict, however large the world; only the first rank holds every record (docs/scale.md).
 
 Calls made through the ``torch.distributed`` module by the thread that built the harness,
 or by any thread while it runs a backward pass (autograd runs CUDA backward on its own
@@ -37,7 +38,7 @@ import torch
 import torch.distributed as dist
 
 from lm_resiliency import _core
-from lm_resiliency.agree import gather
+from lm_resiliency.agree import decide_at_first, gather
 from lm_resiliency.rank_state import node_id
 from lm_resiliency.errors import InvalidArgumentError
 from lm_resiliency.fabric import FabricReading
@@ -106,8 +107,7 @@ class CollectiveTiming:
         self._thread = threading.get_ident()
         self._rank = dist.get_rank()
         self._counts: dict[str, int] = {}
-        self._groups: dict[int, tuple[str, str, tuple[int, ...]]] = {}  # id(group) -> (key, group id, members)
-        self._led: dict[str, tuple[str, tuple[int, ...]]] = {}  # key -> (group id, members) of groups I lead
+        self._groups: dict[int, tuple[str, tuple[int, ...]]] = {}  # id(group) -> (key, members)
         self._records: collections.deque = collections.deque(maxlen=capacity)
         self._originals: dict[str, Any] = {}
         self._wrappers: dict[str, Any] = {}
@@ -134,38 +134,31 @@ class CollectiveTiming:
 
     def take(self) -> list[tuple]:
         """The records since the last take: (group key, (), call index, collective, bytes,
-        wait seconds, transfer seconds); `group_table` resolves the keys."""
+        wait seconds, transfer seconds, group size). Every member computes the same key; the
+        members are whoever recorded the call under it (lmr::mesh::CollectiveRecord)."""
         out = list(self._records)
         self._records.clear()
         return out
 
-    def group_table(self, records: list[tuple]) -> dict[str, tuple[str, tuple[int, ...]]]:
-        """key -> (group id, members) for the groups of `records` that this rank leads (is
-        the lowest member of): every member computes the same key, one sends the entry."""
-        return {r[0]: self._led[r[0]] for r in records if r[0] in self._led}
-
-    def _group(self, group: Any) -> tuple[str, str, tuple[int, ...]]:
+    def _group(self, group: Any) -> tuple[str, tuple[int, ...]]:
         pg = group if group is not None else dist.group.WORLD
         known = self._groups.get(id(pg))
         if known is None:
-            members = tuple(dist.get_process_group_ranks(pg))
-            gid = "ranks:" + ",".join(map(str, members))
-            key = hashlib.blake2b(gid.encode(), digest_size=8).hexdigest()
-            known = self._groups[id(pg)] = (key, gid, members)
-            if members and self._rank == min(members):
-                self._led[key] = (gid, members)
+            members = tuple(sorted(dist.get_process_group_ranks(pg)))
+            key = hashlib.blake2b(("ranks:" + ",".join(map(str, members))).encode(), digest_size=8).hexdigest()
+            known = self._groups[id(pg)] = (key, members)
         return known
 
     def _sample(self, group: Any) -> Optional[tuple]:
-        """(group key, call index) when this call of `group` is timed, else None. Counts the
-        call for its group."""
+        """(group key, call index, group size) when this call of `group` is timed, else None.
+        Counts the call for its group."""
         if id(group) in self._excluded:
             return None
-        key, _, members = self._group(group)
+        key, members = self._group(group)
         if self._rank not in members:  # torch makes the call a no-op here
             return None
         n = self._counts[key] = self._counts.get(key, 0) + 1
-        return (key, n) if n % self.every == 0 else None
+        return (key, n, len(members)) if n % self.every == 0 else None
 
     def _run(self, collective: str, group: Any, tensor: Any, fn: Any, on_thread: bool) -> Any:
         """Runs `fn()`, the collective, timed when it is sampled. `on_thread`: only on the
@@ -210,7 +203,7 @@ class CollectiveTiming:
         timed.__doc__ = getattr(fn, "__doc__", None)
         return timed
 
-    def _timed(self, fn: Any, collective: str, tensor: Any, group: Any, key: str, n: int) -> Any:
+    def _timed(self, fn: Any, collective: str, tensor: Any, group: Any, key: str, n: int, size: int) -> Any:
         cuda = isinstance(tensor, torch.Tensor) and tensor.is_cuda
         if cuda:
             torch.cuda.synchronize(tensor.device)
@@ -226,7 +219,7 @@ class CollectiveTiming:
             torch.cuda.synchronize(tensor.device)
         done = time.perf_counter()
         nbytes = tensor.numel() * tensor.element_size() if isinstance(tensor, torch.Tensor) else 0
-        self._records.append((key, (), n, collective, nbytes, arrived - start, done - arrived))
+        self._records.append((key, (), n, collective, nbytes, arrived - start, done - arrived, size))
         return out
 
 
@@ -294,12 +287,6 @@ class CommRounds:
         except Exception as e:  # noqa: BLE001 - the gather in conclude must still happen
             return [], describe(e)
 
-    def _table(self, records: list) -> tuple[dict, Optional[str]]:
-        try:
-            return self.timing.group_table(records), None
-        except Exception as e:  # noqa: BLE001 - the gather in conclude must still happen
-            return {}, describe(e)
-
     def cut(self) -> None:
         """Ends the round's window at this boundary (where its check starts): the timings
         since the last round are this one's, however late it concludes. A pipelined check
@@ -312,28 +299,32 @@ class CommRounds:
 
     def conclude(self, step: int) -> dict[str, Any]:
         """This round's verdict (collective over the world: every rank calls it at the same
-        check): the timings up to its cut, or up to now. A failure is an Inconclusive
+        check): the timings up to its cut, or up to now. The world's first rank decides over
+        every rank's records and every rank gets its verdict. A failure is an Inconclusive
         verdict on every rank, with a warning."""
         window, self._window = self._window, None
         mine, error = window if window is not None else self._take()
-        table, table_error = self._table(mine)
-        gathered: list[Any] = [None] * self._world
         try:
-            dist.all_gather_object(gathered, (mine, table, error or table_error, self._findings()),
-                                   group=self._votes)
+            verdict = decide_at_first((mine, error, self._findings()), lambda gathered: self._decide(step, gathered),
+                                      group=self._votes)
         except Exception as e:  # noqa: BLE001 - never out of the user's step
-            return self._inconclusive(step, f"the gather of collective timings failed: {describe(e)}")
+            verdict = self._inconclusive(step, f"the communication round failed: {describe(e)}")
+        if verdict["status"] == "Inconclusive":
+            log.warning("SCOUT communication round at step %d failed: %s", step, verdict["reason"])
+        return verdict
+
+    def _decide(self, step: int, gathered: list) -> dict[str, Any]:
+        """The verdict over every rank's (records, error, fabric findings), on the first rank."""
         try:
-            errors = [f"rank {r}: {e}" for r, (_, _, e, _) in enumerate(gathered) if e is not None]
+            errors = [f"rank {r}: {e}" for r, (_, e, _) in enumerate(gathered) if e is not None]
             if errors:
                 raise RuntimeError("; ".join(errors))
-            fabric = [(r, kind, name, detail) for r, (_, _, _, found) in enumerate(gathered)
+            fabric = [(r, kind, name, detail) for r, (_, _, found) in enumerate(gathered)
                       for kind, name, detail in found]
-            groups = {key: entry for _, led, _, _ in gathered for key, entry in led.items()}
-            v = self._tracker.observe(step, [records for records, _, _, _ in gathered], self.map, fabric, groups)
-        except Exception as e:  # noqa: BLE001 - the same input on every rank: the same outcome
+            v = self._tracker.observe(step, [records for records, _, _ in gathered], self.map, fabric)
+        except Exception as e:  # noqa: BLE001 - sent to every rank as its verdict
             return self._inconclusive(step, describe(e))
-        timed = dict(collections.Counter(r[3] for records, _, _, _ in gathered for r in records))
+        timed = dict(collections.Counter(r[3] for records, _, _ in gathered for r in records))
         resources = None if v.resources is None else {"host": v.resources.host, "nic": v.resources.nic,
                                                       "switch": v.resources.switch}
         return {"step": step, "status": "Attributed" if v.rank is not None else "Agree", "reason": v.reason,
@@ -347,7 +338,6 @@ class CommRounds:
 
     @staticmethod
     def _inconclusive(step: int, reason: str) -> dict[str, Any]:
-        log.warning("SCOUT communication round at step %d failed: %s", step, reason)
         return {"step": step, "status": "Inconclusive", "reason": reason, "observations": 0, "timed": {},
                 "slow_groups": [],
                 "candidate_groups": [], "late_ranks": [], "rank": None, "resources": None, "replacement_scope": None,

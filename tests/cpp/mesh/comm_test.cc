@@ -424,6 +424,43 @@ TEST(CommStragglers, KeyedRecordsTakeTheirGroupFromTheTable) {
   EXPECT_EQ(v.candidate_groups, (std::vector<std::string>{"ranks:4,5"}));
 }
 
+TEST(CommStragglers, SizedRecordsTakeTheirMembersFromWhoReported) {
+  const auto rec = [](std::string key, std::int64_t call, double transfer, std::int64_t size) {
+    return CollectiveRecord{std::move(key), {}, call, "all_reduce", 64, 0.0, transfer, size};
+  };
+  std::vector<std::vector<CollectiveRecord>> by_rank(4);
+  by_rank[0] = {rec("a", 1, 1.0, 3), rec("a", 2, 9.0, 3), rec("b", 1, 4.0, 2)};
+  by_rank[2] = {rec("a", 1, 1.2, 3), rec("a", 2, 9.0, 3)};
+  by_rank[3] = {rec("a", 1, 1.1, 3), rec("b", 1, 4.0, 3)};
+  const auto out = completeObservations(by_rank);
+  // a/1: all three of its members; a/2: rank 3 never recorded it (left out); b/1: two ranks
+  // disagree on its size (left out).
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].group, "ranks:0,2,3");
+  EXPECT_EQ(out[0].members, (std::vector<std::int64_t>{0, 2, 3}));
+  EXPECT_EQ(out[0].transfer, (std::vector<double>{1.0, 1.2, 1.1}));
+  // A table entry for the key wins over the size; a record naming its members is another
+  // group even under the same key.
+  const GroupTable table{{"a", GroupEntry{"dp", {0, 2, 3}}}};
+  EXPECT_EQ(completeObservations(by_rank, table)[0].group, "dp");
+  by_rank[1] = {CollectiveRecord{"a", {0, 1, 2, 3}, 1, "all_reduce", 64, 0.0, 1.0}};
+  EXPECT_TRUE(completeObservations(by_rank).empty());
+  // The tracker names a slow sized group by its members, and the rank two slow groups share.
+  CommTracker t(CommOptions{.confirmation_rounds = 1, .confirmation_checks = 1});
+  std::vector<std::vector<CollectiveRecord>> round(9);
+  for (std::int64_t g = 0; g < 3; ++g)
+    for (std::int64_t i = 0; i < 3; ++i) {
+      const std::int64_t row = 3 * g + i, column = 3 * i + g;  // rows {0,1,2}, ...; columns {0,3,6}, ...
+      round[static_cast<std::size_t>(row)].push_back(rec("row" + std::to_string(g), 1, g == 1 ? 0.5 : 0.01, 3));
+      round[static_cast<std::size_t>(column)].push_back(rec("col" + std::to_string(g), 1, g == 2 ? 0.5 : 0.01, 3));
+    }
+  const CommVerdict v = t.observe(1, completeObservations(round));
+  EXPECT_EQ(v.observations, 6u);
+  EXPECT_EQ(v.slow_groups, (std::vector<std::string>{"ranks:2,5,8", "ranks:3,4,5"}));
+  ASSERT_TRUE(v.rank.has_value());
+  EXPECT_EQ(*v.rank, 5);
+}
+
 TEST(CommStragglers, ADecidedCheckNeedsABitmapEntryPerPeer) {
   replay::StragglerTracker t(replay::StragglerOptions{});
   consensus::TimingResult check;

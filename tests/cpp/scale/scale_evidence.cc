@@ -119,7 +119,7 @@ std::string routingVoteOf(std::int64_t ranks, std::int64_t me, std::int64_t bad_
   return vote;
 }
 
-CommRound commRound(const World& w, std::int64_t step, std::int64_t slow_rank, bool keyed) {
+CommRound commRound(const World& w, std::int64_t step, std::int64_t slow_rank, RecordForm form) {
   CommRound out;
   out.by_rank.resize(static_cast<std::size_t>(w.size()));
   out.table_bytes.assign(static_cast<std::size_t>(w.size()), 0);
@@ -145,18 +145,22 @@ CommRound commRound(const World& w, std::int64_t step, std::int64_t slow_rank, b
           0.010 + 0.0002 * static_cast<double>((static_cast<std::int64_t>(k) * 7 + step) % 5) + (slow ? 0.020 : 0.0);
       const std::string id = groupId(members);
       std::string key = id;
-      if (keyed) {
+      if (form != RecordForm::kInline) {
         char hex[17];
         std::snprintf(hex, sizeof hex, "%016llx",
                       static_cast<unsigned long long>(std::hash<std::string>{}(id)));  // comm.py: blake2b, 8 bytes
         key = hex;
+      }
+      if (form == RecordForm::kTable) {
         out.groups[key] = mesh::GroupEntry{id, members};
         const std::int64_t leader = *std::min_element(members.begin(), members.end());
         out.table_bytes[static_cast<std::size_t>(leader)] += key.size() + id.size() + 8 * members.size();
       }
+      const auto size = form == RecordForm::kSized ? static_cast<std::int64_t>(members.size()) : 0;
       for (std::int64_t m : members)
-        out.by_rank[static_cast<std::size_t>(m)].push_back(mesh::CollectiveRecord{
-            key, keyed ? std::vector<std::int64_t>{} : members, step, collective, bytes, 0.0001, transfer});
+        out.by_rank[static_cast<std::size_t>(m)].push_back(
+            mesh::CollectiveRecord{key, form == RecordForm::kInline ? members : std::vector<std::int64_t>{}, step,
+                                   collective, bytes, 0.0001, transfer, size});
     }
   }
   return out;
@@ -189,27 +193,55 @@ std::vector<oob::RankView> stallViews(std::int64_t n, Stall stall, std::int64_t 
   return views;
 }
 
-OobRoundCost oobRoundCost(std::int64_t n, std::size_t report_bytes, std::int64_t per_host) {
-  const double d = static_cast<double>(n);
-  const double m = static_cast<double>(std::min(per_host, n));
-  const double l = std::ceil(d / m);  // hosts: one leader each
+namespace {
+
+// The round up to the leaders' level, and its end, as both versions run them: every daemon's
+// latest, view (set), the host list (read before waiting, claim, read after) and the m view
+// keys of its host; leaders: the lead's claim, the other views of their host, their mark,
+// the members (claim, read); one latest set and one report set (a count and a chunk); the
+// others: one look at the stored report and at the abort mark (before the file is there).
+OobRoundCost commonCost(double d, double m, double l, std::size_t report_bytes) {
   const double view = static_cast<double>(oob::kViewBytes);
   OobRoundCost c;
-  // Every daemon: latest, its view (set), the host list (read before waiting, claim, read
-  // after), the m view keys of its host. Leaders: the lead's claim, the other views of their
-  // host, their mark, members (read, claim, read), the l marks, Gloo's l address sets and
-  // l (l - 1) reads; one latest set and one report set (a count and a chunk). The others:
-  // one look at the stored report and at the abort mark (before the file is there).
-  c.store_requests = d * (5 + m) + (d - l) * 3 + l * 5 + l * l + l + l * (l - 1) + 3;
-  c.store_bytes =
-      view * (d + (d - l)) + 6.0 * m * 2 * d + 6.0 * l * (l + 1) + 64.0 * l * l + static_cast<double>(report_bytes);
-  c.sockets_per_leader = l - 1;
+  c.store_requests = d * (5 + m) + (d - l) * 3 + l * 5 + 3;
+  c.store_bytes = view * (d + (d - l)) + 6.0 * m * 2 * d + 6.0 * l + static_cast<double>(report_bytes);
   c.view_bytes_received = static_cast<double>(oob::kNodeSlotBytes) * m * (l - 1);
   return c;
 }
 
+constexpr double kAddressBytes = 136;  // gloo::transport::tcp::Address: sockaddr_storage and a sequence
+
+}  // namespace
+
+OobRoundCost oobRoundCost(std::int64_t n, std::size_t report_bytes, std::int64_t per_host) {
+  const double d = static_cast<double>(n);
+  const double m = static_cast<double>(std::min(per_host, n));
+  const double l = std::ceil(d / m);  // hosts: one leader each
+  OobRoundCost c = commonCost(d, m, l, report_bytes);
+  const double deciders = std::min(2.0, l), neighbours = std::min(2.0, l - 1);
+  // The deciders read the l marks, the others the list once; Gloo: l entries of two
+  // addresses set, two (one with two leaders) read by each.
+  c.store_requests += deciders * l + (l - deciders) + l + neighbours * l;
+  c.store_bytes += 6.0 * deciders * l + 2 * kAddressBytes * l * (1 + neighbours);
+  c.sockets_per_leader = neighbours;
+  return c;
+}
+
+OobRoundCost oobRoundCostFullMesh(std::int64_t n, std::size_t report_bytes, std::int64_t per_host) {
+  const double d = static_cast<double>(n);
+  const double m = static_cast<double>(std::min(per_host, n));
+  const double l = std::ceil(d / m);
+  OobRoundCost c = commonCost(d, m, l, report_bytes);
+  // Every leader read the l marks; Gloo: each leader set its host name and its l - 1
+  // addresses, read the host names of the leaders before it and every other leader's list.
+  c.store_requests += l * l + 2 * l + l * (l - 1) / 2 + l * (l - 1);
+  c.store_bytes += 6.0 * l * l + kAddressBytes * (l * (l - 1) + l * (l - 1) * (l - 1)) + 16.0 * l * (l + 1) / 2;
+  c.sockets_per_leader = l - 1;
+  return c;
+}
+
 std::size_t recordBytes(const mesh::CollectiveRecord& r) {
-  return r.group.size() + 8 * r.members.size() + r.collective.size() + 8 + 8 + 16;
+  return r.group.size() + 8 * r.members.size() + r.collective.size() + 8 + 8 + 16 + (r.group_size > 0 ? 8 : 0);
 }
 
 }  // namespace lmr::scale

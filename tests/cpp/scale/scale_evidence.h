@@ -60,16 +60,18 @@ std::string routingVoteOf(std::int64_t ranks, std::int64_t me, std::int64_t bad_
 // collectives (dp_replicate all_reduce (DDP: the ddp_bucket), dp_shard reduce_scatter, tp
 // all_reduce, ep all_to_all; pp runs point-to-point sends, which are not timed) times call
 // `step` on each member. Groups holding `slow_rank` transfer 20 ms slower (a slow link or NIC).
-// Keyed (as scout/comm.py sends them): records name their group by a 16-character key and
-// carry no members; the group's lowest member sends its table entry (comm.py's id
-// "ranks:<members>" and the members). Not keyed (as comm.py sent them before): every record
-// carries the id and the members, and the table is empty.
+// The records name their group as scout/comm.py sends them now or did before:
+// - kSized (now): a 16-character key and the group's size; the members are whoever reported;
+// - kTable: the key, and the group's lowest member sends its table entry (comm.py's id
+//   "ranks:<members>" and the members);
+// - kInline: every record carries the id and the members; the table is empty.
+enum class RecordForm { kSized, kTable, kInline };
 struct CommRound {
   std::vector<std::vector<mesh::CollectiveRecord>> by_rank;
   mesh::GroupTable groups;
   std::vector<std::size_t> table_bytes;  // by rank: the table entries it sends
 };
-CommRound commRound(const World& world, std::int64_t step, std::int64_t slow_rank, bool keyed);
+CommRound commRound(const World& world, std::int64_t step, std::int64_t slow_rank, RecordForm form);
 
 // A stall as every daemon of an n-rank peer group sees it (lmr::oob::diagnose's input): the
 // group waits 31 s in one all_reduce, except `culprit`, which computes outside any collective
@@ -81,22 +83,29 @@ std::vector<oob::RankView> stallViews(std::int64_t n, Stall stall, std::int64_t 
 // A stall round's traffic at the daemons' one store and sockets, counted from the protocol
 // (tools/lmr-oobd/observer.cc and gather.cc), for an n-daemon peer group with `per_host`
 // daemons on each host: every daemon stores its view and waits on its host's others, one
-// claims the host's list and all read it; the hosts' leaders read their hosts' views, mark
-// their hosts present and wait on the others, one claims the host list and all read it;
-// Gloo's full-mesh rendezvous has each leader publish its address and read the others',
-// then one allgather of the hosts' views; each leader writes the report file and the first
-// stores it. per_host = 1 is a one-level round. A lower bound: waiting polls the
-// keys still missing; the other daemons of a host find the report in the state directory
-// they share with their leader (one store request each otherwise, and the report's bytes).
+// claims the host's list and all read it; the hosts' leaders read their hosts' views and
+// mark their hosts present; the first two hosts' leaders wait on every mark, one claims the
+// host list, and every leader reads it; Gloo's ring rendezvous has each leader publish its
+// two pairs' addresses and read its two neighbours', then one allgather of the hosts' views;
+// each leader writes the report file and the first stores it. per_host = 1 is a one-level
+// round. A lower bound: waiting polls the keys still missing once; the other daemons of a
+// host find the report in the state directory they share with their leader (one store
+// request each otherwise, and the report's bytes).
+//
+// Before (d9bab94) every leader waited on every mark (hosts^2 requests) and Gloo's full mesh
+// had each leader read every other leader's list of hosts - 1 addresses of 136 bytes
+// (hosts^2 requests, 136 hosts^3 bytes): oobRoundCostFullMesh counts that round.
 struct OobRoundCost {
   double store_requests = 0;       // at the store, over the round
   double store_bytes = 0;          // payload through the store
-  double sockets_per_leader = 0;   // TCP connections of one leader's mesh (others: none)
+  double sockets_per_leader = 0;   // TCP connections of one leader's Gloo context (others: none)
   double view_bytes_received = 0;  // allgather: what one leader receives
 };
 OobRoundCost oobRoundCost(std::int64_t n, std::size_t report_bytes, std::int64_t per_host = 1);
+OobRoundCost oobRoundCostFullMesh(std::int64_t n, std::size_t report_bytes, std::int64_t per_host = 1);
 
-// Bytes of a record's payload (group id or key, 8 per member, collective, call, bytes, two timings).
+// Bytes of a record's payload (group id or key, 8 per member, collective, call, bytes, two
+// timings, the group size).
 std::size_t recordBytes(const mesh::CollectiveRecord& record);
 
 }  // namespace lmr::scale

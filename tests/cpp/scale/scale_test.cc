@@ -78,17 +78,24 @@ TEST_P(ScaleMesh, CommTrackerNamesTheRankOnTheSlowLink) {
   std::vector<std::string> hosts;
   for (std::int64_t r = 0; r < w.size(); ++r) hosts.push_back("node-" + std::to_string(r / 8));
   const mesh::ResourceMap map = mesh::ResourceMap::fromHosts(hosts);
-  mesh::CommTracker tracker, inline_tracker;
-  mesh::CommVerdict v, inline_v;
+  mesh::CommTracker tracker, table_tracker, inline_tracker;
+  mesh::CommVerdict v, table_v, inline_v;
   for (int step = 1; step <= 3; ++step) {
-    const CommRound keyed = commRound(w, step, kCulprit, true), plain = commRound(w, step, kCulprit, false);
-    v = tracker.observe(step, mesh::completeObservations(keyed.by_rank, keyed.groups), &map);
+    const CommRound sized = commRound(w, step, kCulprit, RecordForm::kSized);
+    const CommRound table = commRound(w, step, kCulprit, RecordForm::kTable);
+    const CommRound plain = commRound(w, step, kCulprit, RecordForm::kInline);
+    EXPECT_TRUE(sized.groups.empty());
+    v = tracker.observe(step, mesh::completeObservations(sized.by_rank), &map);
+    table_v = table_tracker.observe(step, mesh::completeObservations(table.by_rank, table.groups), &map);
     inline_v = inline_tracker.observe(step, mesh::completeObservations(plain.by_rank), &map);
   }
-  // Records keyed by the group table decide as records carrying their members did.
-  EXPECT_EQ(v.slow_groups, inline_v.slow_groups);
-  EXPECT_EQ(v.observations, inline_v.observations);
-  EXPECT_EQ(v.rank, inline_v.rank);
+  // Records carrying a key and their group's size decide as records keyed by the group table
+  // and records carrying their members did.
+  for (const mesh::CommVerdict* before : {&table_v, &inline_v}) {
+    EXPECT_EQ(v.slow_groups, before->slow_groups);
+    EXPECT_EQ(v.observations, before->observations);
+    EXPECT_EQ(v.rank, before->rank);
+  }
   EXPECT_TRUE(v.late_ranks.empty());
   if (mesh() == Mesh::kDdp) {
     // One process group: nothing to compare it with, so no group is ever slow (by design).
