@@ -3,6 +3,7 @@
 // daemons of one host would run them. A process stall is planted on rank 5 each round.
 // BM_OobRound/<N>/<daemons per host>: 1 per host is the one-level round (every daemon
 // meets every other); 8 per host is the two-level round (only hosts' leaders meet).
+// BM_OobStoreRate/<clients>: the store's request rate, what a round's requests take at most.
 // Reported: wall time from the first daemon's look at a stalled record to the last report,
 // the store's requests per round (counted by the server) and per daemon. With
 // LMR_BENCH_DEBUG=1 the first report that does not name the stalled rank is printed.
@@ -23,6 +24,7 @@
 #include "lmr/common/files.h"
 #include "lmr/oob/progress.h"
 #include "lmr/oob/store.h"
+#include "lmr/oob/wire.h"
 #include "observer.h"
 
 namespace {
@@ -128,12 +130,52 @@ void BM_OobRound(benchmark::State& state) {
   state.counters["meshed_daemons"] = n / per_host;
 }
 
+// The store's request rate: `clients` threads asking for one stored key over and over for
+// half a second (a connection per request, as the daemons make them). Reported: requests
+// answered per second, and requests that failed.
+void BM_OobStoreRate(benchmark::State& state) {
+  const int clients = static_cast<int>(state.range(0));
+  lmr::oob::TcpStoreServer server(0, "127.0.0.1", kToken);
+  lmr::oob::TcpStoreOptions t;
+  t.port = server.port();
+  t.token = kToken;
+  lmr::oob::TcpStore store(t);
+  store.set("view/1/0", std::string(lmr::oob::kViewBytes, 'v'));
+  double answered = 0, seconds = 0;
+  std::atomic<std::int64_t> failed{0};
+  for (auto _ : state) {
+    const auto before = server.requests();
+    std::atomic<bool> stop{false};
+    const auto start = Clock::now();
+    std::vector<std::thread> threads;
+    for (int c = 0; c < clients; ++c)
+      threads.emplace_back([&] {
+        while (!stop.load()) {
+          try {
+            benchmark::DoNotOptimize(store.tryGet("view/1/0"));
+          } catch (const std::exception&) {
+            failed.fetch_add(1);
+          }
+        }
+      });
+    std::this_thread::sleep_for(500ms);
+    stop = true;
+    for (auto& th : threads) th.join();
+    const double s = std::chrono::duration<double>(Clock::now() - start).count();
+    state.SetIterationTime(s);
+    seconds += s;
+    answered += static_cast<double>(server.requests() - before);
+  }
+  state.counters["requests_per_s"] = answered / seconds;
+  state.counters["failed"] = static_cast<double>(failed.load());
+}
+
 }  // namespace
 
-// One-level rounds stop at 64 daemons: each builds a full mesh, N (N - 1) sockets in this process.
 BENCHMARK(BM_OobRound)
-    ->ArgsProduct({{16, 32, 64}, {1}})
+    ->ArgsProduct({{16, 32, 64, 128, 256}, {1}})
     ->ArgsProduct({{16, 32, 64, 128, 256}, {8}})
     ->Iterations(3)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_OobStoreRate)->Arg(8)->Arg(64)->Iterations(3)->UseManualTime()->Unit(benchmark::kMillisecond);
