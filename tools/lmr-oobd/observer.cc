@@ -89,6 +89,9 @@ Observer::Observer(ObserverOptions options, oob::Store& store, const std::string
                           std::to_string(n));
   if (options_.state_dir.empty()) throw InvalidArgument("lmr-oobd needs a state directory for its reports");
   if (options_.token.empty()) throw InvalidArgument("lmr-oobd needs the job's token (LMR_OOB_TOKEN)");
+  // The store answers the round's requests one at a time: a large group needs longer.
+  options_.join = std::max(options_.join, std::chrono::milliseconds(n));
+  options_.gather = std::max(options_.gather, std::chrono::milliseconds(n + n / 4));
   files::makeDirectories(options_.state_dir);
   Sha256 h;
   h.update("lmr.oobd.v1");

@@ -68,8 +68,11 @@ struct ObserverOptions {
   std::string gloo_iface;                   // or an interface name
   std::chrono::nanoseconds threshold{std::chrono::seconds(60)};
   std::chrono::nanoseconds warmup_threshold{std::chrono::seconds(600)};  // before the first completed step
-  std::chrono::milliseconds join{1000};    // how long a round waits for the other daemons
-  std::chrono::milliseconds gather{2000};  // bound on building the mesh and the allgather
+  // How long a round waits for the other daemons, and the bound on the allgather. A group
+  // of N daemons takes at least N ms and 1.25 N ms: a round costs the one store about 17
+  // requests a daemon, and a store answers about 20 thousand a second (docs/scale.md).
+  std::chrono::milliseconds join{1000};
+  std::chrono::milliseconds gather{2000};
   std::string state_dir;
   oob::DiagnosisOptions diagnosis;
 };
@@ -84,6 +87,9 @@ class Observer {
   ~Observer();
   Observer(const Observer&) = delete;
   Observer& operator=(const Observer&) = delete;
+  // The round's waits as this daemon runs them (the options', at least what the group's size needs).
+  std::chrono::milliseconds join() const { return options_.join; }
+  std::chrono::milliseconds gather() const { return options_.gather; }
 
   // Registers this daemon and waits until every daemon of the group has registered.
   void setUp(std::chrono::steady_clock::time_point deadline);

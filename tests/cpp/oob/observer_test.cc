@@ -386,6 +386,31 @@ TEST(Observer, TheGatherConnectsEachDaemonToItsTwoNeighboursOnly) {
   EXPECT_EQ(g.recorder->mostKeysReadByOne(mesh), 2u);
 }
 
+TEST(Observer, ALargeGroupWaitsLongerForItsStore) {
+  // 17 store requests a daemon at about 20 thousand a second: 1 ms a daemon to join, 1.25 to
+  // gather. A small group keeps the options' waits.
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("lmr-observer-large-" + std::to_string(::getpid()))).string();
+  oob::FileStore store(dir + "/rendezvous");
+  const std::string name = oob::segmentName("large", 0, ::getpid(), "world", 0);
+  oob::ProgressWriter writer(name, std::string(16, 'w'));
+  const auto make = [&](int n) {
+    ObserverOptions o;
+    o.run_id = "large";
+    o.token = "job-token-0123456789";
+    for (int i = 0; i < n; ++i) o.group_ranks.push_back(i);
+    o.host = "host-0";
+    o.state_dir = dir;
+    return std::make_unique<Observer>(o, store, name);
+  };
+  const auto large = make(4000), small = make(12);
+  EXPECT_EQ(large->join(), 4000ms);
+  EXPECT_EQ(large->gather(), 5000ms);
+  EXPECT_EQ(small->join(), 1000ms);
+  EXPECT_EQ(small->gather(), 2000ms);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Observer, SetUpNamesTheDaemonThatNeverRegistered) {
   Group g(3, "setup");
   std::thread a([&] { EXPECT_THROW(g.observers[0]->setUp(std::chrono::steady_clock::now() + 300ms), TimeoutError); });
