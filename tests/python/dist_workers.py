@@ -84,6 +84,15 @@ def return_unpicklable():
     return lambda: None  # lambdas cannot be pickled back to the parent
 
 
+def crash_in_native_code_on_rank_one():
+    """Rank 1 dies of SIGSEGV inside a native call, as a crash in a framework's extension does."""
+    import ctypes
+
+    if dist.get_rank() == 1:
+        ctypes.string_at(0)  # reads address 0
+    return dist.get_rank()
+
+
 def nccl_c3() -> dict:
     """Two ranks, one GPU each, NCCL default group."""
     torch.cuda.set_device(dist.get_rank())

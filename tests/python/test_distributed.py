@@ -70,6 +70,15 @@ def test_spawn_reports_a_rank_that_returns_nothing_usable():
         spawn(dist_workers.return_unpicklable, 2, timeout=60)
 
 
+def test_a_rank_killed_by_a_signal_names_where_it_died():
+    # The crash of a rank inside native code names the Python frames it was in, from
+    # faulthandler (a GPU world's rank 0 ended with exit code -11 and nothing else to go on).
+    with pytest.raises(RuntimeError, match="rank 1 exited with code -11") as failure:
+        spawn(dist_workers.crash_in_native_code_on_rank_one, 2, timeout=60)
+    assert "Fatal Python error: Segmentation fault" in str(failure.value)
+    assert "crash_in_native_code_on_rank_one" in str(failure.value)
+
+
 def test_a_world_that_cannot_start_says_why():
     """Arguments a rank cannot receive fail at the start with the pickling error itself (the
     cleanup once joined the unstarted processes and raised an AssertionError instead)."""

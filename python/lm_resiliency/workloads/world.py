@@ -5,6 +5,7 @@ parent's fork); this module runs the world the same way for both."""
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import queue as queue_lib
 import shutil
@@ -28,6 +29,10 @@ def _worker(rank: int, world_size: int, store_path: str, backend: str, fn: Calla
                        "LOCAL_WORLD_SIZE": str(world_size)})
     failure = None  # (traceback, time): the time is taken where it failed, before teardown
     value = None
+    # A rank killed by a signal (SIGSEGV inside a native library) leaves its Python frames
+    # here, for the world's error (_fault).
+    fault = open(_fault_path(store_path, rank), "w", encoding="utf-8")  # noqa: SIM115 - until the process ends
+    faulthandler.enable(file=fault, all_threads=True)
     try:
         # One intra-op thread per rank unless told otherwise, as torchrun does: N ranks on a
         # few cores otherwise oversubscribe them many times over.
@@ -48,6 +53,24 @@ def _worker(rank: int, world_size: int, store_path: str, backend: str, fn: Calla
         results.put((rank, True, value, time.time()))
     else:
         results.put((rank, False, failure[0], failure[1]))
+
+
+def _fault_path(store_path: str, rank: int) -> str:
+    return os.path.join(os.path.dirname(store_path), f"rank-{rank}.fault")
+
+
+def _fault(store_path: str, rank: int, limit: int = 6000) -> str:
+    """What faulthandler wrote when `rank` was killed by a fatal signal (its Python frames,
+    every thread), or an empty string."""
+    try:
+        with open(_fault_path(store_path, rank), encoding="utf-8", errors="replace") as f:
+            text = f.read().strip()
+    except OSError:
+        return ""
+    if not text:
+        return ""
+    return "\nits Python frames when it died (faulthandler):\n" + (text if len(text) <= limit else
+                                                                       "...\n" + text[-limit:])
 
 
 def _first_failure(results: Any, rank: int, trace: str, when: float, grace_s: float = 3.0) -> str:
@@ -94,7 +117,8 @@ def run_world(ctx: Any, fn: Callable[..., Any], world_size: int, args: Sequence[
                 dead = [r for r, p in enumerate(procs) if p.exitcode is not None and r not in values]
                 if dead:
                     raise RuntimeError(f"rank {dead[0]} exited with code {procs[dead[0]].exitcode} without a result "
-                                       "(killed, or its return value could not be pickled)")
+                                       "(killed, or its return value could not be pickled)"
+                                       + _fault(store_path, dead[0]))
                 if time.monotonic() > deadline:
                     missing = sorted(set(range(world_size)) - set(values))
                     raise TimeoutError(f"ranks {missing} did not finish within {timeout:.0f} s")
