@@ -29,17 +29,27 @@ def gather(value: Any, group: Any = None) -> list[Any]:
     return out
 
 
+class _Unsent:
+    """What a rank sends to decide_at_first when its value cannot be pickled."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+
 def decide_at_first(value: Any, decide: Callable[[list[Any]], Any], group: Any = None) -> Any:
     """``decide(values)``, run on the first rank of `group` over every rank's `value` (in rank
     order), returned on every rank; ``decide([value])`` outside a process group. Collective.
     Every other rank sends its value and receives the result, so what it sends and receives
     does not grow with the group (an all-gather gives every rank every value, padded to the
-    largest). Values travel pickled over a CPU (gloo) group. When `decide` raises, every rank
-    raises RuntimeError with its text."""
+    largest). Values travel pickled over a CPU (gloo) group. When `decide` raises, or a rank's
+    value cannot be pickled, every rank raises RuntimeError with the reason."""
     if not _distributed(group):
         return decide([value])
     first = dist.get_process_group_ranks(group)[0] if group is not None else 0
-    data = pickle.dumps(value)
+    try:
+        data = pickle.dumps(value)
+    except Exception as e:  # noqa: BLE001 - this rank still takes part; the first rank names it
+        data = pickle.dumps(_Unsent(f"{type(e).__name__}: {e}"))
     size = torch.tensor([len(data)], dtype=torch.int64)
     dist.all_reduce(size, op=dist.ReduceOp.MAX, group=group)
     buffer = torch.zeros(8 + int(size.item()), dtype=torch.uint8)
@@ -52,6 +62,9 @@ def decide_at_first(value: Any, decide: Callable[[list[Any]], Any], group: Any =
     if mine:
         try:
             values = [pickle.loads(t[8:8 + int(t[:8].view(torch.int64).item())].numpy().tobytes()) for t in received]
+            unsent = [f"rank {r}: {v.why}" for r, v in enumerate(values) if isinstance(v, _Unsent)]
+            if unsent:
+                raise ValueError("a value could not be sent: " + "; ".join(unsent))
             result = [("ok", decide(values))]
         except Exception as e:  # noqa: BLE001 - raised on every rank below
             result = [("error", f"{type(e).__name__}: {e}")]

@@ -327,7 +327,12 @@ def decided_at_first():
         raised = None
     except RuntimeError as e:
         raised = str(e)
-    return {"result": result, "ran_here": ran_here, "raised": raised}
+    try:  # rank 2's value cannot be pickled: nobody waits in a collective, everyone learns why
+        decide_at_first((lambda: 0) if rank == 2 else rank, lambda values: values, group=votes)
+        unsent = None
+    except RuntimeError as e:
+        unsent = str(e)
+    return {"result": result, "ran_here": ran_here, "raised": raised, "unsent": unsent}
 
 
 def failing_collective():

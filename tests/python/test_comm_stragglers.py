@@ -184,6 +184,7 @@ def test_the_round_is_decided_on_the_first_rank_and_sent_to_every_rank():
         assert r["result"] == {"sizes": [1, 1001, 2001], "firsts": ["a", "b", "c"]}
         assert r["ran_here"] == ([0] if rank == 0 else [])  # nobody else holds every value
         assert r["raised"] == "ValueError: no verdict over 3 values"
+        assert r["unsent"].startswith("ValueError: a value could not be sent: rank 2: "), r["unsent"]
 
 
 def test_a_failing_user_collective_runs_once_and_raises_its_own_error():
