@@ -77,13 +77,17 @@ def _print_oob_rounds(medians: dict) -> None:
         parts = name.split("/")
         if parts[0] == "BM_OobRound" and len(parts) > 2 and parts[1].isdigit() and parts[2].isdigit():
             rows.setdefault(int(parts[2]), {})[int(parts[1])] = b
-    if not rows:
-        return
-    print("stall rounds of lmr-oobd daemons as threads (docs/scale.md): ms a round / store requests a daemon")
+    rates = {int(name.split("/")[1]): b for name, b in medians.items()
+             if name.startswith("BM_OobStoreRate/") and name.split("/")[1].isdigit()}
+    if rows:
+        print("stall rounds of lmr-oobd daemons as threads (docs/scale.md): ms a round / store requests a daemon")
     for per_host in sorted(rows):
         cells = ", ".join(f"{n}: {b['real_time']:.0f} / {b.get('requests_per_daemon', 0):.0f}"
                           for n, b in sorted(rows[per_host].items()))
         print(f"  {per_host} daemon(s) a host: {cells}")
+    if rates:
+        cells = ", ".join(f"{c} clients {b.get('requests_per_s', 0) / 1000:.1f} k" for c, b in sorted(rates.items()))
+        print(f"the out-of-band store's requests a second: {cells}")
 
 
 def _print_scale(medians: dict, ns) -> None:
