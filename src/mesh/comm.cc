@@ -173,8 +173,8 @@ std::vector<CollectiveObservation> completeObservations(const std::vector<std::v
           continue;  // its group's entry was not gathered: left out
         }
       }
-      const bool first = calls.find({r.group, r.call}) == calls.end();
-      Call& c = calls[{r.group, r.call}];
+      const auto [at, first] = calls.try_emplace({r.group, r.call});
+      Call& c = at->second;
       if (first) {
         c.name = name;
         c.members = members;
