@@ -1,7 +1,8 @@
 """The in-memory fast tier (MemoryTier, GEMINI) side by side, in one world:
 
 - per training step: no fast tier, the files tier (LocalSnapshotTier on tmpfs) and the
-  in-memory tier (a slot, its replica to the next node), a snapshot every --interval steps;
+  in-memory tier (a slot, its replica to the next node; on CUDA staged in device memory, and
+  also unstaged: straight to pinned host memory), a snapshot every --interval steps;
   rounds interleaved, milliseconds per step over each round (the snapshot steps included);
 - recovery of the same state: from the rank's own memory, from a peer's replica (the
   rank's own copies dropped on one node, as on a spare), from the flushed slot a relaunch
@@ -61,8 +62,11 @@ def body(args: argparse.Namespace, root: str, fast_root: str) -> dict:
     rank = dist.get_rank()
     node = rank // args.per_node
     files = LocalSnapshotTier(model, opt, directory=os.path.join(fast_root, f"files-{node}"), keep=2)
-    memory = MemoryTier(model, opt, per_node=args.per_node, slots=2,
+    memory = MemoryTier(model, opt, per_node=args.per_node, slots=2, staging="device",
                         flush_directory=os.path.join(fast_root, f"memory-{node}"))
+    # On CUDA also the copy straight to pinned host memory, the next update waiting for it.
+    direct = MemoryTier(model, opt, per_node=args.per_node, slots=2, staging="host",
+                        flush_directory=os.path.join(fast_root, f"direct-{node}")) if args.device == "cuda" else None
     step = [0]
 
     def run(tier, steps: int) -> float:
@@ -78,15 +82,20 @@ def body(args: argparse.Namespace, root: str, fast_root: str) -> dict:
         return (time.perf_counter() - start) / steps
 
     variants = {"no fast tier": None, "files tier (tmpfs)": files, "in-memory tier": memory}
+    if direct is not None:
+        variants["in-memory, unstaged"] = direct
     run(None, 2)  # warm-up: optimizer state, allocator
-    for tier in (files, memory):
-        run(tier, args.interval)
+    for tier in variants.values():
+        if tier is not None:  # three captures each: every host buffer it reuses is allocated
+            run(tier, 3 * args.interval)
     rows: dict[str, list[float]] = {name: [] for name in variants}
     for r in range(args.rounds):
         order = list(variants.items())
         for name, tier in order if r % 2 == 0 else order[::-1]:
             rows[name].append(run(tier, args.steps))
     memory.drain()
+    if direct is not None:
+        direct.close()
 
     # Recovery of one state, four ways.
     saved = step[0] - step[0] % args.interval

@@ -82,6 +82,44 @@ def test_slots_over_the_memory_share_are_refused_with_the_sizes(tmp_path):
         tier.save(2)  # refused again, at once
     with pytest.raises(InvalidArgumentError, match="slots must be an integer >= 1"):
         _one_rank(tmp_path, slots=0)
+    with pytest.raises(InvalidArgumentError, match="staging must be 'auto', 'device' or 'host', got 'gpu'"):
+        _one_rank(tmp_path, staging="gpu")
+    with pytest.raises(InvalidArgumentError, match=r"staging_share must be a number in \[0, 1\], got 2"):
+        _one_rank(tmp_path, staging_share=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("staging", ["device", "host", "auto"])
+def test_a_capture_on_cuda_holds_the_state_of_its_step_while_training_goes_on(staging, tmp_path):
+    """The update after a capture may run as soon as the state is copied (into the device
+    staging buffer, or the host): the slot still holds the captured step's bytes, and every
+    later step's update sees its own state, not a stalled or torn one."""
+    torch.manual_seed(0)
+    model = Decoder(DecoderConfig()).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step():
+        model(torch.randint(0, 64, (4, 16), device="cuda")).float().pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()
+    tier = MemoryTier(model, opt, flush_directory=str(tmp_path / "flush"), staging=staging)
+    captured = {}
+    for s in range(1, 7):
+        if s % 2 == 0:
+            captured[s] = _values(model, opt)
+            tier.save(s)
+        step()  # queued at once: waits on the GPU for the copy the update must not overwrite
+    assert tier.staged is (staging != "host")
+    slot = tier._own[6]
+    assert (slot.released is not slot.ready) is (staging != "host")
+    assert not slot.verify()
+    after = _values(model, opt)
+    tier.load(6)
+    assert all(torch.equal(a, b) for a, b in zip(captured[6], _values(model, opt)))
+    assert not all(torch.equal(a, b) for a, b in zip(after, captured[6]))
+    tier.close()
 
 
 @pytest.mark.distributed

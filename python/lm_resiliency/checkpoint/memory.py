@@ -101,6 +101,11 @@ class MemoryTier(LatestTier):
     of the state it holds for its owner. `per_node`: ranks per node (default torchrun's
     LOCAL_WORLD_SIZE); `jump`: rank r's replica lives on (r + jump) mod world (default one node
     further). `memory_share`: the share of host memory the node's slots may take.
+    `staging` (CUDA): "device" copies the state into a device buffer first, so that the next
+    update waits only for that copy and the transfer to the host overlaps the following steps
+    (one more snapshot's size of GPU memory); "host" copies straight into host memory (the next
+    update waits for the host link); "auto" (the default) stages on the device when the snapshot
+    takes at most `staging_share` of the GPU memory free at the first capture.
     `flush_directory`: node-local, where slots go before the process leaves (default a per-job,
     per-node folder in /dev/shm). `timeout_s`: a replica transfer that takes longer fails (the
     peer is gone): that replica is never used, and replication stops for this process."""
@@ -111,9 +116,17 @@ class MemoryTier(LatestTier):
                  data_state: Optional[DataState] = None, *, slots: int = 2, per_node: Optional[int] = None,
                  jump: Optional[int] = None, memory_share: float = 0.25, flush_directory: Optional[str] = None,
                  job: Optional[str] = None, timeout_s: float = 60.0, flush_timeout_s: float = 30.0,
-                 topology: str = "") -> None:
+                 topology: str = "", staging: str = "auto", staging_share: float = 0.25) -> None:
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise InvalidArgumentError(f"slots must be an integer >= 1, got {slots!r}")
+        if staging not in ("auto", "device", "host"):
+            raise InvalidArgumentError(f"staging must be 'auto', 'device' or 'host', got {staging!r}")
+        if isinstance(staging_share, bool) or not isinstance(staging_share, (int, float)) \
+                or not 0 <= staging_share <= 1:
+            raise InvalidArgumentError(f"staging_share must be a number in [0, 1], got {staging_share!r}")
+        self.staging, self.staging_share = staging, float(staging_share)
+        self._stage: Optional[torch.Tensor] = None  # the device staging buffer, once decided
+        self.staged: Optional[bool] = None  # None: not decided yet (the first capture on CUDA)
         self.state = RankState("MemoryTier", model, optimizer, scheduler, data_state)
         self.slots, self.memory_share, self.topology = slots, float(memory_share), topology
         self.timeout_s, self.flush_timeout_s = float(timeout_s), float(flush_timeout_s)
@@ -177,7 +190,7 @@ class MemoryTier(LatestTier):
         if not self._budget:
             try:
                 slot = capture_slot(self.state.capture(step, at_boundary), step, rank, world, self._stream,
-                                    self._buffer)
+                                    self._buffer, self._staging_buffer)
             except Exception as e:  # noqa: BLE001 - raised below, after the exchange is queued
                 error = e
         if self._budget is None:
@@ -190,8 +203,8 @@ class MemoryTier(LatestTier):
         if error is not None:
             raise error
         slot.sent = slot.sent or not self.replicated
-        if slot.ready is not None:
-            self._wait_at_next_update(slot.ready)
+        if slot.released is not None:
+            self._wait_at_next_update(slot.released)
         with self._lock:
             self._own[int(step)] = slot
             self._retain(self._own)
@@ -215,7 +228,8 @@ class MemoryTier(LatestTier):
         self._budget = f"MemoryTier: {found}" if found else ""
         if not found and rank_and_world()[0] == 0:
             log.warning("in-memory tier: %.1f MiB per snapshot on rank 0, %d slot(s), %.1f MiB on its node with the "
-                        "replicas it holds", mine / 2**20, self.slots, need / 2**20)
+                        "replicas it holds%s", mine / 2**20, self.slots, need / 2**20,
+                        ", staged through as much device memory" if self.staged else "")
 
     def _wait_at_next_update(self, ready: Any) -> None:
         """The next optimizer step waits (on the GPU) for the copy of the slot to finish."""
@@ -229,6 +243,34 @@ class MemoryTier(LatestTier):
             self._wait_hook = None
 
         self._wait_hook = optimizer.register_step_pre_hook(wait)
+
+    def _staging_buffer(self, nbytes: int) -> Optional[torch.Tensor]:
+        """The device buffer a capture is staged in, or None to copy straight to the host
+        (decided at the first capture, see `staging`; a state that grows gets a new one)."""
+        if self.staged is False or self._stream is None or self.staging == "host":
+            return None
+        if self._stage is not None and self._stage.numel() >= nbytes:
+            return self._stage
+        device = self._stream.device
+        if self.staged is None and self.staging == "auto":
+            free, _ = torch.cuda.mem_get_info(device)
+            if nbytes > self.staging_share * free:
+                self.staged = False
+                log.warning("in-memory tier: a snapshot of %.1f MiB is more than %.0f%% of the %.1f MiB free on %s: it "
+                            "is copied straight to the host, and the next update waits for that copy",
+                            nbytes / 2**20, 100 * self.staging_share, free / 2**20, device)
+                return None
+        self._stage = None
+        try:
+            with torch.cuda.stream(self._stream):  # used on the side stream only, kept for the run
+                self._stage = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        except torch.cuda.OutOfMemoryError:
+            self.staged = False
+            log.warning("in-memory tier: no room for a %.1f MiB staging buffer on %s: snapshots are copied straight "
+                        "to the host", nbytes / 2**20, device)
+            return None
+        self.staged = True
+        return self._stage
 
     def _buffer(self, nbytes: int, pinned: bool) -> torch.Tensor:
         """A host buffer of `nbytes`: a pooled one of that size (the state's size does not change
@@ -535,3 +577,4 @@ class MemoryTier(LatestTier):
         if self._wait_hook is not None:
             self._wait_hook.remove()
             self._wait_hook = None
+        self._stage = None

@@ -95,6 +95,9 @@ class Slot:
     data: torch.Tensor  # uint8 on the host
     digest: str  # 32 hex digits: the signature of meta
     ready: Any = None  # a CUDA event the copy into `data` completes at, or None
+    # A CUDA event after which the live state may change (the copy into a device staging
+    # buffer, or into `data` when nothing is staged), or None: what the next update waits for.
+    released: Any = None
     sent: bool = False  # its replica went out (or never will): its buffer may be reused once evicted
     # (structure, specs, PendingSignatures) while the signing queued at capture is not read yet:
     # meta and digest are made from it by wait().
@@ -186,13 +189,18 @@ class Slot:
 
 
 def capture_slot(snapshot: Any, step: int, owner: int, world: int, stream: Any = None,
-                 allocate: Optional[Callable[[int, bool], torch.Tensor]] = None) -> Slot:
+                 allocate: Optional[Callable[[int, bool], torch.Tensor]] = None,
+                 stage: Optional[Callable[[int], Optional[torch.Tensor]]] = None) -> Slot:
     """`snapshot`'s tensors signed where they are and copied into one host buffer
     (`allocate(nbytes, pinned)` gives it, e.g. from a pool: pinning host memory is slow). On
     CUDA (`stream`: a side stream) the signing and the copies are queued on `stream` after the
-    work queued so far, nothing waits for them here, and the slot's ``ready`` event marks their
-    end: the caller makes the next update wait for it on the GPU, and ``Slot.wait()`` (the
-    replication thread's, or the first use's) completes meta and digest."""
+    work queued so far, nothing waits for them here, and the slot's ``released`` event marks
+    when the live state may change: the caller makes the next update wait for it on the GPU,
+    and ``Slot.wait()`` (the replication thread's, or the first use's) waits for ``ready`` and
+    completes meta and digest. `stage(nbytes)` may give a device buffer: the tensors are then
+    copied into it first (device memory is two orders of magnitude faster than the host link),
+    ``released`` follows that copy, and the one transfer to the host runs on behind it,
+    overlapping the following steps instead of holding back the next update."""
     tensors: list[torch.Tensor] = []
     structure = _pack(snapshot, tensors)
     flat = [_as_bytes(t) for t in tensors]
@@ -204,25 +212,51 @@ def capture_slot(snapshot: Any, step: int, owner: int, world: int, stream: Any =
     data = allocate(offset, on_cuda) if allocate is not None else torch.empty(offset, dtype=torch.uint8,
                                                                              pin_memory=on_cuda)
     signing = SignatureSet(flat) if flat else None  # signed where they are, before the copy
-    ready, signed = None, None
+    ready, released, signed = None, None, None
     if on_cuda:
+        staging = stage(offset) if stage is not None else None
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             signed = signing.launch() if signing is not None else None
+            into = staging if staging is not None else data
             for b, (_, _, at, n) in zip(flat, specs):
-                data[at:at + n].copy_(b, non_blocking=True)
+                if staging is None or b.is_cuda:
+                    into[at:at + n].copy_(b, non_blocking=True)
+                else:  # a host tensor in a CUDA state (a step count): straight to the host
+                    data[at:at + n].copy_(b)
                 if b.is_cuda:
                     b.record_stream(stream)
-            ready = torch.cuda.Event()
-            ready.record(stream)
+            released = torch.cuda.Event()
+            released.record(stream)
+            ready = released
+            if staging is not None:
+                cuda_parts = [(at, n) for b, (_, _, at, n) in zip(flat, specs) if b.is_cuda]
+                for at, n in _runs(cuda_parts):
+                    data[at:at + n].copy_(staging[at:at + n], non_blocking=True)
+                ready = torch.cuda.Event()
+                ready.record(stream)
     else:
         signed = signing.launch() if signing is not None else None
         for b, (_, _, at, n) in zip(flat, specs):
             data[at:at + n].copy_(b)
-    slot = Slot(int(step), int(owner), int(world), b"", data, "", ready, pending=(structure, specs, signed))
+    slot = Slot(int(step), int(owner), int(world), b"", data, "", ready, released=released,
+                pending=(structure, specs, signed))
     if not on_cuda:
         slot.wait()  # nothing runs asynchronously on the host: complete now
     return slot
+
+
+def _runs(parts: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """(offset, nbytes) ranges merged where only alignment padding separates them: the staged
+    bytes go to the host in as few transfers as the layout allows."""
+    merged: list[tuple[int, int]] = []
+    for at, n in parts:
+        if merged and at - (merged[-1][0] + merged[-1][1]) < ALIGN:
+            start = merged[-1][0]
+            merged[-1] = (start, at + n - start)
+        else:
+            merged.append((at, n))
+    return merged
 
 
 def read_slot_header(path: str) -> tuple[int, int, int, str, int, int, str, int]:
