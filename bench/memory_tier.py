@@ -73,10 +73,13 @@ def body(args: argparse.Namespace, root: str, fast_root: str) -> dict:
         dist.barrier()
         _sync()
         start = time.perf_counter()
-        for _ in range(steps):
+        for i in range(steps):
             train_step(step[0])
             step[0] += 1
-            if tier is not None and step[0] % args.interval == 0:
+            # After the block's first step, then every --interval: the last capture has
+            # interval - 1 steps behind it before the block's closing synchronisation, as every
+            # capture of a long run has (one right before it would time its copy alone).
+            if tier is not None and i % args.interval == 0:
                 tier.save(step[0], at_boundary=True)
         _sync()
         return (time.perf_counter() - start) / steps

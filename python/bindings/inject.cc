@@ -96,9 +96,9 @@ void registerInject(nb::module_& m) {
       "retire",
       [](HostBytes bytes, const std::string& dtype, const Applied& applied) {
         const Dtype d = parseDtype(dtype);
-        elementCount(bytes, d);
+        const std::int64_t numel = elementCount(bytes, d);
         nb::gil_scoped_release release;
-        return retire(bytes.data(), d, applied);
+        return retire(bytes.data(), d, numel, applied);
       },
       nb::arg("bytes"), nb::arg("dtype"), nb::arg("applied"),
       "Undoes a corruption: exact restore where untouched since, delta subtraction elsewhere.");

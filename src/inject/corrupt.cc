@@ -251,7 +251,19 @@ bool stillInjected(std::uint64_t now, std::uint64_t injected, Dtype dtype) {
 
 }  // namespace
 
-std::int64_t retire(void* data, Dtype dtype, const Applied& applied) {
+std::int64_t retire(void* data, Dtype dtype, std::int64_t numel, const Applied& applied) {
+  if (applied.original.size() != applied.indices.size() || applied.injected.size() != applied.indices.size()) {
+    throw InvalidArgument("retire: the record holds " + std::to_string(applied.indices.size()) + " indices, " +
+                          std::to_string(applied.original.size()) + " original and " +
+                          std::to_string(applied.injected.size()) + " injected values");
+  }
+  for (std::int64_t i : applied.indices) {
+    if (i < 0 || i >= numel) {
+      throw InvalidArgument("retire: index " + std::to_string(i) + " outside the tensor's " + std::to_string(numel) +
+                            " elements (the corruption was applied to another tensor)");
+    }
+  }
+  if (!applied.indices.empty() && data == nullptr) throw InvalidArgument("retire: empty buffer");
   // Check every delta first, so a refusal leaves the buffer untouched.
   std::vector<double> deltas(applied.indices.size());
   for (std::size_t k = 0; k < applied.indices.size(); ++k) {

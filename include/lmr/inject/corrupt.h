@@ -87,8 +87,10 @@ Applied overwrite(void* data, Dtype dtype, std::int64_t numel, const std::vector
 // still holding its injected bits gets its original bits back exactly; any other element
 // has the injected delta (injected - original, in float64) subtracted, so updates made
 // meanwhile survive. Returns how many elements were restored exactly. Throws
-// InvalidArgument when the delta is not finite (a non-finite injection cannot be retired).
-std::int64_t retire(void* data, Dtype dtype, const Applied& applied);
+// InvalidArgument, leaving the buffer untouched, when the delta is not finite (a non-finite
+// injection cannot be retired) or `applied` does not fit a buffer of `numel` elements (an
+// index outside it, or record lists of different lengths: applied to another tensor).
+std::int64_t retire(void* data, Dtype dtype, std::int64_t numel, const Applied& applied);
 
 // reorder: rotates `rows` rows of `row_bytes` bytes each by one (row i takes the bytes row
 // i - 1 held, row 0 those of the last row), as a batch delivered out of order. Any dtype.

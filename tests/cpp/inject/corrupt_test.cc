@@ -164,12 +164,12 @@ TEST(Retire, ExactRestoreOrDeltaSubtraction) {
     spec.factor = 3.0;
     const Applied a = corrupt(buf.data(), d, n, Selection(4, "w@9/f", Scope::kTenPercent, n, 1), spec);
     auto untouched = buf;
-    EXPECT_EQ(retire(untouched.data(), d, a), static_cast<std::int64_t>(a.indices.size()));
+    EXPECT_EQ(retire(untouched.data(), d, n, a), static_cast<std::int64_t>(a.indices.size()));
     EXPECT_EQ(untouched, before);  // bit-exact
     // Training moved every element by +0.5 meanwhile: that update survives retirement.
     for (std::int64_t i = 0; i < n; ++i)
       detail::storeBits(buf.data(), d, i, doubleToBits(loadAsDouble(buf.data(), d, i) + 0.5, d));
-    EXPECT_EQ(retire(buf.data(), d, a), 0);
+    EXPECT_EQ(retire(buf.data(), d, n, a), 0);
     const double tol = d == Dtype::kFloat64 ? 1e-12 : (d == Dtype::kFloat32 ? 1e-5 : 0.1);
     for (std::int64_t i = 0; i < n; ++i) {
       EXPECT_NEAR(loadAsDouble(buf.data(), d, i), loadAsDouble(before.data(), d, i) + 0.5, tol) << i;
@@ -185,7 +185,7 @@ TEST(Overwrite, WritesAndRetires) {
   const Applied a = overwrite(buf.data(), Dtype::kBFloat16, 50, idx, snapshot.data());
   for (std::size_t k = 0; k < idx.size(); ++k)
     EXPECT_EQ(loadBits(buf.data(), Dtype::kBFloat16, idx[k]), loadBits(snapshot.data(), Dtype::kBFloat16, k));
-  EXPECT_EQ(retire(buf.data(), Dtype::kBFloat16, a), 3);
+  EXPECT_EQ(retire(buf.data(), Dtype::kBFloat16, 50, a), 3);
   EXPECT_EQ(buf, before);
   EXPECT_THROW(overwrite(buf.data(), Dtype::kBFloat16, 50, {50}, snapshot.data()), InvalidArgument);
 }
@@ -196,18 +196,41 @@ TEST(Retire, NonFiniteDeltaIsRefusedUntouched) {
   spec.operation = Operation::kSetValue;
   spec.value = INFINITY;
   const Applied a = corrupt(buf.data(), Dtype::kFloat32, 16, Selection(1, "x", Scope::kAll, 16, 1), spec);
-  EXPECT_EQ(retire(buf.data(), Dtype::kFloat32, a), 16);  // unchanged since: exact restore works
+  EXPECT_EQ(retire(buf.data(), Dtype::kFloat32, 16, a), 16);  // unchanged since: exact restore works
   // A NaN whose payload or sign arithmetic changed still counts as the injected NaN.
   spec.value = std::nan("");
   const Applied n = corrupt(buf.data(), Dtype::kFloat32, 16, Selection(1, "x", Scope::kSingle, 16, 1), spec);
   detail::storeBits(buf.data(), Dtype::kFloat32, n.indices[0], 0xFFC00000u);  // -NaN
-  EXPECT_EQ(retire(buf.data(), Dtype::kFloat32, n), 1);
+  EXPECT_EQ(retire(buf.data(), Dtype::kFloat32, 16, n), 1);
   EXPECT_EQ(loadBits(buf.data(), Dtype::kFloat32, n.indices[0]), n.original[0]);
   const Applied b = corrupt(buf.data(), Dtype::kFloat32, 16, Selection(1, "x", Scope::kAll, 16, 1), spec);
   detail::storeBits(buf.data(), Dtype::kFloat32, 0, doubleToBits(5.0, Dtype::kFloat32));  // training overwrote one
   const auto held = buf;
-  EXPECT_THROW(retire(buf.data(), Dtype::kFloat32, b), InvalidArgument);
+  EXPECT_THROW(retire(buf.data(), Dtype::kFloat32, 16, b), InvalidArgument);
   EXPECT_EQ(buf, held);
+}
+
+TEST(Retire, ARecordThatDoesNotFitTheBufferIsRefusedUntouched) {
+  auto big = randomBuffer(Dtype::kFloat32, 64, 3);
+  Spec spec;
+  spec.operation = Operation::kScale;
+  spec.factor = 2.0;
+  const Applied a = corrupt(big.data(), Dtype::kFloat32, 64, Selection(7, "w", Scope::kAll, 64, 1), spec);
+  // The same record against a smaller tensor (another shard, a replaced parameter): refused
+  // before a byte is read or written past its end.
+  auto small = randomBuffer(Dtype::kFloat32, 16, 4);
+  const auto held = small;
+  try {
+    retire(small.data(), Dtype::kFloat32, 16, a);
+    FAIL() << "retire wrote past a 16-element buffer";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("index 16 outside the tensor's 16 elements"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(small, held);
+  Applied torn = a;
+  torn.injected.pop_back();
+  EXPECT_THROW(retire(big.data(), Dtype::kFloat32, 64, torn), InvalidArgument);
+  EXPECT_EQ(retire(big.data(), Dtype::kFloat32, 64, a), 64);
 }
 
 TEST(Reorder, RotatesRowsByOneAndCountsChangedRows) {
