@@ -99,6 +99,11 @@ def body(args: argparse.Namespace, root: str, fast_root: str) -> dict:
     memory.drain()
     if direct is not None:
         direct.close()
+    if rank == 0:  # now, in case the recovery part is cut off
+        steps = {k: statistics.median(v) for k, v in rows.items()}
+        print("per step (medians, rank 0): " + ", ".join(
+            f"{k} {v * 1e3:.2f} ms ({100 * (v / steps['no fast tier'] - 1):+.2f}%)" for k, v in steps.items()),
+            flush=True)
 
     # Recovery of one state, four ways.
     saved = step[0] - step[0] % args.interval
