@@ -114,6 +114,16 @@ void registerScout(nb::module_& m) {
       },
       nb::arg("cadence"), nb::arg("layers"), nb::arg("moe_layers") = 0);
   m.def(
+      "replay_worst_latency",
+      [](const CadenceSpec& c, std::int64_t layers, std::int64_t slices, std::int64_t moe_layers, bool pipelined) {
+        const auto l = replay::worstCaseLatency(cadence(c), layers, slices, moe_layers, pipelined);
+        return std::map<std::string, std::int64_t>{
+            {"embedding", l.embedding}, {"hidden", l.hidden}, {"output", l.output},
+            {"optimizer", l.optimizer}, {"moe", l.moe},       {"modules", l.modules}};
+      },
+      nb::arg("cadence"), nb::arg("layers"), nb::arg("slices"), nb::arg("moe_layers") = 0, nb::arg("pipelined") = true,
+      "Worst-case detection latency in steps by recipe class, and for every module (lmr::replay::worstCaseLatency).");
+  m.def(
       "replay_seed",
       [](const std::string& recipe, std::int64_t step) {
         return static_cast<std::int64_t>(keyedHash(0, "replay.seed", {recipe}, step) >> 1);

@@ -40,6 +40,22 @@ Intervals effectiveIntervals(const Cadence& c, std::int64_t layers, std::int64_t
                    pick(c.optimizer_interval), moe_layers > 0 ? rotating(c.moe_interval, moe_layers) : 0};
 }
 
+Latency worstCaseLatency(const Cadence& cadence, std::int64_t layers, std::int64_t slices, std::int64_t moe_layers,
+                         bool pipelined) {
+  if (slices < 1) throw InvalidArgument("optimizer replay needs at least one slice");
+  const Intervals iv = effectiveIntervals(cadence, layers, moe_layers);
+  const std::int64_t late = pipelined ? 1 : 0;
+  auto every = [&](std::int64_t interval, std::int64_t items) { return interval > 0 ? interval * items + late : 0; };
+  Latency l;
+  l.embedding = every(iv.embedding, 1);
+  l.hidden = every(iv.hidden, layers);
+  l.output = every(iv.output, 1);
+  l.optimizer = every(iv.optimizer, slices);
+  l.moe = every(iv.moe, moe_layers);
+  l.modules = std::max({l.embedding, l.hidden, l.output, l.moe});
+  return l;
+}
+
 namespace {
 
 Plan masked(Plan p, PlanOptions options) {

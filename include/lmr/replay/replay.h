@@ -61,6 +61,20 @@ struct Intervals {
 };
 Intervals effectiveIntervals(const Cadence& cadence, std::int64_t layers, std::int64_t moe_layers = 0);
 
+// The worst-case detection latency of a cadence, in optimizer steps: from the first step a
+// persistent fault shows in (a bad unit, a corrupted weight) to the boundary whose verdict
+// sees it, counting both. A recipe of interval k that rotates over n items (layers, MoE
+// layers, optimizer slices) revisits each every k * n steps, one that does not every k; a
+// pipelined check concludes one boundary later. 0: never (the recipe is off). `modules`:
+// until every replayed module (embedding, each layer, output, each MoE layer) was replayed
+// once after the fault began, the largest of those.
+struct Latency {
+  std::int64_t embedding = 0, hidden = 0, output = 0, optimizer = 0, moe = 0;
+  std::int64_t modules = 0;
+};
+Latency worstCaseLatency(const Cadence& cadence, std::int64_t layers, std::int64_t slices, std::int64_t moe_layers,
+                         bool pipelined);
+
 // What runs after optimizer step `step` (1-based) completes. A recipe with interval k runs
 // at every multiple of k; the hidden recipe visits layer ((step / k) - 1) mod layers, the
 // optimizer recipe slice ((step / k) - 1) mod slices, the MoE recipe MoE layer

@@ -44,6 +44,53 @@ TEST(Replay, CadenceAndRotation) {
   EXPECT_THROW(replay::planAt(bad, 1, 4, 1), InvalidArgument);
 }
 
+// The worst case over every onset step of a persistent fault in each layer, found by walking
+// planAt, is what worstCaseLatency says.
+TEST(Replay, WorstCaseLatencyIsTheLongestWaitForAVisit) {
+  for (std::int64_t check : {1, 7, 20}) {
+    for (std::int64_t layers : {1, 4, 6, 16}) {
+      for (bool pipelined : {false, true}) {
+        replay::Cadence c;
+        c.check_interval = check;
+        const std::int64_t slices = 3;
+        const auto l = replay::worstCaseLatency(c, layers, slices, 0, pipelined);
+        std::int64_t worst_hidden = 0, worst_output = 0, worst_slice = 0;
+        const std::int64_t horizon = 4 * check * std::max<std::int64_t>(layers, slices);
+        for (std::int64_t onset = 1; onset <= horizon / 2; ++onset) {
+          for (std::int64_t layer = 0; layer < layers; ++layer) {
+            std::int64_t t = onset;
+            while (replay::planAt(c, t, layers, slices).hidden_layer != layer) ++t;
+            worst_hidden = std::max(worst_hidden, t - onset + 1);
+          }
+          std::int64_t t = onset;
+          while (!replay::planAt(c, t, layers, slices).output) ++t;
+          worst_output = std::max(worst_output, t - onset + 1);
+          for (std::int64_t slice = 0; slice < slices; ++slice) {
+            t = onset;
+            while (replay::planAt(c, t, layers, slices).optimizer_slice != slice) ++t;
+            worst_slice = std::max(worst_slice, t - onset + 1);
+          }
+        }
+        const std::int64_t late = pipelined ? 1 : 0;
+        EXPECT_EQ(l.hidden, worst_hidden + late) << check << " " << layers;
+        EXPECT_EQ(l.output, worst_output + late) << check << " " << layers;
+        EXPECT_EQ(l.embedding, l.output);
+        EXPECT_EQ(l.optimizer, worst_slice + late) << check << " " << layers;
+        EXPECT_EQ(l.moe, 0);
+        EXPECT_EQ(l.modules, std::max(l.hidden, l.output));
+      }
+    }
+  }
+  // The default cadence on 16 layers: a layer every 6 steps, every layer within 96 (97 when
+  // pipelined); MoE layers rotate as well; a recipe that is off is never (0).
+  replay::Cadence d;
+  EXPECT_EQ(replay::worstCaseLatency(d, 16, 1, 0, true).hidden, 97);
+  EXPECT_EQ(replay::worstCaseLatency(d, 16, 1, 4, false).moe, 100);
+  d.output_interval = 0;
+  EXPECT_EQ(replay::worstCaseLatency(d, 16, 1, 0, false).output, 0);
+  EXPECT_THROW(replay::worstCaseLatency(d, 16, 0, 0, false), InvalidArgument);
+}
+
 TEST(Replay, MoeLayersRotateLikeHiddenLayers) {
   replay::Cadence c;
   c.check_interval = 10;
