@@ -17,6 +17,21 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vocab", type=int, default=256)
 
 
+def reference_job(args: Mapping[str, Any], device: Any) -> tuple[Any, Any, Any]:
+    """The reference decoder on `device` (bf16 when args["dtype"] says so), seeded, with AdamW
+    and its synthetic tokens: (model, optimizer, data)."""
+    import torch
+
+    from lm_resiliency.workloads import Decoder, SyntheticTokens
+
+    torch.manual_seed(0)
+    model = Decoder(decoder_config(args)).to(device)
+    if args.get("dtype") == "bfloat16":
+        model = model.to(torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    return model, opt, SyntheticTokens(args["vocab"], args["seq"], args["batch"])
+
+
 def decoder_config(args: Mapping[str, Any]) -> DecoderConfig:
     return DecoderConfig(vocab_size=args["vocab"], dim=args["dim"], n_layers=args["layers"], n_heads=args["heads"],
                          ffn_hidden=args["dim"] * 8 // 3, max_seq_len=args["seq"])

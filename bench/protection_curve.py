@@ -25,8 +25,7 @@ import torch.distributed as dist
 
 from lm_resiliency import _core
 from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
-from lm_resiliency.workloads import Decoder, SyntheticTokens
-from model_args import add_model_args, decoder_config
+from model_args import add_model_args, reference_job
 from scout_overhead import timed
 
 INTEGRITY = {"off": dict(state_integrity=False), "on": dict(state_integrity=True, integrity_at_rest=False),
@@ -72,12 +71,7 @@ def main() -> None:
     os.environ.setdefault("MASTER_PORT", "29541")
     dist.init_process_group("gloo", rank=0, world_size=1)
     device = torch.device(args["device"])
-    torch.manual_seed(0)
-    model = Decoder(decoder_config(args)).to(device)
-    if args["dtype"] == "bfloat16":
-        model = model.to(torch.bfloat16)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    data = SyntheticTokens(args["vocab"], args["seq"], args["batch"])
+    model, opt, data = reference_job(args, device)
     default = ReplayHarnessConfig()
     effective_hidden = _core.replay_intervals(default.cadence(), args["layers"])[1]
     hidden = sorted({int(h) for h in args["hidden"].split(",")} | {effective_hidden})  # the default's too

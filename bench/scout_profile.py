@@ -20,8 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
-from lm_resiliency.workloads import Decoder, SyntheticTokens
-from model_args import add_model_args, decoder_config
+from model_args import add_model_args, reference_job
 
 
 def sync(device):
@@ -78,12 +77,7 @@ def main() -> None:
     add_model_args(p)
     args = vars(p.parse_args())
     device = torch.device(args["device"])
-    torch.manual_seed(0)
-    model = Decoder(decoder_config(args)).to(device)
-    if args["dtype"] == "bfloat16":
-        model = model.to(torch.bfloat16)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    data = SyntheticTokens(args["vocab"], args["seq"], args["batch"])
+    model, opt, data = reference_job(args, device)
     step = 0
     run_steps(model, opt, data, step, 5, device)
     step += 5
