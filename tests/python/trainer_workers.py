@@ -86,6 +86,13 @@ def make_trainer(output_dir, steps, ga=1, save_steps=0, callbacks=(), seed=0, de
     elif backend == "deepspeed":
         extra["deepspeed"] = {"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": "auto",
                               "gradient_accumulation_steps": "auto", "zero_allow_untested_optimizer": True}
+    if device == "cuda" and backend == "fsdp2":
+        # Ranks sharing one GPU talk through gloo. The Trainer's gradient clipping takes the norm of
+        # FSDP2's DTensor gradients through torch's functional collectives, which crash on gloo
+        # groups of CUDA tensors (torch 2.11; frameworks/pytorch.py's full_copy avoids them for the
+        # same reason): the suspected cause of this world's rank 0 dying of SIGSEGV, not yet
+        # confirmed on the device. A real job runs NCCL there.
+        extra["max_grad_norm"] = 0.0
     args = transformers.TrainingArguments(
         output_dir=output_dir, per_device_train_batch_size=4, gradient_accumulation_steps=ga, max_steps=steps,
         learning_rate=1e-3, save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500,
