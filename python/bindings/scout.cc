@@ -48,11 +48,12 @@ mesh::Layout layout(const std::vector<DimSpec>& dims, std::int64_t world) {
 }
 
 // (check, embedding, hidden, output, optimizer, moe) intervals, as ReplayHarnessConfig.cadence() gives them.
-using CadenceSpec = std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t>;
+using CadenceSpec =
+    std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t>;
 
 replay::Cadence cadence(const CadenceSpec& c) {
-  const auto& [check, embedding, hidden, output, optimizer, moe] = c;
-  return replay::Cadence{check, embedding, hidden, output, optimizer, moe};
+  const auto& [check, embedding, hidden, output, optimizer, moe, coverage] = c;
+  return replay::Cadence{check, embedding, hidden, output, optimizer, moe, coverage};
 }
 
 auto planTuple(const replay::Plan& p) {

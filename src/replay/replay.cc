@@ -24,16 +24,17 @@ Intervals effectiveIntervals(const Cadence& c, std::int64_t layers, std::int64_t
     if (v < -1) throw InvalidArgument(std::string(name) + " must be -1 (inherit), 0 (off) or positive");
   };
   if (c.check_interval < 0) throw InvalidArgument("check_interval must be >= 0 (0: manual checks only)");
+  if (c.coverage_steps < 1) throw InvalidArgument("coverage_steps must be >= 1");
   check(c.embedding_interval, "embedding_interval");
   check(c.hidden_interval, "hidden_interval");
   check(c.output_interval, "output_interval");
   check(c.optimizer_interval, "optimizer_interval");
   check(c.moe_interval, "moe_interval");
   auto pick = [&](std::int64_t v) { return v == -1 ? c.check_interval : v; };
-  // A rotating recipe's default interval visits each of its `count` items within 100 steps.
+  // A rotating recipe's default interval visits each of its `count` items within coverage_steps.
   auto rotating = [&](std::int64_t v, std::int64_t count) {
     std::int64_t k = pick(v);
-    if (v == -1 && k > 0) k = std::max<std::int64_t>(1, std::min(k, 100 / count));
+    if (v == -1 && k > 0) k = std::max<std::int64_t>(1, std::min(k, c.coverage_steps / count));
     return k;
   };
   return Intervals{pick(c.embedding_interval), rotating(c.hidden_interval, layers), pick(c.output_interval),

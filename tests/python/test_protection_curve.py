@@ -7,7 +7,10 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from lm_resiliency import _core
+from lm_resiliency.errors import InvalidArgumentError
 from lm_resiliency.scout import ReplayHarnessConfig
 
 BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench")
@@ -18,6 +21,11 @@ def test_the_default_cadence_covers_every_layer_within_100_steps():
     assert _core.replay_worst_latency(cadence, 16, 19, 0, True) == {
         "embedding": 101, "hidden": 97, "output": 101, "optimizer": 1901, "moe": 0, "modules": 101}
     assert _core.replay_worst_latency(ReplayHarnessConfig(hidden_interval=3).cadence(), 4, 1, 0, False)["hidden"] == 12
+    longer = ReplayHarnessConfig(coverage_steps=200).cadence()
+    assert _core.replay_intervals(longer, 16)[1] == 12
+    assert _core.replay_worst_latency(longer, 16, 19, 0, True)["hidden"] == 193
+    with pytest.raises(InvalidArgumentError, match="coverage_steps must be >= 1, got 0"):
+        ReplayHarnessConfig(coverage_steps=0)
 
 
 def test_the_curve_marks_the_default_and_plots(tmp_path):

@@ -21,12 +21,16 @@ namespace lmr::replay {
 struct Cadence {
   std::int64_t check_interval = 100;
   std::int64_t embedding_interval = -1;
-  // hidden_interval -1: the base interval, shortened so that every layer is covered within 100 steps.
+  // hidden_interval -1: the base interval, shortened so that every layer is covered within
+  // coverage_steps (100) steps.
   std::int64_t hidden_interval = -1;
   std::int64_t output_interval = -1;
   std::int64_t optimizer_interval = -1;
   // moe_interval -1: the base interval, shortened as hidden_interval is over the MoE layers.
   std::int64_t moe_interval = -1;
+  // The steps within which a shortened rotating recipe (hidden_interval, moe_interval -1)
+  // visits each of its layers: longer is cheaper and slower to see a fault (worstCaseLatency).
+  std::int64_t coverage_steps = 100;
 };
 
 // The recipe classes, in the order a check lays them out (its readiness vote has one slot each).

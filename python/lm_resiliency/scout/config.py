@@ -16,8 +16,8 @@ _DEFAULTS = _core.StragglerOptions()
 class ReplayHarnessConfig:
     """Intervals are in optimizer steps. ``check_interval=0`` means manual checks only
     (``harness.check()``); a recipe interval of -1 inherits ``check_interval`` and 0
-    disables that recipe. The hidden recipe's default interval is shortened so that every
-    layer is visited within 100 steps."""
+    disables that recipe. The hidden (and MoE) recipe's default interval is shortened so that
+    every layer is visited within ``coverage_steps`` steps."""
 
     check_interval: int = 100
     embedding_interval: int = -1
@@ -27,6 +27,10 @@ class ReplayHarnessConfig:
     # The MoE recipe (router, experts at their representative shapes, expert-parallel
     # AllToAll) of one MoE layer per check, rotating like the hidden recipe (docs/moe.md).
     moe_interval: int = -1
+    # The steps within which the hidden and MoE recipes at their default interval (-1) visit
+    # every layer: a longer rotation costs less and sees a fault later (lmr::replay::
+    # worstCaseLatency; the curve in docs/PERFORMANCE.md).
+    coverage_steps: int = 100
     # Representatives of each expert fingerprint replayed per MoE check, rotating (0: all);
     # a layer counts as covered for certification once its rotation replayed all of them.
     moe_shapes_per_check: int = 2
@@ -91,7 +95,7 @@ class ReplayHarnessConfig:
 
     def __post_init__(self) -> None:
         for name in ("check_interval", "embedding_interval", "hidden_interval", "output_interval", "optimizer_interval",
-                     "moe_interval", "moe_shapes_per_check", "moe_token_granularity", "optimizer_slice_size", "confirmation_rounds", "confirmation_checks", "temporal_window",
+                     "moe_interval", "coverage_steps", "moe_shapes_per_check", "moe_token_granularity", "optimizer_slice_size", "confirmation_rounds", "confirmation_checks", "temporal_window",
                      "comm_sample_every"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
@@ -112,6 +116,8 @@ class ReplayHarnessConfig:
                 raise InvalidArgumentError("ReplayHarnessConfig.fabric_source must be a lm_resiliency.fabric.FabricSource")
         if self.resource_map is not None and (not isinstance(self.resource_map, str) or not self.resource_map):
             raise InvalidArgumentError("ReplayHarnessConfig.resource_map must be a file path or None")
+        if self.coverage_steps < 1:
+            raise InvalidArgumentError(f"ReplayHarnessConfig.coverage_steps must be >= 1, got {self.coverage_steps}")
         if self.optimizer_slice_size < 1 or self.confirmation_rounds < 1 or self.temporal_window < 1:
             raise InvalidArgumentError("optimizer_slice_size, confirmation_rounds and temporal_window must be >= 1")
         if self.confirmation_checks < self.confirmation_rounds:
@@ -161,9 +167,9 @@ class ReplayHarnessConfig:
         o.temporal_window = self.temporal_window
         return o
 
-    def cadence(self) -> tuple[int, int, int, int, int, int]:
+    def cadence(self) -> tuple[int, int, int, int, int, int, int]:
         return (self.check_interval, self.embedding_interval, self.hidden_interval, self.output_interval,
-                self.optimizer_interval, self.moe_interval)
+                self.optimizer_interval, self.moe_interval, self.coverage_steps)
 
     def alltoall_replay_policy(self) -> Any:
         from lm_resiliency.scout.alltoall_policy import BoundedAllToAllPolicy

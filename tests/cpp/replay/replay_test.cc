@@ -85,6 +85,12 @@ TEST(Replay, WorstCaseLatencyIsTheLongestWaitForAVisit) {
   // pipelined); MoE layers rotate as well; a recipe that is off is never (0).
   replay::Cadence d;
   EXPECT_EQ(replay::worstCaseLatency(d, 16, 1, 0, true).hidden, 97);
+  replay::Cadence longer{.coverage_steps = 200};  // a longer rotation: every 12 steps, 192
+  EXPECT_EQ(replay::effectiveIntervals(longer, 16).hidden, 12);
+  EXPECT_EQ(replay::worstCaseLatency(longer, 16, 1, 0, true).hidden, 193);
+  EXPECT_EQ(replay::effectiveIntervals(longer, 16, 4).moe, 50);
+  EXPECT_EQ(replay::effectiveIntervals(replay::Cadence{.check_interval = 5, .coverage_steps = 1000}, 16).hidden, 5);
+  EXPECT_THROW(replay::effectiveIntervals(replay::Cadence{.coverage_steps = 0}, 16), InvalidArgument);
   EXPECT_EQ(replay::worstCaseLatency(d, 16, 1, 4, false).moe, 100);
   d.output_interval = 0;
   EXPECT_EQ(replay::worstCaseLatency(d, 16, 1, 0, false).output, 0);
