@@ -59,6 +59,8 @@ void registerMemoryTier(nb::module_& m) {
       },
       nb::arg("own_bytes"), nb::arg("held_bytes"), nb::arg("slots"), nb::arg("host_bytes"), nb::arg("ranks_on_node"),
       nb::arg("fraction"), "(problem or \"\", the node's bytes for every slot).");
+  m.def("memory_stage_on_device", &stageOnDevice, nb::arg("snapshot_bytes"), nb::arg("free_device_bytes"),
+        nb::arg("share"), "Whether staging \"auto\" stages a capture in device memory (lmr::ckpt::stageOnDevice).");
   m.def(
       "memory_plan_restore",
       [](const std::vector<std::vector<std::int64_t>>& have, const std::vector<std::int64_t>& need) {

@@ -74,6 +74,11 @@ std::uint64_t nodeBytes(const MemoryBudget& budget) {
   return slots * ranks * (budget.own_bytes + budget.held_bytes);
 }
 
+bool stageOnDevice(std::uint64_t snapshot_bytes, std::uint64_t free_device_bytes, double share) {
+  if (!(share >= 0.0 && share <= 1.0)) throw InvalidArgument("staging_share must be in [0, 1]");
+  return static_cast<double>(snapshot_bytes) <= share * static_cast<double>(free_device_bytes);
+}
+
 std::string checkBudget(const MemoryBudget& budget) {
   if (budget.slots < 1) return "slots must be at least 1, got " + std::to_string(budget.slots);
   if (!(budget.fraction > 0.0 && budget.fraction <= 1.0))

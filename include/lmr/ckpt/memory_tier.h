@@ -56,6 +56,12 @@ std::uint64_t nodeBytes(const MemoryBudget& budget);  // what the node's ranks k
 // "" when it fits; otherwise why not, with the sizes.
 std::string checkBudget(const MemoryBudget& budget);
 
+// Whether a CUDA capture of `snapshot_bytes` is staged in device memory first (one more
+// snapshot's size there, so that the next update waits only for a device copy) under staging
+// "auto": when it takes at most `share` of the device memory free at the first capture.
+// InvalidArgument for a share outside [0, 1].
+bool stageOnDevice(std::uint64_t snapshot_bytes, std::uint64_t free_device_bytes, double share);
+
 // Who sends which owner's snapshot to whom. `have[r]`: the owners rank r can supply; `need[r]`:
 // the owner rank r restores (-1: none).
 struct Transfer {

@@ -254,7 +254,7 @@ class MemoryTier(LatestTier):
         device = self._stream.device
         if self.staged is None and self.staging == "auto":
             free, _ = torch.cuda.mem_get_info(device)
-            if nbytes > self.staging_share * free:
+            if not _core.memory_stage_on_device(nbytes, free, self.staging_share):
                 self.staged = False
                 log.warning("in-memory tier: a snapshot of %.1f MiB is more than %.0f%% of the %.1f MiB free on %s: it "
                             "is copied straight to the host, and the next update waits for that copy",

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 
 #include "lmr/common/error.h"
@@ -47,6 +48,16 @@ TEST(MemoryTierRing, LosingTwoNodesLosesTheStateWhoseOwnerAndHolderWereBothThere
   EXPECT_EQ(lostOwners(ring, {1, 2}), (std::vector<std::int64_t>{2, 3}));  // node 1's ranks held on node 2
   EXPECT_TRUE(lostOwners(ring, {0, 2}).empty());             // not adjacent at this jump
   EXPECT_EQ(lostOwners({4, 4, 1}, {0}), (std::vector<std::int64_t>{0, 1, 2, 3}));
+}
+
+TEST(MemoryTierStaging, AutoStagesWhatFitsItsShareOfTheFreeDeviceMemory) {
+  const std::uint64_t gib = std::uint64_t{1} << 30;
+  EXPECT_TRUE(stageOnDevice(5 * gib, 70 * gib, 0.25));    // the reference state on an idle H100
+  EXPECT_FALSE(stageOnDevice(20 * gib, 70 * gib, 0.25));  // more than a quarter of what is free
+  EXPECT_TRUE(stageOnDevice(0, 0, 0.0));
+  EXPECT_FALSE(stageOnDevice(1, 70 * gib, 0.0));  // share 0: never
+  EXPECT_THROW(stageOnDevice(1, 1, 1.5), InvalidArgument);
+  EXPECT_THROW(stageOnDevice(1, 1, std::nan("")), InvalidArgument);
 }
 
 TEST(MemoryTierBudget, ItFitsOrSaysByHowMuchItWouldNot) {
