@@ -126,7 +126,8 @@ class MemoryTier(LatestTier):
             raise InvalidArgumentError(f"staging_share must be a number in [0, 1], got {staging_share!r}")
         self.staging, self.staging_share = staging, float(staging_share)
         self._stage: Optional[torch.Tensor] = None  # the device staging buffer, once decided
-        self.staged: Optional[bool] = None  # None: not decided yet (the first capture on CUDA)
+        # Whether captures are staged on the device; None: not decided yet (the first capture on CUDA).
+        self.staged: Optional[bool] = False if staging == "host" else None
         self.state = RankState("MemoryTier", model, optimizer, scheduler, data_state)
         self.slots, self.memory_share, self.topology = slots, float(memory_share), topology
         self.timeout_s, self.flush_timeout_s = float(timeout_s), float(flush_timeout_s)
@@ -247,7 +248,7 @@ class MemoryTier(LatestTier):
     def _staging_buffer(self, nbytes: int) -> Optional[torch.Tensor]:
         """The device buffer a capture is staged in, or None to copy straight to the host
         (decided at the first capture, see `staging`; a state that grows gets a new one)."""
-        if self.staged is False or self._stream is None or self.staging == "host":
+        if self.staged is False or self._stream is None:
             return None
         if self._stage is not None and self._stage.numel() >= nbytes:
             return self._stage
