@@ -17,13 +17,21 @@ namespace {
 
 // A peer's detail as Python sends it: (tensor kinds as bytes of 0/1, digests after the
 // update concatenated, tensor indices changed at rest, error text).
+//
+// Digests cross as 16 bytes a tensor; 16 zero bytes stand for a tensor not signed at that
+// boundary (lmr::replay's empty digest; a real one is all zeros with probability 2^-128).
 using DetailSpec = std::tuple<nb::bytes, nb::bytes, std::vector<std::int64_t>, std::string>;
+
+constexpr char kUnsigned[16] = {};
 
 std::vector<std::string> split16(const nb::bytes& b, const char* what) {
   const std::string_view all(b.c_str(), b.size());
   if (all.size() % 16 != 0) throw InvalidArgument(std::string("state integrity: ") + what + " is not whole digests");
   std::vector<std::string> out;
-  for (std::size_t at = 0; at < all.size(); at += 16) out.emplace_back(all.substr(at, 16));
+  for (std::size_t at = 0; at < all.size(); at += 16) {
+    const std::string_view d = all.substr(at, 16);
+    out.emplace_back(d == std::string_view(kUnsigned, 16) ? std::string_view() : d);
+  }
   return out;
 }
 
@@ -36,7 +44,7 @@ std::vector<bool> kinds(const nb::bytes& b) {
 DetailSpec detailSpec(const replay::IntegrityDetail& d) {
   std::string k, after;
   for (bool s : d.is_state) k.push_back(s ? 1 : 0);
-  for (const std::string& a : d.after) after += a;
+  for (const std::string& a : d.after) after += a.empty() ? std::string(kUnsigned, 16) : a;
   return {asBytes(k), asBytes(after), d.changed_at_rest, d.error};
 }
 
@@ -77,6 +85,8 @@ void registerIntegrity(nb::module_& m) {
       nb::arg("layout"), nb::arg("is_state"), nb::arg("after"), nb::arg("reference").none(), nb::arg("before").none(),
       "(64-byte summary, detail) of this peer's held state (lmr::replay::localIntegrity); digests are "
       "concatenated 16-byte values in the set's order, is_state one byte per tensor.");
+  m.def("integrity_slices", &replay::integritySlices, nb::arg("bytes"), nb::arg("slices"),
+        "The slice (0..slices-1) of each tensor, by its bytes (lmr::replay::integritySlices).");
   m.def(
       "integrity_failed",
       [](const std::string& error) {

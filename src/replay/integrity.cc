@@ -19,7 +19,7 @@ void checkDigests(const std::vector<std::string>& digests, std::size_t n, const 
     throw InvalidArgument(std::string("state integrity: ") + what + " has " + std::to_string(digests.size()) +
                           " digests for " + std::to_string(n) + " tensors");
   for (const std::string& d : digests)
-    if (d.size() != kDigest)
+    if (!d.empty() && d.size() != kDigest)
       throw InvalidArgument(std::string("state integrity: a digest in ") + what + " is not 16 bytes");
 }
 
@@ -77,7 +77,8 @@ std::string foldDigests(const std::vector<std::string>& digests) {
   h.update("lmr.integrity.fold.v1");
   h.updateU64(digests.size());
   for (const std::string& d : digests) {
-    if (d.size() != kDigest) throw InvalidArgument("state integrity: a digest to fold is not 16 bytes");
+    if (!d.empty() && d.size() != kDigest) throw InvalidArgument("state integrity: a digest to fold is not 16 bytes");
+    h.update(d.empty() ? std::string_view("\0", 1) : std::string_view("\1", 1));  // signed or not
     h.update(d);
   }
   const auto out = h.finish();
@@ -102,12 +103,31 @@ LocalIntegrity localIntegrity(const HeldState& held) {
   out.summary.params = foldDigests(params);
   out.summary.state = foldDigests(state);
   for (std::size_t i = 0; i < held.reference.size(); ++i) {
-    if (held.before[i] == held.reference[i]) continue;
+    // Only a tensor signed at both ends of its rest is evidence (rotating slices).
+    if (held.before[i].empty() || held.reference[i].empty() || held.before[i] == held.reference[i]) continue;
     out.detail.changed_at_rest.push_back(static_cast<std::int64_t>(i));
     (held.is_state[i] ? out.summary.state_changed_at_rest : out.summary.params_changed_at_rest) = true;
   }
   out.detail.is_state = held.is_state;
   out.detail.after = held.after;
+  return out;
+}
+
+std::vector<std::int64_t> integritySlices(const std::vector<std::int64_t>& bytes, std::int64_t slices) {
+  if (slices < 1) throw InvalidArgument("state integrity: the number of slices must be at least 1");
+  std::vector<std::size_t> order(bytes.size());
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    if (bytes[i] < 0) throw InvalidArgument("state integrity: a tensor's size is negative");
+    order[i] = i;
+  }
+  std::stable_sort(order.begin(), order.end(), [&bytes](std::size_t a, std::size_t b) { return bytes[a] > bytes[b]; });
+  std::vector<std::int64_t> load(static_cast<std::size_t>(slices), 0);
+  std::vector<std::int64_t> out(bytes.size(), 0);
+  for (std::size_t i : order) {
+    const auto lightest = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    out[i] = static_cast<std::int64_t>(lightest);
+    load[lightest] += bytes[i];
+  }
   return out;
 }
 

@@ -30,11 +30,12 @@ def state_campaign():
     )
 
 
-def faulty(parallel, steps, device="cpu"):
+def faulty(parallel, steps, device="cpu", slices=1):
     cfg = TrainConfig(parallel=parallel, steps=steps, device=device)
     model, opt, data, dev = build(cfg)
     # No replay checks in the run: what is found, state integrity finds.
-    harness = ReplayHarness(model, opt, ReplayHarnessConfig(check_interval=1000, state_integrity=True))
+    harness = ReplayHarness(model, opt, ReplayHarnessConfig(check_interval=1000, state_integrity=True,
+                                                            integrity_slices=slices))
     session = lmr.enable_fault_injection(model, opt, campaign=state_campaign())
     for step in range(steps):
         train_step(model, opt, data, dev, step)

@@ -63,6 +63,69 @@ def localized_at_the_next_boundary(parallel, device):
             [(r.step, r.status, r.sdc_sources) for r in results]
 
 
+def test_in_slices_each_step_signs_one_and_a_diverged_replica_is_found_within_k_steps():
+    """DDP, the state signed in 3 turns: each step's verdict covers slice step mod 3, and each
+    fault is named at the first step at or after it whose slice holds the tensor."""
+    k = 3
+    per_rank = spawn(integrity_workers.faulty, 4, args=("ddp", 20, "cpu", k))
+    results = replay_results(per_rank[0]["results"])
+    assert [r.step for r in results] == list(range(1, 21))
+    assert all(r.checked_recipe_ids == ["integrity", f"integrity/{r.step % k}"] for r in results), \
+        [(r.step, r.checked_recipe_ids) for r in results]
+    for occ, (rank, source, component, layer) in EXPECTED.items():
+        at = int(occ.split("@")[1])
+        found = next(r for r in results if rank in r.sdc_ranks and source in r.sdc_sources and r.step >= at)
+        assert found.step < at + k, (occ, found.step)
+        assert found.place_of(source, rank) == (component, layer)
+        # Nothing named that rank for that surface before: the slice holding it came round.
+        assert not any(rank in r.sdc_ranks and source in r.sdc_sources for r in results if r.step < found.step)
+    assert all(r.status == "Agree" for r in results if r.step < 3)
+    for other in per_rank[1:]:
+        assert [(r["step"], r["status"], r["sdc_sources"]) for r in other["results"]] == \
+            [(r.step, r.status, r.sdc_sources) for r in results]
+
+
+def test_certification_counts_each_integrity_slice_in_its_cycle(tmp_path):
+    """One process, the state signed in 7 turns, a check every 2 steps: the slices are entries
+    of the certifier's catalog, counted from integrity verdicts alone (odd steps) and merged
+    into a check's (even steps). The replay recipes' cycle completes at step 6; the first
+    capture waits for slice 0 (step 7), taken at the next check (step 8)."""
+    import torch
+
+    from lm_resiliency.checkpoint import CheckpointCertifier, DurableCheckpointConfig
+    from lm_resiliency.scout import ReplayHarness, ReplayHarnessConfig
+    from lm_resiliency.workloads import Decoder, DecoderConfig
+
+    k = 7
+    torch.manual_seed(0)
+    model = Decoder(DecoderConfig(vocab_size=32, dim=16, n_layers=2, n_heads=2, max_seq_len=8))
+    opt = torch.optim.AdamW(model.parameters())
+    harness = ReplayHarness(model, opt, ReplayHarnessConfig(check_interval=2, state_integrity=True,
+                                                            integrity_slices=k))
+    config = DurableCheckpointConfig(str(tmp_path), save_candidate=lambda step, where: None,
+                                     load_checkpoint=lambda where: None)
+    certifier = CheckpointCertifier(harness, config)
+    slices = [f"integrity/{j}" for j in range(k)]
+    assert certifier.catalog[-k:] == slices
+    tokens = torch.randint(0, 32, (2, 8))
+    covered, captured = {}, {}
+    try:
+        for step in range(1, 11):
+            opt.zero_grad()
+            model(tokens).sum().backward()
+            opt.step()
+            covered[step] = set(certifier._core.covered)
+            captured[step] = [(c.step, c.state) for c in certifier._core.manifest.checkpoints]
+    finally:
+        certifier.close()
+        harness.close()
+    # Step 2's outcome: slice 1 from step 1's verdict alone, slice 2 merged into the check.
+    assert {"integrity/1", "integrity/2"} <= covered[2] and "integrity/0" not in covered[2], covered
+    replayed = set(certifier.catalog) - set(slices)
+    assert replayed <= covered[6] and "integrity/0" not in covered[6] and not captured[6], (covered, captured)
+    assert captured[8] == [(8, "CANDIDATE")], captured
+
+
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
 def test_clean_run_with_a_load_and_a_failing_checker(parallel):
     per_rank = spawn(integrity_workers.clean, 4, args=(parallel, 16, 8, 12))

@@ -11,6 +11,12 @@
 //   replicas that disagree. A tensor that changed at rest on every peer was written by the
 //   job itself (code that edits parameters between steps): Inconclusive, never blamed.
 //
+// - In slices (optional). Each boundary may sign only a slice of the held tensors
+//   (integritySlices: about 1/k of the bytes, every byte within k boundaries). A tensor not
+//   signed at a boundary has an empty digest: replicas sign the same slice, so it compares
+//   equal; the at-rest check compares only tensors signed both after the last update and
+//   just before this one.
+//
 // Surfaces: "integrity.params" and "integrity.state" (held-state surfaces, isStateSource).
 // A peer's vote is a fixed-size summary (one all-gather of 64 bytes); only when something
 // disagrees, changed or failed do the peers exchange the detail that names the tensors.
@@ -32,7 +38,8 @@ inline constexpr const char* kIntegrityParams = "integrity.params";
 inline constexpr const char* kIntegrityState = "integrity.state";
 
 // One peer's tensors at one boundary: per-tensor 16-byte digests after the update, in the
-// set's order, each marked parameter (false) or optimizer state (true).
+// set's order, each marked parameter (false) or optimizer state (true). An empty digest: the
+// tensor was not signed then (not in the slice of that boundary).
 struct HeldState {
   std::string layout;                    // 16 bytes: what the set holds (names, dtypes, shapes)
   std::vector<bool> is_state;            // by tensor
@@ -62,7 +69,8 @@ struct IntegrityDetail {
   std::string error;                          // non-empty when the summary's error is set
 };
 
-// The order-dependent fold of per-tensor digests (16 bytes each) into 16 bytes.
+// The order-dependent fold of per-tensor digests (16 bytes each, or empty: not signed) into
+// 16 bytes.
 std::string foldDigests(const std::vector<std::string>& digests);
 
 // This peer's summary and detail. InvalidArgument when the vectors' sizes do not match or a
@@ -72,6 +80,13 @@ struct LocalIntegrity {
   IntegrityDetail detail;
 };
 LocalIntegrity localIntegrity(const HeldState& held);
+// Which slice (0..slices-1) each tensor of `bytes` (by tensor, in the set's order) belongs
+// to, when the state is signed in `slices` turns: the largest tensors first, each to the
+// slice with the fewest bytes so far (ties to the lower slice), so the slices' bytes differ by
+// at most one tensor. The same sizes give the same slices on every rank. InvalidArgument
+// unless slices >= 1 and no size is negative.
+std::vector<std::int64_t> integritySlices(const std::vector<std::int64_t>& bytes, std::int64_t slices);
+
 // The summary of a peer that failed before it had digests (its error text in the detail).
 LocalIntegrity failedIntegrity(const std::string& error);
 

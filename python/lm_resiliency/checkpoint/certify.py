@@ -37,7 +37,14 @@ log = logging.getLogger("lm_resiliency.checkpoint")
 
 OUTCOMES = _core.CKPT_OUTCOMES  # by severity: the world takes the worst
 _INCONCLUSIVE, _SDC = OUTCOMES.index("inconclusive"), OUTCOMES.index("sdc")
-_INTEGRITY = [_core.INTEGRITY_RECIPE]  # the checked recipes of a state-integrity result
+_INTEGRITY = _core.INTEGRITY_RECIPE
+
+
+def is_integrity(result: Any) -> bool:
+    """Whether `result` is a state-integrity verdict alone (not merged into a check): its
+    recipes are "integrity" and, signed in slices, the slice it covered ("integrity/<j>")."""
+    ids = result.checked_recipe_ids
+    return bool(ids) and ids[0] == _INTEGRITY and all(r.startswith(_INTEGRITY + "/") for r in ids[1:])
 
 
 def outcome_of(result: Any, catalog: list[str]) -> tuple[int, list[bool], str]:
@@ -100,6 +107,8 @@ class CheckpointCertifier:
         self._pending_save: Optional[tuple] = None  # (step, state, reason, future) of an async save
         self._seen = len(harness.results)  # harness results already scanned for state-integrity SDC
         self._integrity_finding: Any = None  # the first integrity SDC since the last boundary taken
+        # Integrity slices ("integrity/<j>", catalog entries) that agreed since the last outcome.
+        self._integrity_clean: set[str] = set()
         # protect()'s job.steps(): a decision lmr::ckpt::rollsBackInProcess allows is handed to it
         # (the ranks load the checkpoint in place after this step) instead of a relaunch.
         self.on_rollback: Optional[Callable[[Any], None]] = None
@@ -157,11 +166,17 @@ class CheckpointCertifier:
             self._act_on_culprit(step, health, result)
 
     def _scan_integrity(self) -> None:
-        """Notes the first state-integrity SDC among the results recorded since the last scan."""
+        """Notes the first state-integrity SDC among the results recorded since the last scan,
+        and the integrity slices that agreed."""
         results = self._harness.results
-        if self._integrity_finding is None:
-            self._integrity_finding = next((r for r in results[self._seen:] if r.checked_recipe_ids == _INTEGRITY
-                                            and r.sdc_sources), None)
+        for r in results[self._seen:]:
+            if not is_integrity(r):
+                continue
+            if r.sdc_sources:
+                if self._integrity_finding is None:
+                    self._integrity_finding = r
+            elif r.status != "Inconclusive":
+                self._integrity_clean.update(r.checked_recipe_ids[1:])
         self._seen = len(results)
 
     def _integrity_sdc(self) -> Any:
@@ -179,14 +194,17 @@ class CheckpointCertifier:
         its SDC findings change what a checkpoint may be trusted with)."""
         self._scan_integrity()
         finding, self._integrity_finding = self._integrity_finding, None
+        clean, self._integrity_clean = self._integrity_clean, set()
         self._blamed = (set(), set())  # what this outcome blames; nothing when it fails
         try:
             if result is None:
                 result = next((r for r in reversed(self._harness.results)
-                               if r.step == step and r.checked_recipe_ids != _INTEGRITY), None)
+                               if r.step == step and not is_integrity(r)), None)
             if result is None:
                 return _INCONCLUSIVE, [False] * len(self.catalog), f"no check result on rank {self.rank}"
             severity, accepted, reason = outcome_of(result, self.catalog)
+            # The integrity slices that agreed since the last outcome count for the cycle too.
+            accepted = [ok or recipe in clean for ok, recipe in zip(accepted, self.catalog)]
             evidence = [r for r in (result, finding) if r is not None]
             self._blamed = ({rank for r in evidence for rank in r.sdc_ranks},
                             {source for r in evidence for source in r.sdc_sources})
@@ -420,7 +438,7 @@ class CheckpointCertifier:
         sends every rank to the relaunch like an SDC does. Collective."""
         if result is None:  # the check's own result (a state-integrity one has no timing)
             result = next((r for r in reversed(self._harness.results)
-                           if r.step == step and r.checked_recipe_ids != _INTEGRITY), None)
+                           if r.step == step and not is_integrity(r)), None)
         slow = set(result.straggler_ranks) if result is not None else set()
         response = self._culprits.respond(step, health, slow, result.compute_seconds if slow else ())
         if response is not None and response[1]:  # lmr::ckpt::respondTo: the ranks leave now

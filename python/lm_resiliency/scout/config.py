@@ -57,6 +57,10 @@ class ReplayHarnessConfig:
     # Sign the state again before each update (the at-rest check). None: where replicas
     # cannot outvote a diverged one (a state group of fewer than 3, or pure FSDP shards).
     integrity_at_rest: Optional[bool] = None
+    # Sign the state in this many turns: each step about 1/k of its bytes, every byte within
+    # k steps (a slower detection of a diverged replica; the at-rest check then covers each
+    # step's rest for 1/k of the state). 1: all of it every step.
+    integrity_slices: int = 1
     # Outlier test of each check (defaults: lmr::replay::StragglerOptions).
     straggler_kappa: float = _DEFAULTS.timing.kappa
     # A slow replay exceeds the median by at least this many seconds. None: the default of
@@ -95,7 +99,7 @@ class ReplayHarnessConfig:
 
     def __post_init__(self) -> None:
         for name in ("check_interval", "embedding_interval", "hidden_interval", "output_interval", "optimizer_interval",
-                     "moe_interval", "coverage_steps", "moe_shapes_per_check", "moe_token_granularity", "optimizer_slice_size", "confirmation_rounds", "confirmation_checks", "temporal_window",
+                     "moe_interval", "coverage_steps", "integrity_slices", "moe_shapes_per_check", "moe_token_granularity", "optimizer_slice_size", "confirmation_rounds", "confirmation_checks", "temporal_window",
                      "comm_sample_every"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
@@ -116,6 +120,8 @@ class ReplayHarnessConfig:
                 raise InvalidArgumentError("ReplayHarnessConfig.fabric_source must be a lm_resiliency.fabric.FabricSource")
         if self.resource_map is not None and (not isinstance(self.resource_map, str) or not self.resource_map):
             raise InvalidArgumentError("ReplayHarnessConfig.resource_map must be a file path or None")
+        if self.integrity_slices < 1:
+            raise InvalidArgumentError(f"ReplayHarnessConfig.integrity_slices must be >= 1, got {self.integrity_slices}")
         if self.coverage_steps < 1:
             raise InvalidArgumentError(f"ReplayHarnessConfig.coverage_steps must be >= 1, got {self.coverage_steps}")
         if self.optimizer_slice_size < 1 or self.confirmation_rounds < 1 or self.temporal_window < 1:

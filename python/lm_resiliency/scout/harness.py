@@ -32,7 +32,7 @@ from lm_resiliency.scout.config import ReplayHarnessConfig
 from lm_resiliency.scout.determinism import Determinism
 from lm_resiliency.scout.guard import describe, log
 from lm_resiliency.scout.integrity import RECIPE as INTEGRITY_RECIPE
-from lm_resiliency.scout.integrity import StateIntegrity
+from lm_resiliency.scout.integrity import StateIntegrity, slice_ids
 from lm_resiliency.scout.module_replay import ModuleReplay
 from lm_resiliency.scout.moe_replay import MoeReplay, build_expert_peers, expert_layout, without_hidden
 from lm_resiliency.scout.optimizer_replay import OptimizerReplay
@@ -82,7 +82,7 @@ class ReplayHarness:
             integrity = defaults.state_integrity and len(self._peers.ranks) > 1
         if integrity:
             self._integrity = StateIntegrity(adapter, self._peers, device, self._pipelined,
-                                             self.config.integrity_at_rest)
+                                             self.config.integrity_at_rest, self.config.integrity_slices)
             self._load_handle = self._attachment.on_load(lambda _kind: self._integrity.replaced())
         # Communication stragglers (scout/comm.py): sampled collective timing, compared at
         # each check. Collective construction (the resource map is agreed on by every rank).
@@ -268,8 +268,9 @@ class ReplayHarness:
         return self._completed
 
     def catalog(self) -> list[str]:
-        """Every recipe id a complete cycle of this cadence covers (lmr::replay::catalog)."""
-        return self._schedule.catalog()
+        """Every recipe id a complete cycle of this cadence covers (lmr::replay::catalog), and
+        each slice of the state integrity signs in turns."""
+        return self._schedule.catalog() + (slice_ids(self._integrity.slices) if self._integrity else [])
 
     @property
     def dynamic_catalog(self) -> bool:

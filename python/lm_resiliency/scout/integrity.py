@@ -7,6 +7,12 @@ strict majority of replicas cannot form (two replicas, or one owner per shard un
 each rank also signs its state again just before the next update: any change while the
 state was at rest is corruption on that rank. Pipelined like the checks: on CUDA the
 digests of step N are read at boundary N + 1, when the GPU has long finished them.
+
+In slices (`integrity_slices` = k > 1): the held tensors are split once into k slices of about
+equal bytes (lmr::replay::integritySlices) and step N signs slice N mod k, so each step reads
+about 1/k of the state and every byte is compared within k steps. The at-rest read before
+step N + 1 signs the slice step N signed. The slices are catalog entries of checkpoint
+certification: a cycle completes only when every slice agreed since it began.
 """
 
 from __future__ import annotations
@@ -25,29 +31,52 @@ from lm_resiliency.scout.result import ReplayResult
 from lm_resiliency.signature import PendingSignatures, SignatureSet
 
 RECIPE = _core.INTEGRITY_RECIPE
+_UNSIGNED = bytes(16)  # a tensor outside the slice signed (lmr::replay's empty digest)
+
+
+def slice_ids(slices: int) -> list[str]:
+    """The catalog entries of state integrity in `slices` turns (none when it signs everything
+    every step)."""
+    return [f"{RECIPE}/{j}" for j in range(slices)] if slices > 1 else []
 
 
 class _Held:
-    """The tensors a rank holds, what they are, and the set that signs them."""
+    """The tensors a rank holds, what they are, and the sets that sign them (one a slice)."""
 
-    def __init__(self, entries: list[tuple[str, bool, torch.Tensor]]) -> None:
+    def __init__(self, entries: list[tuple[str, bool, torch.Tensor]], slices: int) -> None:
         self.names = [n for n, _, _ in entries]
         self.kinds = bytes(1 if s else 0 for _, s, _ in entries)
-        self.layout = _core.contract_digest(["lmr.integrity.layout.v1"] + [
+        self.layout = _core.contract_digest(["lmr.integrity.layout.v2", f"slices:{slices}"] + [
             f"{n}:{int(s)}:{t.dtype}:{list(t.shape)}" for n, s, t in entries])
-        self.set = SignatureSet([t for _, _, t in entries])
+        where = _core.integrity_slices([t.numel() * t.element_size() for _, _, t in entries], slices)
+        self.slices: list[tuple[list[int], Optional[SignatureSet]]] = []
+        for j in range(slices):
+            indices = [i for i, s in enumerate(where) if s == j]
+            self.slices.append((indices, SignatureSet([entries[i][2] for i in indices]) if indices else None))
 
-    def launch(self) -> "_Launch":
-        return _Launch(self, self.set.launch())
+    def still_valid(self) -> bool:
+        return all(s is None or s.still_valid() for _, s in self.slices)
+
+    def launch(self, j: int) -> "_Launch":
+        indices, signer = self.slices[j]
+        return _Launch(self, indices, signer.launch() if signer is not None else None)
 
 
 @dataclasses.dataclass
 class _Launch:
     held: _Held
-    pending: PendingSignatures
+    indices: list[int]  # the tensors this launch signed, in the held set's order
+    pending: Optional[PendingSignatures]
 
     def digests(self) -> bytes:
-        return self.pending.digests()
+        """16 bytes a held tensor: its digest, or zeros when it is outside this slice."""
+        if len(self.indices) == len(self.held.names):
+            return self.pending.digests() if self.pending is not None else b""
+        out = [_UNSIGNED] * len(self.held.names)
+        got = self.pending.digests() if self.pending is not None else b""
+        for k, i in enumerate(self.indices):
+            out[i] = got[16 * k:16 * (k + 1)]
+        return b"".join(out)
 
 
 @dataclasses.dataclass
@@ -60,11 +89,13 @@ class _Step:
 
 class StateIntegrity:
     """One per harness. `at_rest`: sign the state again before each update (None: where
-    replicas cannot outvote a diverged one, i.e. some state group has fewer than 3)."""
+    replicas cannot outvote a diverged one, i.e. some state group has fewer than 3).
+    `slices`: sign the state in that many turns, one slice a step."""
 
     def __init__(self, adapter: Any, peers: Any, device: torch.device, pipelined: bool,
-                 at_rest: Optional[bool]) -> None:
+                 at_rest: Optional[bool], slices: int = 1) -> None:
         self._adapter = adapter
+        self.slices = slices
         self._peers = peers
         self._pipelined = pipelined  # as the checks: verdicts of step N taken at boundary N + 1
         # CUDA: the digests after an update are taken on a side stream, overlapping the next
@@ -136,11 +167,15 @@ class StateIntegrity:
             log.warning("SCOUT state integrity does not cover %d tensor(s) that are not dense, contiguous CPU or "
                         "CUDA tensors: %s", len(uncovered), ", ".join(uncovered[:5]))
         self.uncovered = uncovered
-        return _Held(entries)
+        return _Held(entries, self.slices)
+
+    def slice_of(self, step: int) -> int:
+        """The slice step `step` signs after its update."""
+        return step % self.slices
 
     def _held_now(self) -> _Held:
         count = self._adapter.optimizer_state_count()
-        if self._held is None or count != self._state_count or not self._held.set.still_valid():
+        if self._held is None or count != self._state_count or not self._held.still_valid():
             self._held, self._state_count = self._collect(), count
         return self._held
 
@@ -157,9 +192,10 @@ class StateIntegrity:
                 recorded, self._recorded = self._recorded, None
                 torch.cuda.current_stream(recorded.device).wait_event(recorded)
             # The set the last record validated: one that changed since gets no at-rest
-            # evidence this step either way (the record rebuilds it).
+            # evidence this step either way (the record rebuilds it). The slice read is the
+            # one the last update's record signed.
             if self.at_rest and self._reference is not None and self._held is self._reference[0]:
-                self._current.before = self._held.launch()
+                self._current.before = self._held.launch(self.slice_of(step - 1))
         except Exception as e:  # noqa: BLE001 - this rank votes an error; every peer learns it
             self._current.error = describe(e)
 
@@ -172,18 +208,18 @@ class StateIntegrity:
         self._current = None
         if current.error is None:
             try:
-                current.after = self._record(self._held_now())
+                current.after = self._record(self._held_now(), self.slice_of(step))
             except Exception as e:  # noqa: BLE001
                 current.error = describe(e)
         due, self._pending = (self._pending, current) if self._pipelined else (current, None)
         return due
 
-    def _record(self, held: _Held) -> _Launch:
+    def _record(self, held: _Held, j: int) -> _Launch:
         if self.side_stream is None:
-            return held.launch()
+            return held.launch(j)
         self.side_stream.wait_stream(torch.cuda.current_stream(self.side_stream.device))
         with torch.cuda.stream(self.side_stream):
-            launch = held.launch()
+            launch = held.launch(j)
             self._recorded = torch.cuda.Event()
             self._recorded.record(self.side_stream)
         return launch
@@ -238,6 +274,8 @@ class StateIntegrity:
         result = ReplayResult(step=due.step, peer_ranks=ranks, wall_time=time.time())
         result.checked_recipe_ids = [RECIPE]
         _fill(result, verdict, tensors, peer_names, self)
+        if self.slices > 1 and result.status != "Inconclusive":  # this slice counts for certification
+            result.checked_recipe_ids.append(slice_ids(self.slices)[self.slice_of(due.step)])
         return result
 
 

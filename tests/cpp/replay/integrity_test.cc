@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -175,6 +176,68 @@ TEST(Integrity, ReplicasWithDifferentTensorsAreNotCompared) {
   EXPECT_TRUE(v.check.sdc_sources.empty());
 }
 
+// Rotating slices: a boundary signs some tensors; the others have empty digests.
+HeldState slice(const Peer& p, const std::vector<int>& signed_after, const std::vector<int>& signed_rest) {
+  HeldState h = held(p);
+  const auto in = [](const std::vector<int>& v, int t) { return std::find(v.begin(), v.end(), t) != v.end(); };
+  for (int t = 0; t < 3; ++t) {
+    if (!in(signed_after, t)) h.after[t].clear();
+    if (!in(signed_rest, t)) h.reference[t].clear(), h.before[t].clear();
+  }
+  return h;
+}
+
+TEST(Integrity, ASliceComparesWhatItSignedAndNothingElse) {
+  std::vector<Peer> peers(3);
+  peers[1].bad = {0, 2};  // tensor 0 is in this boundary's slice, tensor 2 is not
+  std::vector<IntegritySummary> summaries;
+  std::vector<IntegrityDetail> details;
+  for (const Peer& p : peers) {
+    const LocalIntegrity local = localIntegrity(slice(p, {0, 1}, {}));
+    summaries.push_back(IntegritySummary::unpack(local.summary.pack()));
+    details.push_back(local.detail);
+  }
+  EXPECT_EQ(summaries[0].state, summaries[1].state);  // nothing of the state signed: nothing differs
+  const IntegrityVerdict v = decideIntegrity(layout(3, 3), true, summaries, details);
+  EXPECT_EQ(v.check.sdc_sources, std::vector<std::string>{kIntegrityParams});
+  EXPECT_EQ(v.check.sdc_bitmap, (std::vector<bool>{false, true, false}));
+  EXPECT_EQ(v.tensors.at(kIntegrityParams)[1], std::vector<std::int64_t>{0});
+  EXPECT_EQ(v.check.surfaces.at(kIntegrityState).status, Status::kAgree);
+  // Signed or not is part of the fold: a peer that signed another slice does not agree.
+  EXPECT_NE(localIntegrity(slice(Peer{}, {0, 1}, {})).summary.params,
+            localIntegrity(slice(Peer{}, {0}, {})).summary.params);
+}
+
+TEST(Integrity, AtRestComparesOnlyTensorsSignedAtBothEnds) {
+  Peer p;
+  p.rest = {0, 1};
+  HeldState h = slice(p, {0, 1, 2}, {1, 2});  // tensor 0 not signed at rest: no evidence either way
+  LocalIntegrity local = localIntegrity(h);
+  EXPECT_TRUE(local.summary.params_changed_at_rest);
+  EXPECT_EQ(local.detail.changed_at_rest, std::vector<std::int64_t>{1});
+  h.before[1].clear();  // signed after the last update but not before this one: no evidence
+  local = localIntegrity(h);
+  EXPECT_FALSE(local.summary.params_changed_at_rest);
+  EXPECT_TRUE(local.detail.changed_at_rest.empty());
+}
+
+TEST(IntegritySlices, LargestFirstToTheLightestSlice) {
+  // An embedding-like tensor, blocks of equal size, small norms.
+  const std::vector<std::int64_t> bytes = {1000, 10, 400, 400, 10, 400, 400, 10};
+  const std::vector<std::int64_t> s = integritySlices(bytes, 2);
+  EXPECT_EQ(s, (std::vector<std::int64_t>{0, 1, 1, 1, 1, 1, 0, 1}));
+  std::vector<std::int64_t> load(2, 0);
+  for (std::size_t i = 0; i < bytes.size(); ++i) load[static_cast<std::size_t>(s[i])] += bytes[i];
+  EXPECT_LE(std::abs(load[0] - load[1]), 1000);  // within the largest tensor
+  EXPECT_EQ(integritySlices(bytes, 1), std::vector<std::int64_t>(bytes.size(), 0));
+  EXPECT_EQ(integritySlices(bytes, 2), s);  // deterministic: every replica the same slices
+  // More slices than tensors: some slices sign nothing.
+  EXPECT_EQ(integritySlices({5, 7}, 4), (std::vector<std::int64_t>{1, 0}));
+  EXPECT_TRUE(integritySlices({}, 3).empty());
+  EXPECT_THROW(integritySlices(bytes, 0), InvalidArgument);
+  EXPECT_THROW(integritySlices({1, -1}, 2), InvalidArgument);
+}
+
 TEST(Integrity, BadInputIsRejected) {
   EXPECT_THROW(IntegritySummary::unpack(std::string(63, '\0')), InvalidArgument);
   std::string flags(64, '\0');
@@ -198,6 +261,7 @@ TEST(Integrity, BadInputIsRejected) {
   EXPECT_THROW(decideIntegrity(layout(2, 2), true, {summaries[0]}, {}), InvalidArgument);
   EXPECT_NE(foldDigests({digest(1), digest(2)}), foldDigests({digest(2), digest(1)}));
   EXPECT_EQ(foldDigests({}).size(), 16u);
+  EXPECT_THROW(foldDigests({std::string(15, 'x')}), InvalidArgument);
 }
 
 }  // namespace
