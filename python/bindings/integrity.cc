@@ -87,6 +87,8 @@ void registerIntegrity(nb::module_& m) {
       "concatenated 16-byte values in the set's order, is_state one byte per tensor.");
   m.def("integrity_slices", &replay::integritySlices, nb::arg("bytes"), nb::arg("slices"),
         "The slice (0..slices-1) of each tensor, by its bytes (lmr::replay::integritySlices).");
+  m.def("integrity_worst_latency", &replay::integrityLatency, nb::arg("slices"), nb::arg("pipelined"),
+        "Worst-case steps until a diverged replica is named (lmr::replay::integrityLatency).");
   m.def(
       "integrity_failed",
       [](const std::string& error) {

@@ -131,6 +131,11 @@ std::vector<std::int64_t> integritySlices(const std::vector<std::int64_t>& bytes
   return out;
 }
 
+std::int64_t integrityLatency(std::int64_t slices, bool pipelined) {
+  if (slices < 1) throw InvalidArgument("state integrity: the number of slices must be at least 1");
+  return slices + (pipelined ? 1 : 0);
+}
+
 LocalIntegrity failedIntegrity(const std::string& error) {
   LocalIntegrity out;
   out.summary.error = true;

@@ -327,6 +327,12 @@ def test_fault_free_run_attributes_nothing(tmp_path):
     assert summary["clean"]["runs"] == 1 and summary["clean"]["attributions"] == 0
     assert summary["clean"]["checks"] >= 7
     assert summary["runs"][0]["generations"][-1]["completed"] == 8
+    # The configuration's point on the coverage-against-cost curve: a check every step, the
+    # whole state signed every step (CPU: not pipelined), and what the checks cost here.
+    point = summary["runs"][0]["protection"]
+    assert point["latency_steps"]["state"] == 1 and point["latency_steps"]["modules"] >= 1, point
+    assert 0 < point["check_share_pct"] < 100, point
+    assert "protection point: every module replayed within" in run.stdout, run.stdout
 
 
 @pytest.mark.distributed

@@ -66,8 +66,17 @@ def localized_at_the_next_boundary(parallel, device):
 def test_in_slices_each_step_signs_one_and_a_diverged_replica_is_found_within_k_steps():
     """DDP, the state signed in 3 turns: each step's verdict covers slice step mod 3, and each
     fault is named at the first step at or after it whose slice holds the tensor."""
+    found_within_k_steps("cpu")
+
+
+@pytest.mark.gpu
+def test_in_slices_on_cuda():
+    found_within_k_steps("cuda")  # four ranks share one GPU through gloo; pipelined
+
+
+def found_within_k_steps(device):
     k = 3
-    per_rank = spawn(integrity_workers.faulty, 4, args=("ddp", 20, "cpu", k))
+    per_rank = spawn(integrity_workers.faulty, 4, args=("ddp", 20, device, k))
     results = replay_results(per_rank[0]["results"])
     assert [r.step for r in results] == list(range(1, 21))
     assert all(r.checked_recipe_ids == ["integrity", f"integrity/{r.step % k}"] for r in results), \

@@ -87,6 +87,11 @@ LocalIntegrity localIntegrity(const HeldState& held);
 // unless slices >= 1 and no size is negative.
 std::vector<std::int64_t> integritySlices(const std::vector<std::int64_t>& bytes, std::int64_t slices);
 
+// Worst-case steps from a replica's divergence (after some update) until a verdict names it,
+// the state signed in `slices` turns: its tensor's slice comes round within `slices` steps;
+// a pipelined verdict is read one boundary later. InvalidArgument unless slices >= 1.
+std::int64_t integrityLatency(std::int64_t slices, bool pipelined);
+
 // The summary of a peer that failed before it had digests (its error text in the detail).
 LocalIntegrity failedIntegrity(const std::string& error);
 

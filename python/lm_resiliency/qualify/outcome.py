@@ -59,6 +59,8 @@ class Generation:
     health_monitor: str = ""  # rank 0's health monitor: "polling NVML device N", or why not
     world: int = 0  # ranks in this generation
     nodes: list[str] = dataclasses.field(default_factory=list)  # each rank's node identity, in rank order
+    # The configuration's worst-case detection latency in steps (ReplayHarness.worst_case_latency).
+    protection: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def first_step_time(self) -> Optional[float]:
@@ -76,6 +78,7 @@ def read_generation(gen_dir: str, index: int) -> Generation:
             g.decided_time, g.load_seconds, g.started = e["decided_time"], e["load_seconds"], e["time"]
             g.health_monitor = e.get("health", "")
             g.world, g.nodes = e.get("world", 0), e.get("nodes", [])
+            g.protection = e.get("protection", {})
         elif kind == "result":
             g.checks.append(ReplayResult.from_dict(e["result"]))
         elif kind in ("report", "end"):

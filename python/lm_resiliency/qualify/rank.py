@@ -185,7 +185,8 @@ def run(plan: dict) -> None:
               at: float) -> None:
         gen.event(type="generation", start_step=start, time=at, resumed_from=checkpoint,
                   load_seconds=round(load_seconds, 3) if load_seconds is not None else None, decided_time=decided,
-                  health=health_note, world=dist.get_world_size(), nodes=nodes)
+                  health=health_note, world=dist.get_world_size(), nodes=nodes,
+                  protection=job.harness.worst_case_latency())
 
     def end(parts: tuple, ended: str) -> None:
         harness, hangs, session = parts

@@ -147,9 +147,44 @@ def run_summary(run: Run) -> dict[str, Any]:
         "attributions": {"total": len(o.attributions), "occurrence": sum(a.explanation == "occurrence"
                                                                            for a in o.attributions),
                          "residual": len(residual), "unexplained": [a.describe() for a in o.unexplained]},
+        "protection": protection_point(o),
         "trust_manifest": os.path.join(run.run_dir, "checkpoints", TRUST_MANIFEST),
         "failures": run.failures(),
     }
+
+
+def protection_point(o: Outcome) -> Optional[dict[str, Any]]:
+    """The run's point on the coverage-against-cost curve: the worst-case detection latency of
+    its configuration (steps), and the share of the step time its checks took on each rank
+    (the median rank), from the first generation that recorded both."""
+    for g in o.generations:
+        if not g.protection:
+            continue
+        shares = []
+        for rank, lines in g.steps.items():
+            if len(lines) < 2 or lines[-1]["time"] <= lines[0]["time"]:
+                continue
+            first, last = lines[0]["step"], lines[-1]["step"]
+            replayed = sum(seconds for step, seconds in g.replay.get(rank, []) if first < step <= last)
+            shares.append(replayed / (lines[-1]["time"] - lines[0]["time"]))
+        shares.sort()
+        share = 100 * shares[len(shares) // 2] if shares else None
+        return {"latency_steps": dict(g.protection), "check_share_pct": None if share is None else round(share, 2)}
+    return None
+
+
+def protection_line(point: dict[str, Any]) -> str:
+    steps = point["latency_steps"]
+
+    def within(key: str) -> str:
+        n = steps.get(key)
+        return "never" if not n else f"within {n} step{'s' if n != 1 else ''}"
+
+    share = point["check_share_pct"]
+    return (f"protection point: every module replayed {within('modules')} (every layer {within('hidden')}), every "
+            f"parameter's update {within('optimizer')}, every state byte {within('state')}; the checks took "
+            + (f"{share:.1f}%" if share is not None else "an unmeasured share")
+            + " of the step time here (against no protection: bench/protection_curve.py)")
 
 
 def _repeat_totals(runs: list[Run]) -> dict[str, Any]:
@@ -207,6 +242,9 @@ def summarize(setup: Any, runs: list[Run], out: str, plots: bool = True) -> tupl
         summary["clean"] = {"runs": len(cleans), "checks": checks, "attributions": named, "stall_reports_naming_nobody": nobody}
         lines.append(f"\n{len(cleans)} fault-free run(s): {checks} checks, {named} attributions, "
                      f"{nobody} stall reports naming nobody")
+    point = next((p for p in (protection_point(r.outcome) for r in runs) if p is not None), None)
+    if point is not None:  # every run has the same configuration
+        lines.append("\n" + protection_line(point))
     for name, why in setup.left_out.items():
         lines.append(f"left out: {name}: {why}")
     ok = bool(runs) and all(r.passed for r in runs)

@@ -272,6 +272,15 @@ class ReplayHarness:
         each slice of the state integrity signs in turns."""
         return self._schedule.catalog() + (slice_ids(self._integrity.slices) if self._integrity else [])
 
+    def worst_case_latency(self) -> dict[str, int]:
+        """This configuration's point on the coverage-against-cost curve, in steps: until a
+        persistent fault is replayed, by recipe class and for every module ("modules"), and
+        until a diverged replica's state is named ("state"); 0: never (that part is off)."""
+        out = self._schedule.worst_case_latency(self._pipelined)
+        out["state"] = (_core.integrity_worst_latency(self._integrity.slices, self._pipelined)
+                        if self._integrity is not None else 0)
+        return out
+
     @property
     def dynamic_catalog(self) -> bool:
         """Whether what a catalog cycle covers grows as training runs (MoE execution regimes:

@@ -76,6 +76,20 @@ class Schedule:
         return list(_core.replay_catalog(self.config.cadence(), [i for i in self.layers if i not in skipped], slices,
                                          moe))
 
+    def worst_case_latency(self, pipelined: bool) -> dict[str, int]:
+        """Worst-case steps until a persistent fault is replayed, by recipe class and for every
+        module (lmr::replay::worstCaseLatency); 0: never (no periodic checks, or a class this
+        adapter cannot replay)."""
+        if self.config.check_interval == 0:
+            return {k: 0 for k in ("embedding", "hidden", "output", "optimizer", "moe", "modules")}
+        out = dict(_core.replay_worst_latency(self.config.cadence(), len(self.layers), self.slices,
+                                              len(self.moe_layers), pipelined))
+        if "modules" in self.disabled:
+            out.update(embedding=0, hidden=0, output=0, moe=0, modules=0)
+        if "optimizer" in self.disabled:
+            out["optimizer"] = 0
+        return out
+
     @property
     def dynamic(self) -> bool:
         """Whether what a catalog cycle covers grows as training runs (MoE execution regimes:

@@ -238,6 +238,13 @@ TEST(IntegritySlices, LargestFirstToTheLightestSlice) {
   EXPECT_THROW(integritySlices({1, -1}, 2), InvalidArgument);
 }
 
+TEST(IntegritySlices, TheWorstCaseLatencyIsOneTurnOfTheSlices) {
+  EXPECT_EQ(integrityLatency(1, false), 1);  // every step signs everything
+  EXPECT_EQ(integrityLatency(1, true), 2);   // read one boundary later
+  EXPECT_EQ(integrityLatency(4, true), 5);
+  EXPECT_THROW(integrityLatency(0, false), InvalidArgument);
+}
+
 TEST(Integrity, BadInputIsRejected) {
   EXPECT_THROW(IntegritySummary::unpack(std::string(63, '\0')), InvalidArgument);
   std::string flags(64, '\0');
