@@ -98,10 +98,10 @@ def test_lmr_campaign_compare_scores_the_slow_link_as_a_comm_straggler_on_its_ho
     assert by_incident["link"]["expected_kinds"] == ["comm_straggler"]
     # The slow group names no rank, so its occurrence is not localized. What nothing in the
     # campaign explains is the hand-placed compute delay, found by replay timing.
-    assert not by_incident["group"]["detected"]
+    assert not by_incident["group"]["detected"], by_incident["group"]
     unexplained = [r for r in located if r.occurrence_id.startswith("unexplained@")]
     assert unexplained and all(r.kind == "straggler" and r.failed_ranks == (3,) for r in unexplained), unexplained
-    assert all(inside(int(r.occurrence_id.split("@")[1]), comm_workers.COMPUTE) for r in unexplained)
+    assert all(inside(int(r.occurrence_id.split("@")[1]), comm_workers.COMPUTE) for r in unexplained), unexplained
     lmr_cli = shutil.which("lmr", path=sysconfig.get_path("scripts"))
     run = subprocess.run([lmr_cli, "campaign", "compare", "--injections", *artifacts, "--localization",
                           str(tmp_path / "localization.json")], capture_output=True, text=True)
