@@ -331,7 +331,7 @@ def test_fault_free_run_attributes_nothing(tmp_path):
     # whole state signed every step (CPU: not pipelined), and what the checks cost here.
     point = summary["runs"][0]["protection"]
     assert point["latency_steps"]["state"] == 1 and point["latency_steps"]["modules"] >= 1, point
-    assert 0 < point["check_share_pct"] < 100, point
+    assert 0 < point["replay_share_pct"] < 100, point
     assert "protection point: every module replayed within" in run.stdout, run.stdout
 
 

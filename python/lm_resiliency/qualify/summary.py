@@ -155,7 +155,7 @@ def run_summary(run: Run) -> dict[str, Any]:
 
 def protection_point(o: Outcome) -> Optional[dict[str, Any]]:
     """The run's point on the coverage-against-cost curve: the worst-case detection latency of
-    its configuration (steps), and the share of the step time its checks took on each rank
+    its configuration (steps), and the share of the step time its replayed blocks took on each rank
     (the median rank), from the first generation that recorded both."""
     for g in o.generations:
         if not g.protection:
@@ -169,7 +169,7 @@ def protection_point(o: Outcome) -> Optional[dict[str, Any]]:
             shares.append(replayed / (lines[-1]["time"] - lines[0]["time"]))
         shares.sort()
         share = 100 * shares[len(shares) // 2] if shares else None
-        return {"latency_steps": dict(g.protection), "check_share_pct": None if share is None else round(share, 2)}
+        return {"latency_steps": dict(g.protection), "replay_share_pct": None if share is None else round(share, 2)}
     return None
 
 
@@ -180,9 +180,9 @@ def protection_line(point: dict[str, Any]) -> str:
         n = steps.get(key)
         return "never" if not n else f"within {n} step{'s' if n != 1 else ''}"
 
-    share = point["check_share_pct"]
+    share = point["replay_share_pct"]
     return (f"protection point: every module replayed {within('modules')} (every layer {within('hidden')}), every "
-            f"parameter's update {within('optimizer')}, every state byte {within('state')}; the checks took "
+            f"parameter's update {within('optimizer')}, every state byte {within('state')}; the replayed blocks took "
             + (f"{share:.1f}%" if share is not None else "an unmeasured share")
             + " of the step time here (against no protection: bench/protection_curve.py)")
 
