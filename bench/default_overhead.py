@@ -6,11 +6,12 @@ own cost, not the protection's), and under each ``--candidate`` (ReplayHarnessCo
 that would change the defaults). Each protected block is a fresh protect() from step 0 for
 one full cycle of the default cadence plus one step (``check_interval + 1``), so it holds
 every check a cycle runs, the pipelined one at its end included; protect()'s set-up and
-close are outside the timing. Medians of the blocks, and the ratio in each round.
+close are outside the timing. A first round warms every configuration up (the first replay of
+each recipe, the allocator) and is left out. Medians of the blocks, and the ratio in each round.
 
     python bench/default_overhead.py                                   # 1 CPU rank, small
     python3 bench/default_overhead.py --device cuda --dim 2048 --layers 16 --heads 16 --seq 1024 \\
-        --batch 8 --vocab 32000 --dtype bfloat16 --rounds 3 \\
+        --batch 8 --vocab 32000 --dtype bfloat16 --rounds 3 --warmup 1 \\
         --candidate coverage_steps=200,integrity_slices=4
 """
 
@@ -54,6 +55,7 @@ def main() -> None:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=0, help="steps a block (0: the default check_interval + 1)")
+    p.add_argument("--warmup", type=int, default=1, help="rounds run first and left out")
     p.add_argument("--candidate", action="append", default=[], help="field=value,... of ReplayHarnessConfig")
     p.add_argument("--json", help="write the figures here")
     add_model_args(p)
@@ -70,7 +72,7 @@ def main() -> None:
     samples: dict[str, list[float]] = {"no protection": [], **{name: [] for name in configs}}
     parts: dict[str, str] = {}
     at = 5
-    for r in range(args["rounds"]):
+    for r in range(args["warmup"] + args["rounds"]):
         order = [("no protection", False)] + list(configs.items())
         for name, fields in order if r % 2 == 0 else order[::-1]:
             job = None
@@ -78,7 +80,9 @@ def main() -> None:
                 replay = ReplayHarnessConfig(**fields) if fields else None
                 job = lmr.protect(model, opt, checkpoints=False, replay=replay)
                 parts[name] = ", ".join(k for k in ("harness", "hangs", "health") if getattr(job, k, None) is not None)
-            samples[name].append(timed(model, opt, data, steps, at, device))
+            seconds = timed(model, opt, data, steps, at, device)
+            if r >= args["warmup"]:
+                samples[name].append(seconds)
             at += steps
             if job is not None:
                 bad = [res.to_json() for res in job.harness.results if res.status != "Agree"]
@@ -87,7 +91,8 @@ def main() -> None:
     base = statistics.median(samples["no protection"])
     where = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
     print(f"reference decoder dim={args['dim']} layers={args['layers']} seq={args['seq']} batch={args['batch']} "
-          f"{args['dtype']}, AdamW, 1 rank on {where}; {args['rounds']} interleaved rounds of {steps} steps a block; "
+          f"{args['dtype']}, AdamW, 1 rank on {where}; {args['rounds']} interleaved rounds (after {args['warmup']} left "
+          f"out) of {steps} steps a block; "
           f"no protection {base * 1e3:.2f} ms/step")
     rows = []
     for name in configs:
@@ -100,7 +105,7 @@ def main() -> None:
     if args["json"]:
         with open(args["json"], "w", encoding="utf-8") as f:
             json.dump({"setup": {k: args[k] for k in ("device", "dim", "layers", "heads", "seq", "batch", "vocab",
-                                                      "dtype", "rounds")},
+                                                      "dtype", "rounds", "warmup")},
                        "steps_a_block": steps, "device_name": where, "baseline_ms": base * 1e3, "rows": rows}, f,
                       indent=1)
     dist.destroy_process_group()

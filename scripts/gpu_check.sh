@@ -124,7 +124,7 @@ if [ "${LMR_GPU_SUITE:-all}" = defaults ]; then  # issue 46: protect()'s default
   if [ "${LMR_GPU_BENCH:-1}" != 0 ]; then  # the reference: three side-by-side runs, then the curve
     for k in 1 2 3; do
       run default_overhead_$k.txt python3 bench/default_overhead.py --device cuda --dim 2048 --layers 16 \
-        --heads 16 --seq 1024 --batch 8 --vocab 32000 --dtype bfloat16 --rounds 2 \
+        --heads 16 --seq 1024 --batch 8 --vocab 32000 --dtype bfloat16 --rounds 2 --warmup 1 \
         --candidate coverage_steps=200,integrity_slices=4 --json "$out/default_overhead_$k.json"
     done
     run protection_curve.txt python3 bench/protection_curve.py --device cuda --dim 2048 --layers 16 --heads 16 \

@@ -60,7 +60,7 @@ def test_the_curve_marks_the_default_and_plots(tmp_path):
 
 
 def test_default_overhead_times_protect_and_each_candidate(tmp_path):
-    tiny = ["--rounds", "1", "--steps", "3", "--dim", "32", "--heads", "2", "--layers", "2", "--seq", "16",
+    tiny = ["--rounds", "1", "--warmup", "0", "--steps", "3", "--dim", "32", "--heads", "2", "--layers", "2", "--seq", "16",
             "--vocab", "64"]
     out = tmp_path / "default.json"
     run = subprocess.run([sys.executable, "default_overhead.py", *tiny, "--candidate", "integrity_slices=4",
