@@ -82,11 +82,11 @@ class Schedule:
         adapter cannot replay)."""
         if self.config.check_interval == 0:
             return {k: 0 for k in ("embedding", "hidden", "output", "optimizer", "moe", "modules")}
-        out = dict(_core.replay_worst_latency(self.config.cadence(), len(self.layers), self.slices,
+        out = dict(_core.replay_worst_latency(self.config.cadence(), len(self.layers), max(self.slices, 1),
                                               len(self.moe_layers), pipelined))
         if "modules" in self.disabled:
             out.update(embedding=0, hidden=0, output=0, moe=0, modules=0)
-        if "optimizer" in self.disabled:
+        if "optimizer" in self.disabled or self.slices < 1:
             out["optimizer"] = 0
         return out
 
